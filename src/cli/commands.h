@@ -1,0 +1,11 @@
+#pragma once
+// Each subcommand of `vavilov` registers itself on the CLI11 app from its own file.
+#include <CLI/CLI.hpp>
+
+namespace vavilov::cli {
+
+void register_logits(CLI::App& app);
+void register_generate(CLI::App& app);
+void register_tokenizer_commands(CLI::App& app);  // tokenize, detokenize, template
+
+}  // namespace vavilov::cli
