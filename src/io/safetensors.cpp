@@ -29,11 +29,12 @@ std::string TensorView::shape_string() const {
 namespace {
 
 uint64_t checked_numel(const std::vector<int64_t>& shape, std::string_view file, const std::string& name) {
+  for (int64_t d : shape) check(d >= 0, "{}: tensor {}: negative dimension {}", file, name, d);
+  // Any zero dimension makes an empty tensor, however large the others are.
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
   uint64_t n = 1;
   for (int64_t d : shape) {
-    check(d >= 0, "{}: tensor {}: negative dimension {}", file, name, d);
-    check(d == 0 || n <= std::numeric_limits<uint64_t>::max() / uint64_t(d), "{}: tensor {}: shape overflows", file,
-          name);
+    check(n <= std::numeric_limits<uint64_t>::max() / uint64_t(d), "{}: tensor {}: shape overflows", file, name);
     n *= uint64_t(d);
   }
   return n;
@@ -50,6 +51,8 @@ TensorEntry parse_entry(const std::string& name, const json& info, uint64_t data
   check(dtype_from_name(dtype, entry.dtype), "{}: tensor {}: unsupported dtype {}", file, name, dtype);
   for (const auto& d : info["shape"]) {
     check(d.is_number_integer(), "{}: tensor {}: shape entries must be integers", file, name);
+    check(!d.is_number_unsigned() || d.get<uint64_t>() <= uint64_t(std::numeric_limits<int64_t>::max()),
+          "{}: tensor {}: shape dimension {} is too large", file, name, d.get<uint64_t>());
     entry.shape.push_back(d.get<int64_t>());
   }
   for (const auto& o : info["data_offsets"])
@@ -67,6 +70,28 @@ TensorEntry parse_entry(const std::string& name, const json& info, uint64_t data
   return entry;
 }
 
+// Empty tensors own no bytes, so they may sit anywhere (even inside another tensor's range). Every non-empty
+// tensor is compared with the one reaching furthest so far, not only its sorted neighbour, so an empty tensor
+// between two overlapping ones cannot hide the overlap.
+void check_no_overlap(const std::vector<TensorEntry>& entries, std::string_view file) {
+  std::vector<const TensorEntry*> by_offset;
+  for (const auto& e : entries)
+    if (e.begin != e.end) by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
+  const TensorEntry* furthest = nullptr;
+  for (const TensorEntry* e : by_offset) {
+    check(!furthest || e->begin >= furthest->end, "{}: tensors {} and {} overlap", file, furthest ? furthest->name : "",
+          e->name);
+    if (!furthest || e->end > furthest->end) furthest = e;
+  }
+}
+
+// A shard must be a plain file name inside the model directory.
+bool is_plain_file_name(const std::string& name) {
+  return !name.empty() && name != "." && name.find('/') == std::string::npos && name.find('\\') == std::string::npos &&
+         name.find("..") == std::string::npos;
+}
+
 }  // namespace
 
 std::vector<TensorEntry> parse_safetensors_header(std::string_view header_json, uint64_t data_size,
@@ -82,12 +107,7 @@ std::vector<TensorEntry> parse_safetensors_header(std::string_view header_json, 
     }
     entries.push_back(parse_entry(name, info, data_size, file));
   }
-  std::vector<const TensorEntry*> by_offset;
-  for (const auto& e : entries) by_offset.push_back(&e);
-  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
-  for (size_t i = 1; i < by_offset.size(); ++i)
-    check(by_offset[i]->begin >= by_offset[i - 1]->end || by_offset[i - 1]->begin == by_offset[i - 1]->end,
-          "{}: tensors {} and {} overlap", file, by_offset[i - 1]->name, by_offset[i]->name);
+  check_no_overlap(entries, file);
   return entries;
 }
 
@@ -115,21 +135,21 @@ TensorStore::TensorStore(const std::string& directory) : directory_(directory) {
     std::ifstream in(index);
     json parsed = json::parse(in, nullptr, false);
     check(!parsed.is_discarded() && parsed.is_object(), "{}: not valid JSON", index.string());
-    check(parsed.contains("weight_map") && parsed["weight_map"].is_object(), "{}: missing weight_map",
-          index.string());
+    check(parsed.contains("weight_map") && parsed["weight_map"].is_object(), "{}: missing weight_map", index.string());
     std::set<std::string> shards;
     for (const auto& [name, file] : parsed["weight_map"].items()) {
       check(file.is_string(), "{}: weight_map[{}] is not a file name", index.string(), name);
       std::string shard = file.get<std::string>();
-      check(shard.find('/') == std::string::npos && shard.find("..") == std::string::npos,
-            "{}: weight_map[{}] names a file outside the directory: {}", index.string(), name, shard);
+      check(is_plain_file_name(shard), "{}: weight_map[{}] names a file outside the directory: {}", index.string(),
+            name, shard);
       shards.insert(shard);
     }
     for (const auto& shard : shards) add_file((dir / shard).string());
     for (const auto& [name, file] : parsed["weight_map"].items()) {
+      std::string shard = (dir / file.get<std::string>()).string();
       auto it = tensors_.find(name);
-      check(it != tensors_.end(), "{}: tensor {} listed in the index is missing from {}", index.string(), name,
-            file.get<std::string>());
+      check(it != tensors_.end() && it->second.file == shard, "{}: tensor {} listed in the index is missing from {}",
+            index.string(), name, shard);
     }
   } else {
     fs::path single = dir / "model.safetensors";

@@ -338,10 +338,11 @@ ModelConfig parse_model_config(std::string_view json_text, std::string_view sour
   return c;
 }
 
+// Takes a model directory (the usual case) or, for tools and tests, the path of a .json file itself.
 ModelConfig load_model_config(const std::string& model_directory) {
   namespace fs = std::filesystem;
-  fs::path path =
-      fs::is_directory(model_directory) ? fs::path(model_directory) / "config.json" : fs::path(model_directory);
+  fs::path path(model_directory);
+  if (path.extension() != ".json") path /= "config.json";
   std::ifstream in(path, std::ios::binary);
   check(in.good(), "{}: cannot open the model config", path.string());
   std::stringstream text;
