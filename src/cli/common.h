@@ -1,0 +1,17 @@
+#pragma once
+// Argument helpers shared by subcommands.
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace vavilov::cli {
+
+// "1,2,3" → {1, 2, 3}; anything else is an error naming --ids.
+std::vector<int32_t> parse_ids(const std::string& text);
+
+// --threads N (0: all hardware threads); applied before the engine starts.
+void add_threads_option(CLI::App* command, int& threads);
+void apply_threads(int threads);
+
+}  // namespace vavilov::cli

@@ -1,0 +1,50 @@
+// vavilov logits: the trunk's logits at every position of a prompt, as little-endian float32 [ids × vocab].
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "cpu/forward.h"
+#include "io/atomic_file.h"
+#include "model/weights.h"
+
+namespace vavilov::cli {
+
+namespace {
+struct LogitsArgs {
+  std::string model, ids, out;
+  int64_t chunk = 0;
+  int threads = 0;
+};
+
+void run_logits(const LogitsArgs& args) {
+  apply_threads(args.threads);
+  std::vector<int32_t> ids = parse_ids(args.ids);
+  auto model = load_model(args.model);
+  const int64_t vocab = model->config.vocab_size;
+  SequenceState state = new_sequence_state(*model);
+  std::vector<float> logits(ids.size() * size_t(vocab));
+  size_t step = args.chunk > 0 ? size_t(args.chunk) : ids.size();
+  for (size_t begin = 0; begin < ids.size(); begin += step) {
+    size_t count = std::min(step, ids.size() - begin);
+    cpu::forward(*model, state, std::span<const int32_t>(ids).subspan(begin, count),
+                 {true, logits.data() + begin * size_t(vocab), nullptr});
+  }
+  write_file_atomically(args.out, logits.data(), logits.size() * sizeof(float));
+}
+}  // namespace
+
+void register_logits(CLI::App& app) {
+  auto args = std::make_shared<LogitsArgs>();
+  CLI::App* command = app.add_subcommand("logits", "Write the trunk's logits at every prompt position");
+  command->add_option("--model", args->model, "Model directory")->required();
+  command->add_option("--ids", args->ids, "Prompt token ids, comma-separated")->required();
+  command->add_option("--out", args->out, "Output file: little-endian float32 [ids x vocab]")->required();
+  command->add_option("--chunk", args->chunk, "Prefill in chunks of N tokens (0: all at once)")
+      ->check(CLI::NonNegativeNumber);
+  add_threads_option(command, args->threads);
+  command->callback([args] { run_logits(*args); });
+}
+
+}  // namespace vavilov::cli

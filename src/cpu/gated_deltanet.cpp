@@ -1,0 +1,111 @@
+// Gated DeltaNet (linear_attn): causal depthwise conv over q|k|v, then the gated delta rule with an fp32
+// recurrent state per value head, a gated RMS norm and the output projection.
+#include <cmath>
+#include <vector>
+
+#include "core/threads.h"
+#include "cpu/layers.h"
+#include "cpu/linear.h"
+#include "cpu/ops.h"
+
+namespace vavilov::cpu {
+
+namespace {
+
+// Causal depthwise conv with silu; state holds the last kernel−1 inputs and is advanced past `rows` inputs.
+void causal_conv(const Vector& taps, int64_t channels, int64_t kernel, std::vector<float>& state, float* x,
+                 int64_t rows) {
+  const int64_t history = kernel - 1;
+  std::vector<float> window(size_t((history + rows) * channels));
+  std::copy(state.begin(), state.end(), window.begin());
+  std::copy(x, x + rows * channels, window.begin() + history * channels);
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t ch = 0; ch < channels; ++ch) {
+      float sum = 0.0f;
+      for (int64_t k = 0; k < kernel; ++k) sum += taps[ch * kernel + k] * window[(t + k) * channels + ch];
+      x[t * channels + ch] = silu(sum);
+    }
+  std::copy(window.end() - history * channels, window.end(), state.begin());
+}
+
+struct DeltaInputs {
+  const float* qkv;  // after conv: [rows, conv_dim]
+  const float* beta;
+  const float* decay;  // g, log-space
+  int64_t rows;
+};
+
+// The recurrence for one value head over all rows: S ← e^g S; δ = β(v − Sᵀk); S ← S + kδᵀ; o = Sᵀq.
+void delta_rule_head(const ModelConfig& c, int64_t head, const DeltaInputs& in, float* state, float* out) {
+  const int64_t dk = c.linear_key_head_dim, dv = c.linear_value_head_dim, heads = c.linear_num_value_heads;
+  const int64_t key_head = head / (heads / c.linear_num_key_heads);
+  const int64_t conv_dim = c.gdn_conv_dim(), key_dim = c.gdn_key_dim();
+  std::vector<float> q(static_cast<size_t>(dk)), k(static_cast<size_t>(dk)), delta(static_cast<size_t>(dv));
+  for (int64_t t = 0; t < in.rows; ++t) {
+    const float* row = in.qkv + t * conv_dim;
+    std::copy(row + key_head * dk, row + (key_head + 1) * dk, q.begin());
+    std::copy(row + key_dim + key_head * dk, row + key_dim + (key_head + 1) * dk, k.begin());
+    const float* v = row + 2 * key_dim + head * dv;
+    l2_normalize(q.data(), dk, 1e-6f);
+    l2_normalize(k.data(), dk, 1e-6f);
+    float q_scale = 1.0f / std::sqrt(float(dk));
+    for (auto& value : q) value *= q_scale;
+    float decay = std::exp(in.decay[t * heads + head]), beta = in.beta[t * heads + head];
+    for (int64_t i = 0; i < dk * dv; ++i) state[i] *= decay;
+    for (int64_t j = 0; j < dv; ++j) delta[j] = 0.0f;
+    for (int64_t i = 0; i < dk; ++i)
+      for (int64_t j = 0; j < dv; ++j) delta[j] += state[i * dv + j] * k[i];
+    for (int64_t j = 0; j < dv; ++j) delta[j] = beta * (v[j] - delta[j]);
+    float* o = out + t * heads * dv + head * dv;
+    for (int64_t j = 0; j < dv; ++j) o[j] = 0.0f;
+    for (int64_t i = 0; i < dk; ++i)
+      for (int64_t j = 0; j < dv; ++j) {
+        state[i * dv + j] += k[i] * delta[j];
+        o[j] += state[i * dv + j] * q[i];
+      }
+  }
+}
+
+}  // namespace
+
+void gated_deltanet(const GatedDeltaNetWeights& w, const ModelConfig& c, GatedDeltaNetState& state, const float* x,
+                    int64_t rows, float* y) {
+  const int64_t heads = c.linear_num_value_heads, dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
+  const int64_t conv_dim = c.gdn_conv_dim(), value_dim = c.gdn_value_dim();
+  std::vector<float> qkv(size_t(rows * conv_dim)), z(size_t(rows * value_dim));
+  std::vector<float> beta(size_t(rows * heads)), decay(size_t(rows * heads));
+  matmul(w.in_qkv, x, rows, qkv.data());
+  matmul(w.in_z, x, rows, z.data());
+  matmul(w.in_b, x, rows, beta.data());
+  matmul(w.in_a, x, rows, decay.data());
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t h = 0; h < heads; ++h) {
+      float& b = beta[t * heads + h];
+      b = sigmoid(b);
+      float& g = decay[t * heads + h];
+      g = -std::exp(w.a_log[h]) * softplus(g + w.dt_bias[h]);
+    }
+  causal_conv(w.conv, conv_dim, c.linear_conv_kernel_dim, state.conv, qkv.data(), rows);
+
+  std::vector<float> core(size_t(rows * value_dim));
+  DeltaInputs inputs{qkv.data(), beta.data(), decay.data(), rows};
+  parallel_for(size_t(heads), 1, [&](size_t begin, size_t end) {
+    for (size_t h = begin; h < end; ++h)
+      delta_rule_head(c, int64_t(h), inputs, state.recurrent.data() + h * dk * dv, core.data());
+  });
+
+  // Gated RMS norm per value head (plain weight), gate sigmoid or silu per output_gate_type.
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t h = 0; h < heads; ++h) {
+      float* o = core.data() + t * value_dim + h * dv;
+      const float* gate = z.data() + t * value_dim + h * dv;
+      float sum = 0.0f;
+      for (int64_t j = 0; j < dv; ++j) sum += o[j] * o[j];
+      float scale = 1.0f / std::sqrt(sum / float(dv) + c.rms_norm_eps);
+      for (int64_t j = 0; j < dv; ++j)
+        o[j] = w.norm[j] * (o[j] * scale) * (c.gdn_gate_sigmoid ? sigmoid(gate[j]) : silu(gate[j]));
+    }
+  matmul(w.out, core.data(), rows, y);
+}
+
+}  // namespace vavilov::cpu

@@ -1,0 +1,88 @@
+// PLE: hashed n-gram embeddings of the last ngram_size tokens (segments cut at EOS), gated per stream by the
+// normalised residual, plus a dilated depthwise conv over the normalised gated values.
+#include <cmath>
+#include <vector>
+
+#include "cpu/layers.h"
+#include "cpu/linear.h"
+#include "cpu/ops.h"
+
+namespace vavilov::cpu {
+
+namespace {
+
+// Table rows of every n-gram head for the token at history[index] (history holds the previous tokens first).
+void ngram_rows(const PleWeights& w, const ModelConfig& c, const std::vector<int64_t>& history, size_t index,
+                int64_t* rows) {
+  const int64_t eos = c.eos();
+  // context[s] = the token s steps back if no EOS lies strictly between it and the current token, else EOS.
+  std::vector<int64_t> context(size_t(c.ngram_size));
+  bool cut = false;
+  for (int s = 0; s < c.ngram_size; ++s) {
+    if (s >= 2 && history[index - s + 1] == eos) cut = true;
+    context[s] = (s == 0 || !cut) ? history[index - s] : eos;
+  }
+  uint64_t mixed = uint64_t(context[0]) * uint64_t(w.multipliers[0]);
+  for (int n = 2; n <= c.ngram_size; ++n) {
+    mixed ^= uint64_t(context[n - 1]) * uint64_t(w.multipliers[n - 1]);  // wrapping int64 arithmetic, as torch
+    for (int head = (n - 2) * c.heads_per_ngram; head < (n - 1) * c.heads_per_ngram; ++head) {
+      int64_t remainder = int64_t(mixed) % w.head_sizes[head];
+      if (remainder < 0) remainder += w.head_sizes[head];
+      rows[head] = remainder + w.head_offsets[head];
+    }
+  }
+}
+
+}  // namespace
+
+void ple(const PleWeights& w, const ModelConfig& c, PleState& state, const int32_t* ids, const float* stack,
+         int64_t rows, float* out) {
+  const int64_t s_count = c.hc_count, h = c.hidden_size, sh = c.hc_hidden(), e_dim = c.ple_embed_dim;
+  const int heads = c.ngram_heads();
+  const int64_t head_width = w.head_width(), context = c.ngram_size - 1;
+
+  std::vector<int64_t> history(state.previous_ids, state.previous_ids + context);
+  for (int64_t t = 0; t < rows; ++t) history.push_back(ids[t]);
+  std::vector<float> embedding(size_t(rows * e_dim));
+  std::vector<int64_t> table_rows(static_cast<size_t>(heads));
+  for (int64_t t = 0; t < rows; ++t) {
+    ngram_rows(w, c, history, size_t(t + context), table_rows.data());
+    for (int head = 0; head < heads; ++head)
+      to_f32(w.table_dtype(), w.table_row(table_rows[head]), embedding.data() + t * e_dim + head * head_width,
+             size_t(head_width));
+  }
+  std::copy(history.end() - context, history.end(), state.previous_ids);
+
+  std::vector<float> keys(size_t(rows * sh)), value(size_t(rows * h)), query(size_t(rows * sh));
+  matmul(w.key_proj, embedding.data(), rows, keys.data());
+  matmul(w.value_proj, embedding.data(), rows, value.data());
+  std::vector<float> gated(size_t(rows * sh)), normed(size_t(rows * sh));
+  for (int64_t t = 0; t < rows; ++t) {
+    float* key = keys.data() + t * sh;
+    rms_norm_zero_centred(key, w.norm_key.data(), s_count, h, c.rms_norm_eps, key);
+    rms_norm_zero_centred(stack + t * sh, w.norm_query.data(), s_count, h, c.rms_norm_eps, query.data() + t * sh);
+    for (int64_t s = 0; s < s_count; ++s) {
+      float score = dot(key + s * h, query.data() + t * sh + s * h, h) / std::sqrt(float(h));
+      float shaped = std::sqrt(std::max(std::fabs(score), 1e-6f)) * float((score > 0) - (score < 0));
+      float gate = sigmoid(shaped);
+      for (int64_t d = 0; d < h; ++d) gated[t * sh + s * h + d] = gate * value[t * h + d];
+    }
+    rms_norm_zero_centred(gated.data() + t * sh, w.norm_conv.data(), s_count, h, c.rms_norm_eps,
+                          normed.data() + t * sh);
+  }
+
+  // Dilated causal conv: taps at t − dilation·(kernel−1−k); state holds the last (kernel−1)·dilation rows.
+  const int64_t kernel = c.ple_conv_kernel_size, dilation = c.ngram_size, history_rows = (kernel - 1) * dilation;
+  std::vector<float> window(state.conv_rows);
+  window.insert(window.end(), normed.begin(), normed.end());
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t ch = 0; ch < sh; ++ch) {
+      float sum = 0.0f;
+      for (int64_t k = 0; k < kernel; ++k)
+        sum += w.conv[ch * kernel + k] * window[(t + history_rows - dilation * (kernel - 1 - k)) * sh + ch];
+      out[t * sh + ch] = gated[t * sh + ch] + silu(sum);
+    }
+  std::copy(window.end() - history_rows * sh, window.end(), state.conv_rows.begin());
+}
+
+}  // namespace vavilov::cpu

@@ -1,0 +1,140 @@
+// Gated full attention over the tokens the QSA indexer selects: the top budget/ratio blocks of `ratio` keys by
+// the indexer's pooled-key score, plus the incomplete tail. Short contexts select every block.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "core/threads.h"
+#include "cpu/layers.h"
+#include "cpu/linear.h"
+#include "cpu/ops.h"
+
+namespace vavilov::cpu {
+
+namespace {
+
+struct RopeTable {
+  std::vector<float> cos, sin;
+  RopeTable(int64_t position, const ModelConfig& c) : cos(size_t(c.rotary_dim)), sin(size_t(c.rotary_dim)) {
+    rope_tables(position, c.rope_theta, c.rotary_dim, cos.data(), sin.data());
+  }
+  void apply(float* x, int64_t rotary_dim) const { apply_rope(x, cos.data(), sin.data(), rotary_dim); }
+};
+
+// Appends raw indexer keys and the pooled keys of every block they complete.
+void append_index_keys(const SparseAttentionWeights& w, const ModelConfig& c, AttentionState& state,
+                       const float* index_qk, int64_t rows) {
+  const int64_t ihd = c.indexer_head_dim, stride = int64_t(c.indexer_n_heads + 1) * ihd;
+  const int64_t ratio = c.indexer_compress_ratio;
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* raw = index_qk + t * stride + int64_t(c.indexer_n_heads) * ihd;
+    state.index_keys.insert(state.index_keys.end(), raw, raw + ihd);
+  }
+  int64_t cached = int64_t(state.index_keys.size()) / ihd;
+  for (int64_t block = int64_t(state.block_keys.size()) / ihd; (block + 1) * ratio <= cached; ++block) {
+    std::vector<float> pooled(size_t(ihd), 0.0f), normed(static_cast<size_t>(ihd));
+    for (int64_t i = 0; i < ratio; ++i)
+      for (int64_t d = 0; d < ihd; ++d) pooled[d] += state.index_keys[size_t((block * ratio + i) * ihd + d)];
+    for (auto& v : pooled) v /= float(ratio);
+    rms_norm_zero_centred(pooled.data(), w.index_k_norm.data(), 1, ihd, c.rms_norm_eps, normed.data());
+    RopeTable(block * ratio, c).apply(normed.data(), c.rotary_dim);
+    state.block_keys.insert(state.block_keys.end(), normed.begin(), normed.end());
+  }
+}
+
+// Token positions a query at `position` attends to.
+std::vector<int64_t> select_tokens(const ModelConfig& c, const AttentionState& state, const float* index_query,
+                                   int64_t position) {
+  const int64_t visible = position + 1, ratio = c.indexer_compress_ratio, ihd = c.indexer_head_dim;
+  const int64_t blocks = visible / ratio, keep = c.indexer_budget / ratio;
+  std::vector<int64_t> tokens;
+  if (blocks <= keep) {
+    tokens.resize(static_cast<size_t>(visible));
+    std::iota(tokens.begin(), tokens.end(), 0);
+    return tokens;
+  }
+  std::vector<float> score(size_t(blocks), 0.0f);
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int64_t h = 0; h < c.indexer_n_heads; ++h)
+      score[b] += std::max(0.0f, dot(index_query + h * ihd, state.block_keys.data() + b * ihd, ihd));
+    score[b] /= std::sqrt(float(ihd));
+  }
+  std::vector<int64_t> order(static_cast<size_t>(blocks));
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + keep, order.end(),
+                    [&](int64_t a, int64_t b) { return score[a] > score[b] || (score[a] == score[b] && a < b); });
+  order.resize(static_cast<size_t>(keep));
+  std::sort(order.begin(), order.end());
+  for (int64_t b : order)
+    for (int64_t i = 0; i < ratio; ++i) tokens.push_back(b * ratio + i);
+  for (int64_t p = blocks * ratio; p < visible; ++p) tokens.push_back(p);
+  return tokens;
+}
+
+}  // namespace
+
+void sparse_attention(const SparseAttentionWeights& w, const ModelConfig& c, AttentionState& state,
+                      int64_t first_position, const float* x, int64_t rows, float* y) {
+  const int64_t heads = c.num_attention_heads, kv_heads = c.num_key_value_heads, hd = c.head_dim;
+  const int64_t ihd = c.indexer_head_dim, index_stride = int64_t(c.indexer_n_heads + 1) * ihd;
+  std::vector<float> q(size_t(rows * heads * 2 * hd)), k(size_t(rows * kv_heads * hd)), v(k.size());
+  std::vector<float> index_qk(size_t(rows * index_stride));
+  matmul(w.q, x, rows, q.data());
+  matmul(w.k, x, rows, k.data());
+  matmul(w.v, x, rows, v.data());
+  matmul(w.index_qk, x, rows, index_qk.data());
+
+  std::vector<float> queries(size_t(rows * heads * hd)), index_queries(size_t(rows * c.indexer_n_heads * ihd));
+  for (int64_t t = 0; t < rows; ++t) {
+    RopeTable rope(first_position + t, c);
+    for (int64_t h = 0; h < heads; ++h) {
+      float* dst = queries.data() + (t * heads + h) * hd;
+      rms_norm_zero_centred(q.data() + (t * heads + h) * 2 * hd, w.q_norm.data(), 1, hd, c.rms_norm_eps, dst);
+      rope.apply(dst, c.rotary_dim);
+    }
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      float* key = k.data() + (t * kv_heads + h) * hd;
+      rms_norm_zero_centred(key, w.k_norm.data(), 1, hd, c.rms_norm_eps, key);
+      rope.apply(key, c.rotary_dim);
+    }
+    for (int64_t h = 0; h < c.indexer_n_heads; ++h) {
+      float* dst = index_queries.data() + (t * c.indexer_n_heads + h) * ihd;
+      rms_norm_zero_centred(index_qk.data() + t * index_stride + h * ihd, w.index_q_norm.data(), 1, ihd,
+                            c.rms_norm_eps, dst);
+      rope.apply(dst, c.rotary_dim);
+    }
+  }
+  state.keys.insert(state.keys.end(), k.begin(), k.end());
+  state.values.insert(state.values.end(), v.begin(), v.end());
+  append_index_keys(w, c, state, index_qk.data(), rows);
+
+  std::vector<float> attended(size_t(rows * heads * hd));
+  const float scale = 1.0f / std::sqrt(float(hd));
+  parallel_for(size_t(rows), 1, [&](size_t begin, size_t end) {
+    for (size_t t = begin; t < end; ++t) {
+      int64_t position = first_position + int64_t(t);
+      std::vector<int64_t> tokens =
+          select_tokens(c, state, index_queries.data() + int64_t(t) * c.indexer_n_heads * ihd, position);
+      std::vector<float> weights(tokens.size());
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t kv = h / (heads / kv_heads);
+        const float* query = queries.data() + (int64_t(t) * heads + h) * hd;
+        for (size_t i = 0; i < tokens.size(); ++i)
+          weights[i] = scale * dot(query, state.keys.data() + (tokens[i] * kv_heads + kv) * hd, hd);
+        softmax(weights.data(), int64_t(weights.size()));
+        float* out = attended.data() + (int64_t(t) * heads + h) * hd;
+        std::fill(out, out + hd, 0.0f);
+        for (size_t i = 0; i < tokens.size(); ++i) {
+          const float* value = state.values.data() + (tokens[i] * kv_heads + kv) * hd;
+          for (int64_t d = 0; d < hd; ++d) out[d] += weights[i] * value[d];
+        }
+        const float* gate = q.data() + (int64_t(t) * heads + h) * 2 * hd + hd;
+        for (int64_t d = 0; d < hd; ++d) out[d] *= sigmoid(gate[d]);
+      }
+    }
+  });
+  matmul(w.o, attended.data(), rows, y);
+}
+
+}  // namespace vavilov::cpu

@@ -1,0 +1,67 @@
+#include "engine/state.h"
+
+#include "core/error.h"
+
+namespace vavilov {
+
+namespace {
+
+LayerState new_layer_state(const ModelConfig& c, LayerKind kind, bool has_ple) {
+  LayerState s;
+  if (kind == LayerKind::GatedDeltaNet) {
+    s.gdn.conv.assign(size_t(c.linear_conv_kernel_dim - 1) * size_t(c.gdn_conv_dim()), 0.0f);
+    s.gdn.recurrent.assign(
+        size_t(c.linear_num_value_heads) * size_t(c.linear_key_head_dim) * size_t(c.linear_value_head_dim), 0.0f);
+  }
+  if (has_ple) {
+    s.ple.previous_ids[0] = s.ple.previous_ids[1] = c.eos();
+    s.ple.conv_rows.assign(size_t(c.ple_conv_kernel_size - 1) * size_t(c.ngram_size) * size_t(c.hc_hidden()), 0.0f);
+  }
+  return s;
+}
+
+}  // namespace
+
+SequenceState new_sequence_state(const Model& model) {
+  const ModelConfig& c = model.config;
+  SequenceState state;
+  for (int i = 0; i < c.num_layers; ++i)
+    state.layers.push_back(new_layer_state(c, c.layer_kinds[i], c.is_ple_layer(i)));
+  return state;
+}
+
+StateSnapshot snapshot(const SequenceState& state) {
+  StateSnapshot snap;
+  snap.position = state.position;
+  snap.mtp_position = state.mtp_position;
+  for (const auto& layer : state.layers) {
+    snap.gdn.push_back(layer.gdn);
+    snap.ple.push_back(layer.ple);
+  }
+  return snap;
+}
+
+void truncate_attention(AttentionState& attn, int64_t position, const ModelConfig& c) {
+  size_t kv = size_t(c.num_key_value_heads) * size_t(c.head_dim);
+  size_t index = size_t(c.indexer_head_dim);
+  if (attn.keys.size() < size_t(position) * kv) return;  // not an attention layer, or nothing cached yet
+  attn.keys.resize(size_t(position) * kv);
+  attn.values.resize(size_t(position) * kv);
+  attn.index_keys.resize(size_t(position) * index);
+  attn.block_keys.resize(size_t(position / c.indexer_compress_ratio) * index);
+}
+
+void restore(SequenceState& state, const StateSnapshot& snap, const ModelConfig& config) {
+  check(snap.position <= state.position && snap.gdn.size() == state.layers.size(),
+        "state snapshot at position {} does not belong to this sequence (at {})", snap.position, state.position);
+  for (size_t i = 0; i < state.layers.size(); ++i) {
+    state.layers[i].gdn = snap.gdn[i];
+    state.layers[i].ple = snap.ple[i];
+    truncate_attention(state.layers[i].attn, snap.position, config);
+  }
+  truncate_attention(state.mtp.attn, snap.mtp_position, config);
+  state.position = snap.position;
+  state.mtp_position = snap.mtp_position;
+}
+
+}  // namespace vavilov

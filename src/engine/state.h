@@ -1,0 +1,53 @@
+#pragma once
+// Everything one sequence carries from step to step. Attention caches only grow, so a snapshot stores the
+// position plus copies of the fixed-size recurrent parts; restoring truncates the caches to that position.
+#include <cstdint>
+#include <vector>
+
+#include "model/weights.h"
+
+namespace vavilov {
+
+struct GatedDeltaNetState {
+  std::vector<float> conv;       // last (kernel − 1) pre-conv qkv columns, oldest first: [kernel−1, conv_dim]
+  std::vector<float> recurrent;  // [value_heads, key_head_dim, value_head_dim]
+};
+
+struct AttentionState {
+  std::vector<float> keys, values;  // [position, kv_heads, head_dim], keys after norm and RoPE
+  std::vector<float> index_keys;    // raw indexer keys [position, index_head_dim]
+  std::vector<float> block_keys;    // pooled, normalised, rotated keys of complete blocks [blocks, index_head_dim]
+};
+
+struct PleState {
+  int64_t previous_ids[2] = {0, 0};  // the two tokens before the next one (EOS at the start)
+  std::vector<float> conv_rows;      // last (kernel−1)·dilation normalised rows [rows, S·H], oldest first
+};
+
+struct LayerState {
+  GatedDeltaNetState gdn;
+  AttentionState attn;
+  PleState ple;
+};
+
+struct SequenceState {
+  int64_t position = 0;
+  std::vector<LayerState> layers;
+  LayerState mtp;           // the MTP layer's own caches
+  int64_t mtp_position = 0;  // how many positions the MTP layer has cached
+};
+
+struct StateSnapshot {
+  int64_t position = 0, mtp_position = 0;
+  std::vector<GatedDeltaNetState> gdn;
+  std::vector<PleState> ple;
+};
+
+SequenceState new_sequence_state(const Model& model);
+StateSnapshot snapshot(const SequenceState& state);
+// Returns the state to a snapshot taken earlier in the same sequence (caches truncated, recurrences copied back).
+void restore(SequenceState& state, const StateSnapshot& snap, const ModelConfig& config);
+// Truncates attention caches of one layer to `position` tokens.
+void truncate_attention(AttentionState& attn, int64_t position, const ModelConfig& config);
+
+}  // namespace vavilov

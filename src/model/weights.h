@@ -1,0 +1,110 @@
+#pragma once
+// The qwen4_exp weights as the engine uses them: large matrices stay in the memory-mapped checkpoint in their
+// stored dtype; small vectors (norms, conv taps, decay parameters) are converted to fp32 once at load.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "io/safetensors.h"
+#include "model/config.h"
+
+namespace vavilov {
+
+// W [rows, cols], row-major, used as y = W x.
+struct Matrix {
+  std::string name;
+  DType dtype = DType::F32;
+  int64_t rows = 0, cols = 0;
+  const std::byte* data = nullptr;
+
+  bool empty() const { return rows == 0; }
+  size_t row_bytes() const { return size_t(cols) * dtype_size(dtype); }
+  const std::byte* row(int64_t r) const { return data + size_t(r) * row_bytes(); }
+  // Rows [begin, begin + count) as a matrix of their own (fused expert tensors are split this way).
+  Matrix slice_rows(int64_t begin, int64_t count, std::string slice_name) const;
+};
+
+using Vector = std::vector<float>;
+
+struct GatedResidualWeights {
+  Vector norm;              // [S·H], zero-centred
+  Matrix mix_down, mix_up;  // [R, S·H], [S·H, R]
+  Matrix inject;            // [S, S·H]; empty on final mixers
+};
+
+struct GatedDeltaNetWeights {
+  Matrix in_qkv, in_z, in_b, in_a, out;
+  Vector conv;  // [conv_dim, kernel]
+  Vector a_log, dt_bias;
+  Vector norm;  // [value_head_dim], plain weight
+};
+
+struct SparseAttentionWeights {
+  Matrix q, k, v, o;
+  Vector q_norm, k_norm;
+  Matrix index_qk;  // [(index_heads + 1) · index_head_dim, H]
+  Vector index_q_norm, index_k_norm;
+};
+
+struct FeedForwardWeights {
+  Matrix gate, up, down;
+};
+
+struct MoeWeights {
+  Matrix router;  // [E, H]
+  std::vector<FeedForwardWeights> experts;
+  FeedForwardWeights shared;
+  Matrix shared_gate;  // [1, H]
+};
+
+struct PleWeights {
+  std::vector<Matrix> table_shards;  // row shards of the n-gram table, in order
+  std::vector<int64_t> shard_first_row;
+  int64_t table_rows = 0;
+  std::vector<int64_t> multipliers;   // [ngram_size]
+  std::vector<int64_t> head_sizes;    // [ngram heads]
+  std::vector<int64_t> head_offsets;  // [ngram heads]
+  Matrix key_proj, value_proj;        // [S·H, E], [H, E]
+  Vector norm_key, norm_query, norm_conv;
+  Vector conv;  // [S·H, kernel]
+
+  const std::byte* table_row(int64_t row) const;
+  DType table_dtype() const { return table_shards.front().dtype; }
+  int64_t head_width() const { return table_shards.front().cols; }
+};
+
+struct LayerWeights {
+  LayerKind kind = LayerKind::GatedDeltaNet;
+  GatedResidualWeights attn_hc, mlp_hc;
+  GatedDeltaNetWeights gdn;
+  SparseAttentionWeights attn;
+  MoeWeights moe;
+  std::optional<PleWeights> ple;
+};
+
+// The MTP head's own weights (SGLang/vLLM definition); it shares embed_tokens and lm_head with the trunk.
+struct MtpWeights {
+  Vector pre_fc_norm_embedding, pre_fc_norm_hidden;
+  Matrix fc_embedding, fc_hidden;
+  LayerWeights layer;
+  GatedResidualWeights final_mixer;
+};
+
+struct Model {
+  ModelConfig config;
+  std::string directory;
+  std::unique_ptr<TensorStore> store;
+  Matrix embed, lm_head;
+  std::vector<LayerWeights> layers;
+  GatedResidualWeights final_mixer;
+  std::optional<MtpWeights> mtp;
+};
+
+// Loads config.json and the safetensors of a model directory; every tensor's presence, dtype and shape is
+// checked against the config, and errors name the file and the tensor.
+std::unique_ptr<Model> load_model(const std::string& directory);
+
+}  // namespace vavilov
