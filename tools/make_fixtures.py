@@ -22,7 +22,8 @@ Self-checks performed for every fixture (the script aborts on failure):
     chunked GDN kernel rounds differently for different chunk boundaries);
   * a one-shot forward over prompt + continuation reproduces the greedy ids;
   * the saved directory, reloaded with from_pretrained (or, for layouts HF cannot load, by hand), reproduces the
-    reference logits exactly (to 1e-6 relative);
+    reference logits (to 1e-5 relative; not bit-exact: from_pretrained keeps the tensors
+    mmapped at unaligned addresses, so CPU kernels take other SIMD paths, ~1e-6 noise);
   * the QSA indexer really prunes (some query attends to fewer keys than are visible).
 """
 from __future__ import annotations
@@ -64,7 +65,7 @@ GREEDY_MARGIN_MIN = 1e-3
 ROUTER_GAP_MIN = 1e-4
 INDEXER_GAP_MIN = 1e-4
 CHUNK_REL_TOL = 5e-5
-RELOAD_REL_TOL = 1e-6
+RELOAD_REL_TOL = 1e-5  # from_pretrained mmaps unaligned tensors -> other SIMD paths, ~1e-6 noise
 MAX_FIXTURE_BYTES = 1_500_000
 LOGIT_STD_TARGET = 3.0
 
@@ -446,6 +447,10 @@ def dir_bytes(d: str) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+class FragileFixture(RuntimeError):
+    pass
+
+
 def make_fixture(spec: dict, out_root: str, seed: int, max_attempts: int = 25, size_limit: int | None = None):
     name = spec["name"]
     out_dir = os.path.join(out_root, name)
@@ -490,7 +495,7 @@ def make_fixture(spec: dict, out_root: str, seed: int, max_attempts: int = 25, s
             continue
         break
     else:
-        raise RuntimeError(f"{name}: no robust fixture after {max_attempts} attempts")
+        raise FragileFixture(f"{name}: no robust fixture after {max_attempts} attempts")
 
     # --- self checks on the in-memory model --------------------------------------------------------------------
     P = len(prompt)
@@ -591,12 +596,13 @@ def random_spec(rng: random.Random, idx: int, wild: bool) -> dict:
     dtype = rng.choice(["float32", "float32", "bfloat16"])
     layout = rng.choice(["per_expert", "per_expert", "fused"])
     vl = layout == "per_expert" and rng.random() < 0.4
-    shard = "60KB" if vl or (layout == "per_expert" and rng.random() < 0.3) else None
+    shard = "200KB" if vl or (layout == "per_expert" and rng.random() < 0.3) else None
     lkh = rng.choice([1, 2])
     cfg = dict(vocab_size=V, hidden_size=H, layer_types=types,
                num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim, partial_rotary_factor=prf,
                rope_theta=rng.choice([10000.0, 1e6, 1e7]),
-               indexer_n_heads=rng.randint(1, 4), indexer_head_dim=idx_hd, indexer_budget=budget,
+               # 1-2 indexer heads give many exact zero-score ties (relu) that HF breaks arbitrarily
+               indexer_n_heads=rng.choice([1, 2, 3, 4, 4, 4]), indexer_head_dim=idx_hd, indexer_budget=budget,
                indexer_compress_ratio=ratio,
                linear_num_key_heads=lkh, linear_num_value_heads=lkh * rng.choice([1, 2, 3]),
                linear_key_head_dim=rng.choice([4, 8, 12, 16]), linear_value_head_dim=rng.choice([4, 8, 12, 16]),
@@ -638,10 +644,21 @@ def main():
     summary = {}
     if args.random:
         rng = random.Random(args.seed)
-        for i in range(args.random):
-            spec = random_spec(rng, i, args.wild)
+        made, draws = 0, 0
+        while made < args.random:
+            draws += 1
+            if draws > 4 * args.random + 10:
+                raise RuntimeError("too many random specs were fragile")
+            spec = random_spec(rng, made, args.wild)
             print(f"[{spec['name']}] {json.dumps(spec['cfg'])}", flush=True)
-            ref = make_fixture(spec, args.out, args.seed)
+            try:
+                make_fixture(spec, args.out, args.seed, max_attempts=12)
+            except FragileFixture as e:
+                # typically exact zero-score ties in the QSA indexer (every head's relu is 0), which HF's
+                # torch.topk breaks in an implementation-defined order: draw another spec
+                print(f"  {e}; drawing another spec", flush=True)
+                continue
+            made += 1
             summary[spec["name"]] = spec
             with open(os.path.join(args.out, spec["name"], "fixture_spec.json"), "w") as f:
                 json.dump(spec, f, indent=1)
