@@ -1,0 +1,130 @@
+// Malformed checkpoints are rejected with one error naming the file and tensor; the CLI exits non-zero without
+// leaving a partial output file.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "fixture_paths.h"
+#include "model/weights.h"
+
+namespace vavilov {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+const fs::path kFixture = test::model_fixtures() / "tiny_f32_hc4_ple1";
+
+// A copy of the fixture whose safetensors header has been edited by `edit`.
+fs::path edited_copy(const std::string& name, const std::function<void(nlohmann::json&)>& edit) {
+  fs::path dir = fs::temp_directory_path() / ("vavilov_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(kFixture / "config.json", dir / "config.json");
+  std::ifstream in(kFixture / "model.safetensors", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  uint64_t header_size;
+  std::memcpy(&header_size, bytes.data(), 8);
+  auto header = nlohmann::json::parse(bytes.substr(8, header_size));
+  edit(header);
+  std::string new_header = header.dump();
+  uint64_t new_size = new_header.size();
+  std::ofstream out(dir / "model.safetensors", std::ios::binary);
+  out.write(reinterpret_cast<const char*>(&new_size), 8);
+  out << new_header << bytes.substr(8 + header_size);
+  return dir;
+}
+
+std::string load_error(const fs::path& dir) {
+  try {
+    load_model(dir.string());
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(ModelLoading, MissingTensorIsNamed) {
+  auto dir = edited_copy("missing", [](auto& h) { h.erase("model.layers.3.self_attn.k_norm.weight"); });
+  EXPECT_THAT(load_error(dir), AllOf(HasSubstr("missing tensor"), HasSubstr("model.layers.3.self_attn.k_norm.weight"),
+                                     HasSubstr(dir.string())));
+}
+
+TEST(ModelLoading, ShapeMismatchIsNamed) {
+  auto dir = edited_copy("shape", [](auto& h) {
+    auto& shape = h["model.layers.0.linear_attn.in_proj_qkv.weight"]["shape"];
+    shape = nlohmann::json::array({shape[1], shape[0]});
+  });
+  EXPECT_THAT(load_error(dir), AllOf(HasSubstr("model.layers.0.linear_attn.in_proj_qkv.weight"),
+                                     HasSubstr("expected shape"), HasSubstr("model.safetensors")));
+}
+
+TEST(ModelLoading, NonFloatWeightIsNamed) {
+  auto dir = edited_copy("dtype", [](auto& h) { h["lm_head.weight"]["dtype"] = "I32"; });
+  EXPECT_THAT(load_error(dir), AllOf(HasSubstr("lm_head.weight"), HasSubstr("not a float type")));
+}
+
+TEST(ModelLoading, PleBufferWithWrongDtypeIsNamed) {
+  auto dir = edited_copy("ple_dtype", [](auto& h) {
+    h["model.layers.1.ple.ple_embedding.layer_multipliers"]["dtype"] = "F32";
+    h["model.layers.1.ple.ple_embedding.layer_multipliers"]["shape"] = {6};
+  });
+  EXPECT_THAT(load_error(dir), HasSubstr("model.layers.1.ple.ple_embedding.layer_multipliers"));
+}
+
+struct CommandResult {
+  int exit_code;
+  std::string output;
+};
+
+CommandResult run(const std::string& arguments, bool with_stderr = true) {
+  std::string command = std::string(VAVILOV_BINARY) + " " + arguments + (with_stderr ? " 2>&1" : " 2>/dev/null");
+  FILE* pipe = ::popen(command.c_str(), "r");
+  std::string output;
+  char buffer[512];
+  while (size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
+  int status = ::pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+TEST(Cli, BadCheckpointGivesOneLineErrorAndNoOutputFile) {
+  auto dir = edited_copy("cli", [](auto& h) { h.erase("model.embed_tokens.weight"); });
+  fs::path out = dir / "logits.f32";
+  CommandResult result = run("logits --model " + dir.string() + " --ids 1,2,3 --out " + out.string());
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_THAT(result.output, AllOf(HasSubstr("vavilov: error:"), HasSubstr("model.embed_tokens.weight")));
+  EXPECT_EQ(std::count(result.output.begin(), result.output.end(), '\n'), 1);
+  EXPECT_FALSE(fs::exists(out));
+}
+
+TEST(Cli, TokenIdOutsideVocabularyIsRejected) {
+  CommandResult result = run("generate --model " + kFixture.string() + " --ids 1,99999 --max-tokens 2");
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_THAT(result.output, HasSubstr("99999"));
+}
+
+TEST(Cli, MalformedIdsAreRejected) {
+  CommandResult result = run("generate --model " + kFixture.string() + " --ids 1,,x --max-tokens 2");
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_THAT(result.output, HasSubstr("--ids"));
+}
+
+TEST(Cli, GenerateMatchesHfGreedy) {
+  std::ifstream in(kFixture / "reference.json");
+  auto reference = nlohmann::json::parse(in);
+  std::string ids;
+  for (const auto& id : reference["prompt_ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int>());
+  CommandResult result =
+      run("generate --model " + kFixture.string() + " --ids " + ids + " --max-tokens 24 --ignore-eos", false);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(nlohmann::json::parse(result.output.substr(0, result.output.find('\n'))), reference["greedy_ids"]);
+}
+
+}  // namespace
+}  // namespace vavilov
