@@ -3,5 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
+scripts/install_python_deps.sh
 scripts/build.sh
 ctest --test-dir build -L cpu --output-on-failure -j "$(nproc)"

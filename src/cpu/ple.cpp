@@ -41,7 +41,7 @@ void ple(const PleWeights& w, const ModelConfig& c, PleState& state, const int32
   const int heads = c.ngram_heads();
   const int64_t head_width = w.head_width(), context = c.ngram_size - 1;
 
-  std::vector<int64_t> history(state.previous_ids, state.previous_ids + context);
+  std::vector<int64_t> history(state.previous_ids);
   for (int64_t t = 0; t < rows; ++t) history.push_back(ids[t]);
   std::vector<float> embedding(size_t(rows * e_dim));
   std::vector<int64_t> table_rows(static_cast<size_t>(heads));
@@ -51,7 +51,7 @@ void ple(const PleWeights& w, const ModelConfig& c, PleState& state, const int32
       to_f32(w.table_dtype(), w.table_row(table_rows[head]), embedding.data() + t * e_dim + head * head_width,
              size_t(head_width));
   }
-  std::copy(history.end() - context, history.end(), state.previous_ids);
+  std::copy(history.end() - context, history.end(), state.previous_ids.begin());
 
   std::vector<float> keys(size_t(rows * sh)), value(size_t(rows * h)), query(size_t(rows * sh));
   matmul(w.key_proj, embedding.data(), rows, keys.data());

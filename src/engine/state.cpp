@@ -14,7 +14,7 @@ LayerState new_layer_state(const ModelConfig& c, LayerKind kind, bool has_ple) {
         size_t(c.linear_num_value_heads) * size_t(c.linear_key_head_dim) * size_t(c.linear_value_head_dim), 0.0f);
   }
   if (has_ple) {
-    s.ple.previous_ids[0] = s.ple.previous_ids[1] = c.eos();
+    s.ple.previous_ids.assign(size_t(c.ngram_size - 1), c.eos());
     s.ple.conv_rows.assign(size_t(c.ple_conv_kernel_size - 1) * size_t(c.ngram_size) * size_t(c.hc_hidden()), 0.0f);
   }
   return s;

@@ -20,7 +20,7 @@ struct AttentionState {
 };
 
 struct PleState {
-  int64_t previous_ids[2] = {0, 0};  // the two tokens before the next one (EOS at the start)
+  std::vector<int64_t> previous_ids;  // the ngram_size − 1 tokens before the next one (EOS at the start)
   std::vector<float> conv_rows;      // last (kernel−1)·dilation normalised rows [rows, S·H], oldest first
 };
 
