@@ -235,6 +235,16 @@ TEST(Config, NotJsonNamesTheFile) {
               HasSubstr("models/x/config.json: not a JSON object"));
 }
 
+// Found by fuzz_config: rendering a deeply nested value for the error message overflowed the stack.
+TEST(Config, DeeplyNestedValueGivesAShortError) {
+  std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  std::string text = R"({"model_type": "qwen4_exp_text", "hidden_size": )" + deep + "}";
+  std::string message = error_of([&] { parse_model_config(text, kSource); });
+  EXPECT_THAT(message,
+              HasSubstr("models/x/config.json: field hidden_size: must be a positive integer, got [[[[...]]]]"));
+  EXPECT_LT(message.size(), 200u);
+}
+
 // One malformed config per rule: a mutation of the valid base, the field the error must name, and a phrase.
 struct BadCase {
   const char* label;

@@ -27,10 +27,33 @@ constexpr int64_t kMaxSize = std::numeric_limits<int32_t>::max();
 // Layer counts size per-layer vectors; a bound keeps a hostile file from allocating gigabytes.
 constexpr int64_t kMaxLayers = 1 << 16;
 
-// A short rendering of a JSON value for error messages. `replace` keeps dump() from throwing on invalid UTF-8.
+constexpr size_t kDescribeLimit = 64;
+
+// Appends a rendering of `value` to `out`, stopping once `out` is long enough. json::dump() would recurse through
+// the whole value (a hostile file nests 100k arrays and overflows the stack) and render all of it; this stops
+// at the length limit, and a depth limit bounds the recursion. `replace` keeps dump() from throwing on bad UTF-8.
+void render(const json& value, int depth, std::string& out) {
+  if (!value.is_structured()) {
+    out += value.dump(-1, ' ', false, json::error_handler_t::replace);
+    return;
+  }
+  out += value.is_array() ? '[' : '{';
+  if (depth >= 3 && !value.empty()) out += "...";
+  if (depth >= 3) return void(out += value.is_array() ? ']' : '}');
+  bool first = true;
+  for (auto it = value.begin(); it != value.end() && out.size() <= kDescribeLimit; ++it, first = false) {
+    if (!first) out += ", ";
+    if (value.is_object()) out += json(it.key()).dump(-1, ' ', false, json::error_handler_t::replace) + ": ";
+    render(*it, depth + 1, out);
+  }
+  out += value.is_array() ? ']' : '}';
+}
+
+// A short, single-line rendering of a JSON value for error messages.
 std::string describe(const json& value) {
-  std::string text = value.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (text.size() > 64) text = text.substr(0, 61) + "...";
+  std::string text;
+  render(value, 0, text);
+  if (text.size() > kDescribeLimit) text = text.substr(0, kDescribeLimit - 3) + "...";
   return text;
 }
 
