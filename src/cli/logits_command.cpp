@@ -1,11 +1,13 @@
-// vavilov logits: the trunk's logits at every position of a prompt, as little-endian float32 [ids × vocab].
+// vavilov logits: the trunk's (or the MTP head's) logits at every position of a prompt, as little-endian float32.
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "core/error.h"
 #include "cpu/forward.h"
+#include "cpu/mtp.h"
 #include "io/atomic_file.h"
 #include "model/weights.h"
 
@@ -16,12 +18,30 @@ struct LogitsArgs {
   std::string model, ids, out;
   int64_t chunk = 0;
   int threads = 0;
+  bool mtp = false;
 };
+
+// Row i: the MTP head's logits given the trunk stack at position i and the token ids[i + 1].
+std::vector<float> mtp_logits(const Model& model, const std::vector<int32_t>& ids) {
+  const size_t vocab = size_t(model.config.vocab_size), sh = size_t(model.config.hc_hidden()), n = ids.size();
+  check(n >= 2, "--mtp needs at least two ids");
+  SequenceState state = new_sequence_state(model);
+  std::vector<float> stacks(n * sh), head((n - 1) * sh), logits((n - 1) * vocab);
+  cpu::forward(model, state, ids, {false, nullptr, stacks.data()});
+  cpu::mtp_forward(model, state, stacks.data(), std::span<const int32_t>(ids).subspan(1), head.data());
+  cpu::mtp_logits(model, head.data(), int64_t(n - 1), logits.data());
+  return logits;
+}
 
 void run_logits(const LogitsArgs& args) {
   apply_threads(args.threads);
   std::vector<int32_t> ids = parse_ids(args.ids);
   auto model = load_model(args.model);
+  if (args.mtp) {
+    std::vector<float> logits = mtp_logits(*model, ids);
+    write_file_atomically(args.out, logits.data(), logits.size() * sizeof(float));
+    return;
+  }
   const int64_t vocab = model->config.vocab_size;
   SequenceState state = new_sequence_state(*model);
   std::vector<float> logits(ids.size() * size_t(vocab));
@@ -43,6 +63,8 @@ void register_logits(CLI::App& app) {
   command->add_option("--out", args->out, "Output file: little-endian float32 [ids x vocab]")->required();
   command->add_option("--chunk", args->chunk, "Prefill in chunks of N tokens (0: all at once)")
       ->check(CLI::NonNegativeNumber);
+  command->add_flag("--mtp", args->mtp,
+                    "Write the MTP head's logits instead: row i given the trunk at i and ids[i+1], [(ids-1) x vocab]");
   add_threads_option(command, args->threads);
   command->callback([args] { run_logits(*args); });
 }

@@ -13,6 +13,7 @@ struct ForwardOutputs {
   bool all_rows = false;    // logits for every row, or only the last
   float* logits = nullptr;  // [all_rows ? rows : 1, vocab]; null to skip lm_head
   float* stacks = nullptr;  // [rows, S·H]: the residual stack before the final mixer (the MTP head's input)
+  RowStates* row_states = nullptr;  // filled with the recurrent state after every row (speculative verify)
 };
 
 void forward(const Model& model, SequenceState& state, std::span<const int32_t> ids, const ForwardOutputs& outputs);

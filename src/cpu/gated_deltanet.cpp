@@ -14,7 +14,7 @@ namespace {
 
 // Causal depthwise conv with silu; state holds the last kernel−1 inputs and is advanced past `rows` inputs.
 void causal_conv(const Vector& taps, int64_t channels, int64_t kernel, std::vector<float>& state, float* x,
-                 int64_t rows) {
+                 int64_t rows, std::vector<GatedDeltaNetState>* row_states) {
   const int64_t history = kernel - 1;
   std::vector<float> window(size_t((history + rows) * channels));
   std::copy(state.begin(), state.end(), window.begin());
@@ -26,6 +26,9 @@ void causal_conv(const Vector& taps, int64_t channels, int64_t kernel, std::vect
       x[t * channels + ch] = silu(sum);
     }
   std::copy(window.end() - history * channels, window.end(), state.begin());
+  if (row_states)
+    for (int64_t t = 0; t < rows; ++t)
+      std::copy_n(window.begin() + (t + 1) * channels, history * channels, (*row_states)[size_t(t)].conv.begin());
 }
 
 struct DeltaInputs {
@@ -36,7 +39,8 @@ struct DeltaInputs {
 };
 
 // The recurrence for one value head over all rows: S ← e^g S; δ = β(v − Sᵀk); S ← S + kδᵀ; o = Sᵀq.
-void delta_rule_head(const ModelConfig& c, int64_t head, const DeltaInputs& in, float* state, float* out) {
+void delta_rule_head(const ModelConfig& c, int64_t head, const DeltaInputs& in, float* state, float* out,
+                     std::vector<GatedDeltaNetState>* row_states) {
   const int64_t dk = c.linear_key_head_dim, dv = c.linear_value_head_dim, heads = c.linear_num_value_heads;
   const int64_t key_head = head / (heads / c.linear_num_key_heads);
   const int64_t conv_dim = c.gdn_conv_dim(), key_dim = c.gdn_key_dim();
@@ -63,13 +67,14 @@ void delta_rule_head(const ModelConfig& c, int64_t head, const DeltaInputs& in, 
         state[i * dv + j] += k[i] * delta[j];
         o[j] += state[i * dv + j] * q[i];
       }
+    if (row_states) std::copy_n(state, dk * dv, (*row_states)[size_t(t)].recurrent.data() + head * dk * dv);
   }
 }
 
 }  // namespace
 
 void gated_deltanet(const GatedDeltaNetWeights& w, const ModelConfig& c, GatedDeltaNetState& state, const float* x,
-                    int64_t rows, float* y) {
+                    int64_t rows, float* y, std::vector<GatedDeltaNetState>* row_states) {
   const int64_t heads = c.linear_num_value_heads, dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
   const int64_t conv_dim = c.gdn_conv_dim(), value_dim = c.gdn_value_dim();
   std::vector<float> qkv(size_t(rows * conv_dim)), z(size_t(rows * value_dim));
@@ -85,13 +90,14 @@ void gated_deltanet(const GatedDeltaNetWeights& w, const ModelConfig& c, GatedDe
       float& g = decay[t * heads + h];
       g = -std::exp(w.a_log[h]) * softplus(g + w.dt_bias[h]);
     }
-  causal_conv(w.conv, conv_dim, c.linear_conv_kernel_dim, state.conv, qkv.data(), rows);
+  if (row_states) row_states->assign(size_t(rows), state);
+  causal_conv(w.conv, conv_dim, c.linear_conv_kernel_dim, state.conv, qkv.data(), rows, row_states);
 
   std::vector<float> core(size_t(rows * value_dim));
   DeltaInputs inputs{qkv.data(), beta.data(), decay.data(), rows};
   parallel_for(size_t(heads), 1, [&](size_t begin, size_t end) {
     for (size_t h = begin; h < end; ++h)
-      delta_rule_head(c, int64_t(h), inputs, state.recurrent.data() + h * dk * dv, core.data());
+      delta_rule_head(c, int64_t(h), inputs, state.recurrent.data() + h * dk * dv, core.data(), row_states);
   });
 
   // Gated RMS norm per value head (plain weight), gate sigmoid or silu per output_gate_type.

@@ -1,5 +1,6 @@
 // PLE: hashed n-gram embeddings of the last ngram_size tokens (segments cut at EOS), gated per stream by the
 // normalised residual, plus a dilated depthwise conv over the normalised gated values.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -36,7 +37,7 @@ void ngram_rows(const PleWeights& w, const ModelConfig& c, const std::vector<int
 }  // namespace
 
 void ple(const PleWeights& w, const ModelConfig& c, PleState& state, const int32_t* ids, const float* stack,
-         int64_t rows, float* out) {
+         int64_t rows, float* out, std::vector<PleState>* row_states) {
   const int64_t s_count = c.hc_count, h = c.hidden_size, sh = c.hc_hidden(), e_dim = c.ple_embed_dim;
   const int heads = c.ngram_heads();
   const int64_t head_width = w.head_width(), context = c.ngram_size - 1;
@@ -83,6 +84,13 @@ void ple(const PleWeights& w, const ModelConfig& c, PleState& state, const int32
       out[t * sh + ch] = gated[t * sh + ch] + silu(sum);
     }
   std::copy(window.end() - history_rows * sh, window.end(), state.conv_rows.begin());
+  if (!row_states) return;
+  row_states->assign(size_t(rows), state);
+  for (int64_t t = 0; t < rows; ++t) {
+    PleState& after = (*row_states)[size_t(t)];
+    std::copy_n(history.begin() + t + 1, context, after.previous_ids.begin());
+    std::copy_n(window.begin() + (t + 1) * sh, history_rows * sh, after.conv_rows.begin());
+  }
 }
 
 }  // namespace vavilov::cpu

@@ -43,10 +43,20 @@ struct StateSnapshot {
   std::vector<PleState> ple;
 };
 
+// The recurrent parts of the state after each row of one multi-row forward pass, so that a speculative verify
+// step can keep any prefix of its rows: [layer][row].
+struct RowStates {
+  std::vector<std::vector<GatedDeltaNetState>> gdn;
+  std::vector<std::vector<PleState>> ple;
+};
+
 SequenceState new_sequence_state(const Model& model);
 StateSnapshot snapshot(const SequenceState& state);
 // Returns the state to a snapshot taken earlier in the same sequence (caches truncated, recurrences copied back).
 void restore(SequenceState& state, const StateSnapshot& snap, const ModelConfig& config);
+// Keeps the first `kept` rows of the last forward pass (which started at `first_position` and recorded `rows`).
+void keep_rows(SequenceState& state, const RowStates& rows, int64_t first_position, int64_t kept,
+               const ModelConfig& config);
 // Truncates attention caches of one layer to `position` tokens.
 void truncate_attention(AttentionState& attn, int64_t position, const ModelConfig& config);
 
