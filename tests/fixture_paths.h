@@ -1,5 +1,6 @@
 #pragma once
 // Where tests find committed fixtures and the shared data beside the repository.
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -11,11 +12,22 @@ namespace vavilov::test {
 inline std::filesystem::path source_dir() { return VAVILOV_SOURCE_DIR; }
 inline std::filesystem::path model_fixtures() { return source_dir() / "tests" / "fixtures" / "models"; }
 
-inline std::vector<std::filesystem::path> model_fixture_dirs() {
+inline std::filesystem::path mtp_fixtures() { return source_dir() / "tests" / "fixtures" / "models_mtp"; }
+
+inline std::vector<std::filesystem::path> fixture_dirs(const std::filesystem::path& root) {
   std::vector<std::filesystem::path> dirs;
-  for (const auto& entry : std::filesystem::directory_iterator(model_fixtures()))
-    if (std::filesystem::exists(entry.path() / "reference.json")) dirs.push_back(entry.path());
+  if (std::filesystem::exists(root))
+    for (const auto& entry : std::filesystem::directory_iterator(root))
+      if (std::filesystem::exists(entry.path() / "reference.json")) dirs.push_back(entry.path());
   std::sort(dirs.begin(), dirs.end());
+  return dirs;
+}
+
+// Trunk fixtures: the plain ones and those that also carry an MTP head.
+inline std::vector<std::filesystem::path> model_fixture_dirs() {
+  auto dirs = fixture_dirs(model_fixtures());
+  auto with_mtp = fixture_dirs(mtp_fixtures());
+  dirs.insert(dirs.end(), with_mtp.begin(), with_mtp.end());
   return dirs;
 }
 

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cpu/forward.h"
+#include "cpu/mtp.h"
 #include "engine/generate.h"
 #include "fixture_paths.h"
 #include "model/weights.h"
@@ -106,6 +107,54 @@ TEST_P(ReferenceModel, SnapshotRestoreRepeatsDecoding) {
   EXPECT_LE(relative_error(second, first), 1e-5);
   std::vector<float> want(fixture.logits.begin() + half * vocab, fixture.logits.end());
   EXPECT_LE(relative_error(second, want), kFp32Tolerance);
+}
+
+// Several sequences at different positions in one batched forward give what each gives alone.
+TEST_P(ReferenceModel, BatchedSequencesMatchSeparateRuns) {
+  Fixture fixture(GetParam());
+  auto model = load_model(fixture.dir.string());
+  const size_t vocab = size_t(model->config.vocab_size);
+  std::span<const int32_t> prompt(fixture.prompt);
+  auto make = [&](size_t prefix) {
+    SequenceState state = new_sequence_state(*model);
+    if (prefix) cpu::forward(*model, state, prompt.first(prefix), {});
+    return state;
+  };
+  const size_t n = prompt.size();
+  std::vector<SequenceState> batched{make(n / 2), make(n / 3), make(0)};
+  std::vector<SequenceState> alone{make(n / 2), make(n / 3), make(0)};
+  std::vector<std::span<const int32_t>> steps{prompt.subspan(n / 2, 3), prompt.subspan(n / 3, 1), prompt.first(5)};
+  std::vector<std::vector<float>> batched_logits(3), alone_logits(3);
+  std::vector<cpu::SequenceChunk> chunks;
+  for (size_t i = 0; i < 3; ++i) {
+    batched_logits[i].resize(steps[i].size() * vocab);
+    alone_logits[i].resize(steps[i].size() * vocab);
+    chunks.push_back({&batched[i], steps[i], {true, batched_logits[i].data(), nullptr}});
+    cpu::forward(*model, alone[i], steps[i], {true, alone_logits[i].data(), nullptr});
+  }
+  cpu::forward_batch(*model, chunks);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(batched[i].position, alone[i].position);
+    EXPECT_LE(relative_error(batched_logits[i], alone_logits[i]), 1e-6) << "sequence " << i;
+  }
+}
+
+// The MTP head against the PyTorch reference assembled from transformers' modules (tools/mtp_reference.py):
+// row i is the head's logits given the trunk stack at i and token i + 1.
+TEST_P(ReferenceModel, MtpLogitsMatchReference) {
+  Fixture fixture(GetParam());
+  if (!fixture.reference.contains("mtp_logits_file")) GTEST_SKIP() << "no MTP head in this fixture";
+  auto model = load_model(fixture.dir.string());
+  ASSERT_TRUE(model->mtp.has_value());
+  const size_t n = fixture.prompt.size(), sh = size_t(model->config.hc_hidden());
+  SequenceState state = new_sequence_state(*model);
+  std::vector<float> stacks(n * sh), head((n - 1) * sh), logits((n - 1) * size_t(model->config.vocab_size));
+  cpu::forward(*model, state, fixture.prompt, {false, nullptr, stacks.data()});
+  cpu::mtp_forward(*model, state, stacks.data(), std::span<const int32_t>(fixture.prompt).subspan(1), head.data());
+  cpu::mtp_logits(*model, head.data(), int64_t(n - 1), logits.data());
+  auto want = test::read_floats(fixture.dir / fixture.reference["mtp_logits_file"].get<std::string>());
+  ASSERT_EQ(logits.size(), want.size());
+  EXPECT_LE(relative_error(logits, want), kFp32Tolerance);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ReferenceModel, ::testing::ValuesIn(test::model_fixture_dirs()),

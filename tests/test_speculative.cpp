@@ -19,15 +19,7 @@ namespace {
 namespace fs = std::filesystem;
 constexpr int64_t kTokens = 64;
 
-std::vector<fs::path> mtp_fixture_dirs() {
-  std::vector<fs::path> dirs;
-  fs::path root = test::source_dir() / "tests" / "fixtures" / "models_mtp";
-  if (fs::exists(root))
-    for (const auto& entry : fs::directory_iterator(root))
-      if (fs::exists(entry.path() / "reference.json")) dirs.push_back(entry.path());
-  std::sort(dirs.begin(), dirs.end());
-  return dirs;
-}
+std::vector<fs::path> mtp_fixture_dirs() { return test::fixture_dirs(test::mtp_fixtures()); }
 
 std::vector<int32_t> prompt_of(const fs::path& dir) {
   std::ifstream in(dir / "reference.json");

@@ -1,6 +1,6 @@
 #pragma once
-// The trunk on the CPU: embed, every decoder layer, the final mixer and lm_head, for a chunk of tokens that
-// continues the sequence in `state`.
+// The trunk on the CPU: embed, every decoder layer, the final mixer and lm_head, for chunks of tokens that continue
+// one or several sequences. Several sequences in one call share every weight read (batched steps).
 #include <cstdint>
 #include <span>
 
@@ -16,7 +16,19 @@ struct ForwardOutputs {
   RowStates* row_states = nullptr;  // filled with the recurrent state after every row (speculative verify)
 };
 
-void forward(const Model& model, SequenceState& state, std::span<const int32_t> ids, const ForwardOutputs& outputs);
+struct SequenceChunk {
+  SequenceState* state = nullptr;
+  std::span<const int32_t> ids;
+  ForwardOutputs outputs;
+};
+
+void forward_batch(const Model& model, std::span<const SequenceChunk> chunks);
+
+inline void forward(const Model& model, SequenceState& state, std::span<const int32_t> ids,
+                    const ForwardOutputs& outputs) {
+  SequenceChunk chunk{&state, ids, outputs};
+  forward_batch(model, std::span<const SequenceChunk>(&chunk, 1));
+}
 
 // lm_head over the final mixer's read of `rows` residual stacks.
 void logits_from_stacks(const Model& model, const GatedResidualWeights& mixer, const float* stacks, int64_t rows,

@@ -73,8 +73,8 @@ void delta_rule_head(const ModelConfig& c, int64_t head, const DeltaInputs& in, 
 
 }  // namespace
 
-void gated_deltanet(const GatedDeltaNetWeights& w, const ModelConfig& c, GatedDeltaNetState& state, const float* x,
-                    int64_t rows, float* y, std::vector<GatedDeltaNetState>* row_states) {
+void gated_deltanet(const GatedDeltaNetWeights& w, const ModelConfig& c, std::span<const Segment> segments,
+                    const float* x, int64_t rows, float* y) {
   const int64_t heads = c.linear_num_value_heads, dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
   const int64_t conv_dim = c.gdn_conv_dim(), value_dim = c.gdn_value_dim();
   std::vector<float> qkv(size_t(rows * conv_dim)), z(size_t(rows * value_dim));
@@ -90,15 +90,20 @@ void gated_deltanet(const GatedDeltaNetWeights& w, const ModelConfig& c, GatedDe
       float& g = decay[t * heads + h];
       g = -std::exp(w.a_log[h]) * softplus(g + w.dt_bias[h]);
     }
-  if (row_states) row_states->assign(size_t(rows), state);
-  causal_conv(w.conv, conv_dim, c.linear_conv_kernel_dim, state.conv, qkv.data(), rows, row_states);
 
   std::vector<float> core(size_t(rows * value_dim));
-  DeltaInputs inputs{qkv.data(), beta.data(), decay.data(), rows};
-  parallel_for(size_t(heads), 1, [&](size_t begin, size_t end) {
-    for (size_t h = begin; h < end; ++h)
-      delta_rule_head(c, int64_t(h), inputs, state.recurrent.data() + h * dk * dv, core.data(), row_states);
-  });
+  for (const Segment& seg : segments) {
+    GatedDeltaNetState& state = seg.state->gdn;
+    if (seg.gdn_rows) seg.gdn_rows->assign(size_t(seg.rows), state);
+    float* seg_qkv = qkv.data() + seg.row_begin * conv_dim;
+    causal_conv(w.conv, conv_dim, c.linear_conv_kernel_dim, state.conv, seg_qkv, seg.rows, seg.gdn_rows);
+    DeltaInputs inputs{seg_qkv, beta.data() + seg.row_begin * heads, decay.data() + seg.row_begin * heads, seg.rows};
+    float* seg_core = core.data() + seg.row_begin * value_dim;
+    parallel_for(size_t(heads), 1, [&](size_t begin, size_t end) {
+      for (size_t h = begin; h < end; ++h)
+        delta_rule_head(c, int64_t(h), inputs, state.recurrent.data() + h * dk * dv, seg_core, seg.gdn_rows);
+    });
+  }
 
   // Gated RMS norm per value head (plain weight), gate sigmoid or silu per output_gate_type.
   for (int64_t t = 0; t < rows; ++t)

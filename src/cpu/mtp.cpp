@@ -36,7 +36,12 @@ void mtp_forward(const Model& model, SequenceState& state, const float* stacks, 
     for (int64_t s = 0; s < c.hc_count; ++s)
       for (int64_t d = 0; d < h; ++d) head_stacks[(r * c.hc_count + s) * h + d] += embedded[r * h + d];
 
-  decoder_layer(w.layer, c, state.mtp, state.mtp_position, next_ids, head_stacks);
+  Segment segment;
+  segment.state = &state.mtp;
+  segment.first_position = state.mtp_position;
+  segment.rows = rows;
+  segment.ids = next_ids.data();
+  decoder_layer(w.layer, c, std::span<const Segment>(&segment, 1), head_stacks, rows);
   state.mtp_position += rows;
 }
 

@@ -36,28 +36,62 @@ void ngram_rows(const PleWeights& w, const ModelConfig& c, const std::vector<int
 
 }  // namespace
 
-void ple(const PleWeights& w, const ModelConfig& c, PleState& state, const int32_t* ids, const float* stack,
-         int64_t rows, float* out, std::vector<PleState>* row_states) {
-  const int64_t s_count = c.hc_count, h = c.hidden_size, sh = c.hc_hidden(), e_dim = c.ple_embed_dim;
-  const int heads = c.ngram_heads();
-  const int64_t head_width = w.head_width(), context = c.ngram_size - 1;
+namespace {
 
+// The concatenated n-gram embeddings [seg.rows, E] of one segment; advances its token history.
+void segment_embeddings(const PleWeights& w, const ModelConfig& c, const Segment& seg, float* embedding) {
+  const int64_t e_dim = c.ple_embed_dim, head_width = w.head_width(), context = c.ngram_size - 1;
+  PleState& state = seg.state->ple;
   std::vector<int64_t> history(state.previous_ids);
-  for (int64_t t = 0; t < rows; ++t) history.push_back(ids[t]);
-  std::vector<float> embedding(size_t(rows * e_dim));
-  std::vector<int64_t> table_rows(static_cast<size_t>(heads));
-  for (int64_t t = 0; t < rows; ++t) {
+  history.insert(history.end(), seg.ids, seg.ids + seg.rows);
+  std::vector<int64_t> table_rows(size_t(c.ngram_heads()));
+  for (int64_t t = 0; t < seg.rows; ++t) {
     ngram_rows(w, c, history, size_t(t + context), table_rows.data());
-    for (int head = 0; head < heads; ++head)
-      to_f32(w.table_dtype(), w.table_row(table_rows[head]), embedding.data() + t * e_dim + head * head_width,
+    for (int head = 0; head < c.ngram_heads(); ++head)
+      to_f32(w.table_dtype(), w.table_row(table_rows[head]), embedding + t * e_dim + head * head_width,
              size_t(head_width));
   }
+  if (seg.ple_rows) {
+    seg.ple_rows->assign(size_t(seg.rows), state);
+    for (int64_t t = 0; t < seg.rows; ++t)
+      std::copy_n(history.begin() + t + 1, context, (*seg.ple_rows)[size_t(t)].previous_ids.begin());
+  }
   std::copy(history.end() - context, history.end(), state.previous_ids.begin());
+}
+
+// Dilated causal conv over one segment's normalised rows: taps at t − dilation·(kernel−1−k); the state holds the
+// last (kernel−1)·dilation rows. out += silu(conv).
+void segment_conv(const PleWeights& w, const ModelConfig& c, const Segment& seg, const float* normed, float* out) {
+  const int64_t sh = c.hc_hidden(), kernel = c.ple_conv_kernel_size, dilation = c.ngram_size;
+  const int64_t history_rows = (kernel - 1) * dilation;
+  PleState& state = seg.state->ple;
+  std::vector<float> window(state.conv_rows);
+  window.insert(window.end(), normed, normed + seg.rows * sh);
+  for (int64_t t = 0; t < seg.rows; ++t)
+    for (int64_t ch = 0; ch < sh; ++ch) {
+      float sum = 0.0f;
+      for (int64_t k = 0; k < kernel; ++k)
+        sum += w.conv[ch * kernel + k] * window[(t + history_rows - dilation * (kernel - 1 - k)) * sh + ch];
+      out[t * sh + ch] += silu(sum);
+    }
+  std::copy(window.end() - history_rows * sh, window.end(), state.conv_rows.begin());
+  if (seg.ple_rows)
+    for (int64_t t = 0; t < seg.rows; ++t)
+      std::copy_n(window.begin() + (t + 1) * sh, history_rows * sh, (*seg.ple_rows)[size_t(t)].conv_rows.begin());
+}
+
+}  // namespace
+
+void ple(const PleWeights& w, const ModelConfig& c, std::span<const Segment> segments, const float* stack,
+         int64_t rows, float* out) {
+  const int64_t s_count = c.hc_count, h = c.hidden_size, sh = c.hc_hidden(), e_dim = c.ple_embed_dim;
+  std::vector<float> embedding(size_t(rows * e_dim));
+  for (const Segment& seg : segments) segment_embeddings(w, c, seg, embedding.data() + seg.row_begin * e_dim);
 
   std::vector<float> keys(size_t(rows * sh)), value(size_t(rows * h)), query(size_t(rows * sh));
   matmul(w.key_proj, embedding.data(), rows, keys.data());
   matmul(w.value_proj, embedding.data(), rows, value.data());
-  std::vector<float> gated(size_t(rows * sh)), normed(size_t(rows * sh));
+  std::vector<float> normed(size_t(rows * sh));
   for (int64_t t = 0; t < rows; ++t) {
     float* key = keys.data() + t * sh;
     rms_norm_zero_centred(key, w.norm_key.data(), s_count, h, c.rms_norm_eps, key);
@@ -66,31 +100,12 @@ void ple(const PleWeights& w, const ModelConfig& c, PleState& state, const int32
       float score = dot(key + s * h, query.data() + t * sh + s * h, h) / std::sqrt(float(h));
       float shaped = std::sqrt(std::max(std::fabs(score), 1e-6f)) * float((score > 0) - (score < 0));
       float gate = sigmoid(shaped);
-      for (int64_t d = 0; d < h; ++d) gated[t * sh + s * h + d] = gate * value[t * h + d];
+      for (int64_t d = 0; d < h; ++d) out[t * sh + s * h + d] = gate * value[t * h + d];
     }
-    rms_norm_zero_centred(gated.data() + t * sh, w.norm_conv.data(), s_count, h, c.rms_norm_eps,
-                          normed.data() + t * sh);
+    rms_norm_zero_centred(out + t * sh, w.norm_conv.data(), s_count, h, c.rms_norm_eps, normed.data() + t * sh);
   }
-
-  // Dilated causal conv: taps at t − dilation·(kernel−1−k); state holds the last (kernel−1)·dilation rows.
-  const int64_t kernel = c.ple_conv_kernel_size, dilation = c.ngram_size, history_rows = (kernel - 1) * dilation;
-  std::vector<float> window(state.conv_rows);
-  window.insert(window.end(), normed.begin(), normed.end());
-  for (int64_t t = 0; t < rows; ++t)
-    for (int64_t ch = 0; ch < sh; ++ch) {
-      float sum = 0.0f;
-      for (int64_t k = 0; k < kernel; ++k)
-        sum += w.conv[ch * kernel + k] * window[(t + history_rows - dilation * (kernel - 1 - k)) * sh + ch];
-      out[t * sh + ch] = gated[t * sh + ch] + silu(sum);
-    }
-  std::copy(window.end() - history_rows * sh, window.end(), state.conv_rows.begin());
-  if (!row_states) return;
-  row_states->assign(size_t(rows), state);
-  for (int64_t t = 0; t < rows; ++t) {
-    PleState& after = (*row_states)[size_t(t)];
-    std::copy_n(history.begin() + t + 1, context, after.previous_ids.begin());
-    std::copy_n(window.begin() + (t + 1) * sh, history_rows * sh, after.conv_rows.begin());
-  }
+  for (const Segment& seg : segments)
+    segment_conv(w, c, seg, normed.data() + seg.row_begin * sh, out + seg.row_begin * sh);
 }
 
 }  // namespace vavilov::cpu

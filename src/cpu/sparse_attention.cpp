@@ -5,6 +5,7 @@
 #include <numeric>
 #include <vector>
 
+#include "core/error.h"
 #include "core/threads.h"
 #include "cpu/layers.h"
 #include "cpu/linear.h"
@@ -74,8 +75,67 @@ std::vector<int64_t> select_tokens(const ModelConfig& c, const AttentionState& s
 
 }  // namespace
 
-void sparse_attention(const SparseAttentionWeights& w, const ModelConfig& c, AttentionState& state,
-                      int64_t first_position, const float* x, int64_t rows, float* y) {
+namespace {
+
+// Normalises and rotates one segment's queries, keys and indexer queries, and appends its caches.
+void prepare_segment(const SparseAttentionWeights& w, const ModelConfig& c, const Segment& seg, float* q_rows,
+                     float* k_rows, const float* v_rows, const float* index_qk, float* queries, float* index_queries) {
+  const int64_t heads = c.num_attention_heads, kv_heads = c.num_key_value_heads, hd = c.head_dim;
+  const int64_t ihd = c.indexer_head_dim, index_stride = int64_t(c.indexer_n_heads + 1) * ihd;
+  AttentionState& state = seg.state->attn;
+  check(int64_t(state.keys.size()) == seg.first_position * kv_heads * hd,
+        "attention cache holds {} positions, expected {}", state.keys.size() / size_t(kv_heads * hd),
+        seg.first_position);
+  for (int64_t t = 0; t < seg.rows; ++t) {
+    RopeTable rope(seg.first_position + t, c);
+    for (int64_t h = 0; h < heads; ++h) {
+      float* dst = queries + (t * heads + h) * hd;
+      rms_norm_zero_centred(q_rows + (t * heads + h) * 2 * hd, w.q_norm.data(), 1, hd, c.rms_norm_eps, dst);
+      rope.apply(dst, c.rotary_dim);
+    }
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      float* key = k_rows + (t * kv_heads + h) * hd;
+      rms_norm_zero_centred(key, w.k_norm.data(), 1, hd, c.rms_norm_eps, key);
+      rope.apply(key, c.rotary_dim);
+    }
+    for (int64_t h = 0; h < c.indexer_n_heads; ++h) {
+      float* dst = index_queries + (t * c.indexer_n_heads + h) * ihd;
+      rms_norm_zero_centred(index_qk + t * index_stride + h * ihd, w.index_q_norm.data(), 1, ihd, c.rms_norm_eps,
+                            dst);
+      rope.apply(dst, c.rotary_dim);
+    }
+  }
+  state.keys.insert(state.keys.end(), k_rows, k_rows + seg.rows * kv_heads * hd);
+  state.values.insert(state.values.end(), v_rows, v_rows + seg.rows * kv_heads * hd);
+  append_index_keys(w, c, state, index_qk, seg.rows);
+}
+
+// Gated attention output [heads · head_dim] of one row over the tokens its indexer selects.
+void attend_row(const ModelConfig& c, const AttentionState& state, int64_t position, const float* queries,
+                const float* index_queries, const float* gate, float* out) {
+  const int64_t heads = c.num_attention_heads, kv_heads = c.num_key_value_heads, hd = c.head_dim;
+  const float scale = 1.0f / std::sqrt(float(hd));
+  std::vector<int64_t> tokens = select_tokens(c, state, index_queries, position);
+  std::vector<float> weights(tokens.size());
+  for (int64_t h = 0; h < heads; ++h) {
+    const int64_t kv = h / (heads / kv_heads);
+    for (size_t i = 0; i < tokens.size(); ++i)
+      weights[i] = scale * dot(queries + h * hd, state.keys.data() + (tokens[i] * kv_heads + kv) * hd, hd);
+    softmax(weights.data(), int64_t(weights.size()));
+    float* head_out = out + h * hd;
+    std::fill(head_out, head_out + hd, 0.0f);
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      const float* value = state.values.data() + (tokens[i] * kv_heads + kv) * hd;
+      for (int64_t d = 0; d < hd; ++d) head_out[d] += weights[i] * value[d];
+    }
+    for (int64_t d = 0; d < hd; ++d) head_out[d] *= sigmoid(gate[h * 2 * hd + d]);
+  }
+}
+
+}  // namespace
+
+void sparse_attention(const SparseAttentionWeights& w, const ModelConfig& c, std::span<const Segment> segments,
+                      const float* x, int64_t rows, float* y) {
   const int64_t heads = c.num_attention_heads, kv_heads = c.num_key_value_heads, hd = c.head_dim;
   const int64_t ihd = c.indexer_head_dim, index_stride = int64_t(c.indexer_n_heads + 1) * ihd;
   std::vector<float> q(size_t(rows * heads * 2 * hd)), k(size_t(rows * kv_heads * hd)), v(k.size());
@@ -86,52 +146,23 @@ void sparse_attention(const SparseAttentionWeights& w, const ModelConfig& c, Att
   matmul(w.index_qk, x, rows, index_qk.data());
 
   std::vector<float> queries(size_t(rows * heads * hd)), index_queries(size_t(rows * c.indexer_n_heads * ihd));
-  for (int64_t t = 0; t < rows; ++t) {
-    RopeTable rope(first_position + t, c);
-    for (int64_t h = 0; h < heads; ++h) {
-      float* dst = queries.data() + (t * heads + h) * hd;
-      rms_norm_zero_centred(q.data() + (t * heads + h) * 2 * hd, w.q_norm.data(), 1, hd, c.rms_norm_eps, dst);
-      rope.apply(dst, c.rotary_dim);
-    }
-    for (int64_t h = 0; h < kv_heads; ++h) {
-      float* key = k.data() + (t * kv_heads + h) * hd;
-      rms_norm_zero_centred(key, w.k_norm.data(), 1, hd, c.rms_norm_eps, key);
-      rope.apply(key, c.rotary_dim);
-    }
-    for (int64_t h = 0; h < c.indexer_n_heads; ++h) {
-      float* dst = index_queries.data() + (t * c.indexer_n_heads + h) * ihd;
-      rms_norm_zero_centred(index_qk.data() + t * index_stride + h * ihd, w.index_q_norm.data(), 1, ihd,
-                            c.rms_norm_eps, dst);
-      rope.apply(dst, c.rotary_dim);
-    }
+  std::vector<const Segment*> row_segment(static_cast<size_t>(rows));
+  for (const Segment& seg : segments) {
+    int64_t r = seg.row_begin;
+    prepare_segment(w, c, seg, q.data() + r * heads * 2 * hd, k.data() + r * kv_heads * hd,
+                    v.data() + r * kv_heads * hd, index_qk.data() + r * index_stride, queries.data() + r * heads * hd,
+                    index_queries.data() + r * c.indexer_n_heads * ihd);
+    for (int64_t t = 0; t < seg.rows; ++t) row_segment[size_t(r + t)] = &seg;
   }
-  state.keys.insert(state.keys.end(), k.begin(), k.end());
-  state.values.insert(state.values.end(), v.begin(), v.end());
-  append_index_keys(w, c, state, index_qk.data(), rows);
 
   std::vector<float> attended(size_t(rows * heads * hd));
-  const float scale = 1.0f / std::sqrt(float(hd));
   parallel_for(size_t(rows), 1, [&](size_t begin, size_t end) {
     for (size_t t = begin; t < end; ++t) {
-      int64_t position = first_position + int64_t(t);
-      std::vector<int64_t> tokens =
-          select_tokens(c, state, index_queries.data() + int64_t(t) * c.indexer_n_heads * ihd, position);
-      std::vector<float> weights(tokens.size());
-      for (int64_t h = 0; h < heads; ++h) {
-        const int64_t kv = h / (heads / kv_heads);
-        const float* query = queries.data() + (int64_t(t) * heads + h) * hd;
-        for (size_t i = 0; i < tokens.size(); ++i)
-          weights[i] = scale * dot(query, state.keys.data() + (tokens[i] * kv_heads + kv) * hd, hd);
-        softmax(weights.data(), int64_t(weights.size()));
-        float* out = attended.data() + (int64_t(t) * heads + h) * hd;
-        std::fill(out, out + hd, 0.0f);
-        for (size_t i = 0; i < tokens.size(); ++i) {
-          const float* value = state.values.data() + (tokens[i] * kv_heads + kv) * hd;
-          for (int64_t d = 0; d < hd; ++d) out[d] += weights[i] * value[d];
-        }
-        const float* gate = q.data() + (int64_t(t) * heads + h) * 2 * hd + hd;
-        for (int64_t d = 0; d < hd; ++d) out[d] *= sigmoid(gate[d]);
-      }
+      const Segment& seg = *row_segment[t];
+      int64_t r = int64_t(t);
+      attend_row(c, seg.state->attn, seg.first_position + r - seg.row_begin, queries.data() + r * heads * hd,
+                 index_queries.data() + r * c.indexer_n_heads * ihd, q.data() + r * heads * 2 * hd + hd,
+                 attended.data() + r * heads * hd);
     }
   });
   matmul(w.o, attended.data(), rows, y);
