@@ -136,6 +136,47 @@ TEST_P(Speculative, IdenticalToPlainGreedyWithStateInStep) {
   }
 }
 
+// Decoders stepped together through batched trunk passes emit what each emits alone.
+TEST_P(Speculative, BatchedDecodersMatchPlainGreedy) {
+  auto model = load_model(GetParam().string());
+  std::vector<int32_t> prompt = prompt_of(GetParam());
+  std::vector<std::vector<int32_t>> prompts{prompt, std::vector<int32_t>(prompt.begin(), prompt.begin() + 7),
+                                            std::vector<int32_t>(prompt.begin() + 3, prompt.end())};
+  GenerateOptions options;
+  options.max_tokens = 40;
+  options.ignore_eos = true;
+  std::vector<SpeculativeOptions> settings(3);
+  settings[0].drafts = 3;
+  settings[1].drafts = 0;
+  settings[2].drafts = 2;
+  settings[2].adaptive = true;
+  std::vector<std::unique_ptr<Decoder>> decoders;
+  std::vector<std::vector<int32_t>> outputs(3);
+  for (size_t i = 0; i < 3; ++i) {
+    decoders.push_back(std::make_unique<Decoder>(*model, options, settings[i]));
+    outputs[i].push_back(decoders[i]->start(prompts[i]));
+  }
+  std::vector<Decoder*> active;
+  for (auto& d : decoders) active.push_back(d.get());
+  while (!active.empty()) {
+    auto emitted = step_batch(*model, active);
+    std::vector<Decoder*> still;
+    for (size_t i = 0; i < active.size(); ++i) {
+      size_t index = size_t(std::find_if(decoders.begin(), decoders.end(),
+                                         [&](auto& d) { return d.get() == active[i]; }) - decoders.begin());
+      outputs[index].insert(outputs[index].end(), emitted[i].begin(), emitted[i].end());
+      if (int64_t(outputs[index].size()) < options.max_tokens) still.push_back(active[i]);
+    }
+    active = still;
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    GenerateStats stats;
+    std::vector<int32_t> want = generate_greedy(*model, prompts[i], options, stats);
+    outputs[i].resize(want.size());
+    EXPECT_EQ(outputs[i], want) << "decoder " << i;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, Speculative, ::testing::ValuesIn(mtp_fixture_dirs()),
                          [](const auto& info) { return info.param.filename().string(); });
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(Speculative);

@@ -30,138 +30,143 @@ void SpeculativeStats::add(const SpeculativeStats& other) {
   emitted += other.emitted;
 }
 
-namespace {
+Decoder::Decoder(const Model& model, const GenerateOptions& options, const SpeculativeOptions& speculative)
+    : model_(model),
+      c_(model.config),
+      options_(options),
+      spec_(speculative),
+      state_(new_sequence_state(model)),
+      stops_(stop_token_ids(model)),
+      drafts_wanted_(speculative.drafts) {
+  check(spec_.drafts >= 0 && spec_.drafts <= 3, "--drafts must be 0..3, got {}", spec_.drafts);
+  check(spec_.drafts == 0 || model.mtp.has_value(), "{}: speculative decoding needs the MTP head (mtp.* tensors)",
+        model.directory);
+  stops_.insert(stops_.end(), options.stop_ids.begin(), options.stop_ids.end());
+  stats_.proposed.assign(size_t(spec_.drafts), 0);
+  stats_.accepted.assign(size_t(spec_.drafts), 0);
+}
 
+bool Decoder::is_stop(int32_t token) const {
+  return !options_.ignore_eos && std::find(stops_.begin(), stops_.end(), token) != stops_.end();
+}
+
+int32_t Decoder::start(std::span<const int32_t> prompt) {
+  check(!prompt.empty(), "the prompt is empty");
+  const int64_t n = int64_t(prompt.size()), sh = c_.hc_hidden(), vocab = c_.vocab_size;
+  std::vector<float> stacks(spec_.drafts ? size_t(n * sh) : 0), logits(static_cast<size_t>(vocab));
+  size_t step = options_.prefill_chunk > 0 ? size_t(options_.prefill_chunk) : prompt.size();
+  for (size_t begin = 0; begin < prompt.size(); begin += step) {
+    size_t count = std::min(step, prompt.size() - begin);
+    bool last = begin + count == prompt.size();
+    cpu::forward(model_, state_, prompt.subspan(begin, count),
+                 {false, last ? logits.data() : nullptr, spec_.drafts ? stacks.data() + begin * sh : nullptr});
+  }
+  int32_t next = argmax(logits.data(), vocab);
+  rows_ = {next};
+  if (spec_.drafts) {
+    std::vector<int32_t> next_ids(prompt.begin() + 1, prompt.end());
+    next_ids.push_back(next);
+    fold_head(stacks.data(), next_ids);
+  }
+  return next;
+}
+
+std::vector<int32_t> Decoder::accept(const float* logits, const float* stacks, const RowStates& row_states) {
+  const int64_t count = int64_t(rows_.size()), proposed = count - 1, vocab = c_.vocab_size;
+  const int64_t first = state_.position - count;
+  std::vector<int32_t> predicted(static_cast<size_t>(count));
+  for (int64_t r = 0; r < count; ++r) predicted[r] = argmax(logits + r * vocab, vocab);
+  int64_t accepted = 0;
+  while (accepted < proposed && rows_[accepted + 1] == predicted[accepted] && !is_stop(predicted[accepted]))
+    ++accepted;
+  keep_rows(state_, row_states, first, accepted + 1, c_);
+
+  ++stats_.verify_steps;
+  for (int64_t j = 0; j < proposed; ++j) {
+    ++stats_.proposed[size_t(j)];
+    if (j < accepted) ++stats_.accepted[size_t(j)];
+  }
+  if (spec_.adaptive) drafts_wanted_ = accepted == proposed ? spec_.drafts : 1;
+
+  std::vector<int32_t> emitted(predicted.begin(), predicted.begin() + accepted + 1);
+  stats_.emitted += int64_t(emitted.size());
+  std::vector<int32_t> committed(rows_.begin(), rows_.begin() + accepted + 1);
+  rows_ = {emitted.back()};
+  if (spec_.drafts) fold_head(stacks, emitted);
+  if (spec_.on_step) spec_.on_step(state_, committed);
+  return emitted;
+}
+
+std::vector<int32_t> Decoder::step() {
+  Decoder* self = this;
+  return step_batch(model_, std::span<Decoder* const>(&self, 1)).front();
+}
+
+// The head over the committed rows (trunk stacks paired with their next tokens), then the first draft from the last
+// row and chained drafts from the head's own stacks. Chained entries leave the head's cache afterwards.
+void Decoder::fold_head(const float* trunk_stacks, std::span<const int32_t> next_ids) {
+  const int64_t rows = int64_t(next_ids.size()), sh = c_.hc_hidden(), vocab = c_.vocab_size;
+  truncate_head(state_.position - rows);
+  std::vector<float> head(size_t(rows * sh)), logits(static_cast<size_t>(vocab));
+  cpu::mtp_forward(model_, state_, trunk_stacks, next_ids, head.data());
+  const int64_t committed = state_.mtp_position;
+  std::vector<float> chain(head.end() - sh, head.end());
+  for (int j = 0; j < drafts_wanted_; ++j) {
+    if (j > 0) {
+      std::vector<float> chained(static_cast<size_t>(sh));
+      cpu::mtp_forward(model_, state_, chain.data(), std::span<const int32_t>(&rows_.back(), 1), chained.data());
+      chain.swap(chained);
+    }
+    cpu::mtp_logits(model_, chain.data(), 1, logits.data());
+    int32_t draft = argmax(logits.data(), vocab);
+    if (spec_.draft_override) draft = spec_.draft_override(state_.position + j + 1, draft);
+    rows_.push_back(draft);
+  }
+  truncate_head(committed);
+}
+
+void Decoder::truncate_head(int64_t position) {
+  truncate_attention(state_.mtp.attn, position, c_);
+  state_.mtp_position = position;
+}
+
+std::vector<std::vector<int32_t>> step_batch(const Model& model, std::span<Decoder* const> decoders) {
+  const size_t vocab = size_t(model.config.vocab_size), sh = size_t(model.config.hc_hidden());
+  std::vector<std::vector<float>> logits(decoders.size()), stacks(decoders.size());
+  std::vector<RowStates> row_states(decoders.size());
+  std::vector<cpu::SequenceChunk> chunks;
+  for (size_t i = 0; i < decoders.size(); ++i) {
+    size_t rows = decoders[i]->rows().size();
+    logits[i].resize(rows * vocab);
+    stacks[i].resize(rows * sh);
+    chunks.push_back({&decoders[i]->state(), decoders[i]->rows(), {true, logits[i].data(), stacks[i].data(),
+                                                                    &row_states[i]}});
+  }
+  cpu::forward_batch(model, chunks);
+  std::vector<std::vector<int32_t>> emitted;
+  for (size_t i = 0; i < decoders.size(); ++i)
+    emitted.push_back(decoders[i]->accept(logits[i].data(), stacks[i].data(), row_states[i]));
+  return emitted;
+}
+
+namespace {
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
-
-// One sequence being decoded speculatively: the trunk state, the head's state (inside it), and the drafts.
-class SpeculativeDecoder {
- public:
-  SpeculativeDecoder(const Model& model, const GenerateOptions& options, const SpeculativeOptions& speculative,
-                     SpeculativeStats& stats)
-      : model_(model),
-        c_(model.config),
-        options_(options),
-        spec_(speculative),
-        stats_(stats),
-        state_(new_sequence_state(model)),
-        stops_(stop_token_ids(model)),
-        drafts_wanted_(speculative.drafts) {
-    check(spec_.drafts >= 0 && spec_.drafts <= 3, "--drafts must be 0..3, got {}", spec_.drafts);
-    check(spec_.drafts == 0 || model.mtp.has_value(), "{}: speculative decoding needs the MTP head (mtp.* tensors)",
-          model.directory);
-    stops_.insert(stops_.end(), options.stop_ids.begin(), options.stop_ids.end());
-    stats_.proposed.assign(size_t(spec_.drafts), 0);
-    stats_.accepted.assign(size_t(spec_.drafts), 0);
-  }
-
-  // Prefills the prompt; returns the first generated token.
-  int32_t start(std::span<const int32_t> prompt) {
-    check(!prompt.empty(), "the prompt is empty");
-    const int64_t n = int64_t(prompt.size()), sh = c_.hc_hidden(), vocab = c_.vocab_size;
-    std::vector<float> stacks(size_t(n * sh)), logits(static_cast<size_t>(vocab));
-    cpu::forward(model_, state_, prompt, {false, logits.data(), spec_.drafts ? stacks.data() : nullptr});
-    int32_t next = argmax(logits.data(), vocab);
-    if (spec_.drafts) {
-      std::vector<int32_t> next_ids(prompt.begin() + 1, prompt.end());
-      next_ids.push_back(next);
-      fold_head(stacks.data(), next_ids);
-    }
-    return next;
-  }
-
-  // One verify step from `last` (committed, not yet run through the trunk). Returns the emitted tokens.
-  std::vector<int32_t> step(int32_t last) {
-    const int64_t first = state_.position, sh = c_.hc_hidden(), vocab = c_.vocab_size;
-    std::vector<int32_t> rows{last};
-    rows.insert(rows.end(), drafts_.begin(), drafts_.end());
-    const int64_t count = int64_t(rows.size()), proposed = count - 1;
-    std::vector<float> logits(size_t(count * vocab)), stacks(size_t(count * sh));
-    RowStates row_states;
-    cpu::forward(model_, state_, rows, {true, logits.data(), stacks.data(), &row_states});
-
-    std::vector<int32_t> predicted(static_cast<size_t>(count));
-    for (int64_t r = 0; r < count; ++r) predicted[r] = argmax(logits.data() + r * vocab, vocab);
-    int64_t accepted = 0;
-    while (accepted < proposed && rows[accepted + 1] == predicted[accepted] && !is_stop(predicted[accepted]))
-      ++accepted;
-    keep_rows(state_, row_states, first, accepted + 1, c_);
-
-    ++stats_.verify_steps;
-    for (int64_t j = 0; j < proposed; ++j) {
-      ++stats_.proposed[size_t(j)];
-      if (j < accepted) ++stats_.accepted[size_t(j)];
-    }
-    if (spec_.adaptive) drafts_wanted_ = accepted == proposed ? spec_.drafts : 1;
-
-    std::vector<int32_t> emitted(predicted.begin(), predicted.begin() + accepted + 1);
-    if (spec_.drafts) fold_head(stacks.data(), emitted);
-    if (spec_.on_step) spec_.on_step(state_, std::span<const int32_t>(rows).first(size_t(accepted + 1)));
-    return emitted;
-  }
-
-  bool is_stop(int32_t token) const {
-    return !options_.ignore_eos && std::find(stops_.begin(), stops_.end(), token) != stops_.end();
-  }
-
- private:
-  // The head over the committed rows (trunk stacks paired with their next tokens), then the first draft from the
-  // last row and chained drafts from the head's own stacks. Chained entries leave the head's cache afterwards.
-  void fold_head(const float* trunk_stacks, const std::vector<int32_t>& next_ids) {
-    const int64_t rows = int64_t(next_ids.size()), sh = c_.hc_hidden(), vocab = c_.vocab_size;
-    truncate_head(state_.position - rows);
-    std::vector<float> head(size_t(rows * sh)), logits(static_cast<size_t>(vocab));
-    cpu::mtp_forward(model_, state_, trunk_stacks, next_ids, head.data());
-    const int64_t committed = state_.mtp_position;
-    std::vector<float> chain(head.end() - sh, head.end());
-    drafts_.clear();
-    for (int j = 0; j < drafts_wanted_; ++j) {
-      if (j > 0) {
-        std::vector<float> chained(static_cast<size_t>(sh));
-        cpu::mtp_forward(model_, state_, chain.data(), std::span<const int32_t>(&drafts_.back(), 1), chained.data());
-        chain.swap(chained);
-      }
-      cpu::mtp_logits(model_, chain.data(), 1, logits.data());
-      int32_t draft = argmax(logits.data(), vocab);
-      if (spec_.draft_override) draft = spec_.draft_override(state_.position + j + 1, draft);
-      drafts_.push_back(draft);
-    }
-    truncate_head(committed);
-  }
-
-  void truncate_head(int64_t position) {
-    truncate_attention(state_.mtp.attn, position, c_);
-    state_.mtp_position = position;
-  }
-
-  const Model& model_;
-  const ModelConfig& c_;
-  const GenerateOptions& options_;
-  const SpeculativeOptions& spec_;
-  SpeculativeStats& stats_;
-  SequenceState state_;
-  std::vector<int64_t> stops_;
-  std::vector<int32_t> drafts_;
-  int drafts_wanted_;
-};
-
 }  // namespace
 
 std::vector<int32_t> generate_speculative(const Model& model, std::span<const int32_t> prompt,
                                           const GenerateOptions& options, const SpeculativeOptions& speculative,
                                           GenerateStats& stats, SpeculativeStats& spec_stats,
                                           const std::function<void(int32_t)>& on_token) {
-  SpeculativeDecoder decoder(model, options, speculative, spec_stats);
+  Decoder decoder(model, options, speculative);
   auto start = std::chrono::steady_clock::now();
-  int32_t next = decoder.start(prompt);
+  std::vector<int32_t> pending{decoder.start(prompt)};
   stats.prompt_tokens = int64_t(prompt.size());
   stats.prefill_seconds = seconds_since(start);
 
   start = std::chrono::steady_clock::now();
   std::vector<int32_t> generated;
-  std::vector<int32_t> pending{next};
   for (;;) {
     bool done = false;
     for (int32_t token : pending) {
@@ -173,11 +178,11 @@ std::vector<int32_t> generate_speculative(const Model& model, std::span<const in
       }
     }
     if (done) break;
-    pending = decoder.step(generated.back());
-    spec_stats.emitted += int64_t(pending.size());
+    pending = decoder.step();
   }
   stats.generated_tokens = int64_t(generated.size());
   stats.decode_seconds = seconds_since(start);
+  spec_stats.add(decoder.stats());
   return generated;
 }
 

@@ -1,8 +1,9 @@
 #pragma once
-// MTP self-speculative greedy decoding. Each step verifies [last token, drafts…] in one trunk pass, keeps the longest
-// prefix whose drafts equal the trunk's own argmax (never past a stop token), and rolls every other part of the
-// state back. The head's first draft is computed from the verified rows themselves (folded into the verify step);
-// further drafts are chained on the head's own residual. Output is token-identical to plain greedy decoding.
+// Decoding one sequence, plainly or with MTP self-speculation. Each step verifies [last token, drafts…] in one trunk
+// pass, keeps the longest prefix whose drafts equal the trunk's own choice (never past a stop token), and rolls
+// every other part of the state back. The head's first draft is computed from the verified rows themselves (folded
+// into the verify step); further drafts are chained on the head's own residual. Greedy output is token-identical
+// to plain greedy decoding. The trunk passes of several decoders can run as one batch (step_batch).
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -31,6 +32,42 @@ struct SpeculativeStats {
   double tokens_per_step() const;  // emitted tokens per verify step
   void add(const SpeculativeStats& other);
 };
+
+class Decoder {
+ public:
+  Decoder(const Model& model, const GenerateOptions& options, const SpeculativeOptions& speculative);
+
+  // Prefills the prompt and chooses the first token; returns it.
+  int32_t start(std::span<const int32_t> prompt);
+  // The rows the next verify step runs through the trunk: the last token, then the drafts.
+  std::span<const int32_t> rows() const { return rows_; }
+  // Takes the trunk's outputs for rows(): logits [rows, vocab], stacks [rows, S·H], per-row states. Keeps the
+  // accepted prefix, drafts the next step, and returns the tokens it emits (1 + accepted drafts).
+  std::vector<int32_t> accept(const float* logits, const float* stacks, const RowStates& row_states);
+  // One verify step on its own.
+  std::vector<int32_t> step();
+
+  bool is_stop(int32_t token) const;
+  SequenceState& state() { return state_; }
+  const SpeculativeStats& stats() const { return stats_; }
+
+ private:
+  void fold_head(const float* trunk_stacks, std::span<const int32_t> next_ids);
+  void truncate_head(int64_t position);
+
+  const Model& model_;
+  const ModelConfig& c_;
+  GenerateOptions options_;
+  SpeculativeOptions spec_;
+  SpeculativeStats stats_;
+  SequenceState state_;
+  std::vector<int64_t> stops_;
+  std::vector<int32_t> rows_;  // [last, drafts...]
+  int drafts_wanted_;
+};
+
+// One verify step for several decoders with a single batched trunk pass. Returns each decoder's emitted tokens.
+std::vector<std::vector<int32_t>> step_batch(const Model& model, std::span<Decoder* const> decoders);
 
 std::vector<int32_t> generate_speculative(const Model& model, std::span<const int32_t> prompt,
                                           const GenerateOptions& options, const SpeculativeOptions& speculative,
