@@ -177,6 +177,38 @@ TEST_P(Speculative, BatchedDecodersMatchPlainGreedy) {
   }
 }
 
+// A decoder started from a state saved at a prompt-chunk boundary (prefix caching) continues exactly as one that
+// prefilled the whole prompt.
+TEST_P(Speculative, StartFromSavedPrefixStateIsExact) {
+  auto model = load_model(GetParam().string());
+  std::vector<int32_t> prompt = prompt_of(GetParam());
+  GenerateOptions options;
+  options.max_tokens = 24;
+  options.ignore_eos = true;
+  options.prefill_chunk = 8;
+  SpeculativeOptions speculative;
+  speculative.drafts = 2;
+  std::vector<SequenceState> saved;
+  Decoder full(*model, options, speculative);
+  std::vector<int32_t> want{full.start(prompt, nullptr, [&](const SequenceState& s) { saved.push_back(s); })};
+  while (int64_t(want.size()) < options.max_tokens) {
+    auto more = full.step();
+    want.insert(want.end(), more.begin(), more.end());
+  }
+  ASSERT_EQ(saved.size(), (prompt.size() - 1) / 8);
+  for (const SequenceState& prefix : {saved.front(), saved.back()}) {
+    Decoder resumed(*model, options, speculative);
+    std::vector<int32_t> got{resumed.start(prompt, &prefix)};
+    while (int64_t(got.size()) < options.max_tokens) {
+      auto more = resumed.step();
+      got.insert(got.end(), more.begin(), more.end());
+    }
+    got.resize(size_t(options.max_tokens));
+    std::vector<int32_t> expected(want.begin(), want.begin() + options.max_tokens);
+    EXPECT_EQ(got, expected) << "prefix of " << prefix.position << " tokens";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, Speculative, ::testing::ValuesIn(mtp_fixture_dirs()),
                          [](const auto& info) { return info.param.filename().string(); });
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(Speculative);

@@ -50,23 +50,33 @@ bool Decoder::is_stop(int32_t token) const {
   return !options_.ignore_eos && std::find(stops_.begin(), stops_.end(), token) != stops_.end();
 }
 
-int32_t Decoder::start(std::span<const int32_t> prompt) {
+int32_t Decoder::start(std::span<const int32_t> prompt, const SequenceState* prefix,
+                       const std::function<void(const SequenceState&)>& on_chunk) {
   check(!prompt.empty(), "the prompt is empty");
-  const int64_t n = int64_t(prompt.size()), sh = c_.hc_hidden(), vocab = c_.vocab_size;
-  std::vector<float> stacks(spec_.drafts ? size_t(n * sh) : 0), logits(static_cast<size_t>(vocab));
-  size_t step = options_.prefill_chunk > 0 ? size_t(options_.prefill_chunk) : prompt.size();
-  for (size_t begin = 0; begin < prompt.size(); begin += step) {
-    size_t count = std::min(step, prompt.size() - begin);
-    bool last = begin + count == prompt.size();
-    cpu::forward(model_, state_, prompt.subspan(begin, count),
-                 {false, last ? logits.data() : nullptr, spec_.drafts ? stacks.data() + begin * sh : nullptr});
+  if (prefix) {
+    check(prefix->position < int64_t(prompt.size()) && (spec_.drafts == 0 || prefix->mtp_position == prefix->position),
+          "prefix state at position {} cannot start a {}-token prompt", prefix->position, prompt.size());
+    state_ = *prefix;
   }
-  int32_t next = argmax(logits.data(), vocab);
-  rows_ = {next};
-  if (spec_.drafts) {
-    std::vector<int32_t> next_ids(prompt.begin() + 1, prompt.end());
-    next_ids.push_back(next);
-    fold_head(stacks.data(), next_ids);
+  const int64_t sh = c_.hc_hidden(), vocab = c_.vocab_size, n = int64_t(prompt.size());
+  const int64_t chunk = options_.prefill_chunk > 0 ? options_.prefill_chunk : n;
+  std::vector<float> logits(static_cast<size_t>(vocab)), stacks;
+  int32_t next = -1;
+  for (int64_t begin = state_.position; begin < n; begin += chunk) {
+    const int64_t count = std::min(chunk, n - begin);
+    const bool last = begin + count == n;
+    stacks.resize(spec_.drafts ? size_t(count * sh) : 0);
+    cpu::forward(model_, state_, prompt.subspan(size_t(begin), size_t(count)),
+                 {false, last ? logits.data() : nullptr, spec_.drafts ? stacks.data() : nullptr});
+    if (last) next = argmax(logits.data(), vocab);
+    rows_ = {next};
+    if (spec_.drafts) {
+      // Head rows pair each stack with the token after it: the next prompt token, or the first generated one.
+      std::vector<int32_t> next_ids(prompt.begin() + begin + 1, prompt.begin() + begin + count);
+      next_ids.push_back(last ? next : prompt[size_t(begin + count)]);
+      fold_head(stacks.data(), next_ids, last);
+    }
+    if (!last && on_chunk) on_chunk(state_);
   }
   return next;
 }
@@ -104,14 +114,14 @@ std::vector<int32_t> Decoder::step() {
 
 // The head over the committed rows (trunk stacks paired with their next tokens), then the first draft from the last
 // row and chained drafts from the head's own stacks. Chained entries leave the head's cache afterwards.
-void Decoder::fold_head(const float* trunk_stacks, std::span<const int32_t> next_ids) {
+void Decoder::fold_head(const float* trunk_stacks, std::span<const int32_t> next_ids, bool draft) {
   const int64_t rows = int64_t(next_ids.size()), sh = c_.hc_hidden(), vocab = c_.vocab_size;
   truncate_head(state_.position - rows);
   std::vector<float> head(size_t(rows * sh)), logits(static_cast<size_t>(vocab));
   cpu::mtp_forward(model_, state_, trunk_stacks, next_ids, head.data());
   const int64_t committed = state_.mtp_position;
   std::vector<float> chain(head.end() - sh, head.end());
-  for (int j = 0; j < drafts_wanted_; ++j) {
+  for (int j = 0; draft && j < drafts_wanted_; ++j) {
     if (j > 0) {
       std::vector<float> chained(static_cast<size_t>(sh));
       cpu::mtp_forward(model_, state_, chain.data(), std::span<const int32_t>(&rows_.back(), 1), chained.data());

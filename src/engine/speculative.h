@@ -37,8 +37,11 @@ class Decoder {
  public:
   Decoder(const Model& model, const GenerateOptions& options, const SpeculativeOptions& speculative);
 
-  // Prefills the prompt and chooses the first token; returns it.
-  int32_t start(std::span<const int32_t> prompt);
+  // Prefills the prompt (in chunks of options.prefill_chunk) and chooses the first token; returns it. With `prefix`,
+  // starts from that state (a copy of an earlier decoder's state after a prefix of this prompt: prefix caching).
+  // `on_chunk` sees the state after every complete prompt chunk but the last (trunk and head both at its end).
+  int32_t start(std::span<const int32_t> prompt, const SequenceState* prefix = nullptr,
+                const std::function<void(const SequenceState&)>& on_chunk = {});
   // The rows the next verify step runs through the trunk: the last token, then the drafts.
   std::span<const int32_t> rows() const { return rows_; }
   // Takes the trunk's outputs for rows(): logits [rows, vocab], stacks [rows, S·H], per-row states. Keeps the
@@ -52,7 +55,7 @@ class Decoder {
   const SpeculativeStats& stats() const { return stats_; }
 
  private:
-  void fold_head(const float* trunk_stacks, std::span<const int32_t> next_ids);
+  void fold_head(const float* trunk_stacks, std::span<const int32_t> next_ids, bool draft = true);
   void truncate_head(int64_t position);
 
   const Model& model_;
