@@ -7,5 +7,6 @@ namespace vavilov::cli {
 void register_logits(CLI::App& app);
 void register_generate(CLI::App& app);
 void register_tokenizer_commands(CLI::App& app);  // tokenize, detokenize, template
+void register_serve(CLI::App& app);
 
 }  // namespace vavilov::cli

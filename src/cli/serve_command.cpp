@@ -1,0 +1,119 @@
+// vavilov serve: the OpenAI-compatible HTTP server (docs/SERVER.md). SIGTERM and SIGINT stop it gracefully.
+#include <fmt/core.h>
+#include <pthread.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "core/error.h"
+#include "server/http_server.h"
+
+namespace vavilov::cli {
+
+namespace {
+
+struct ServeArgs {
+  server::ServerOptions options;
+  int64_t cache_mb = 1024, max_body_kb = 4096;
+  int timeout_s = 600, grace_s = 30;
+  int threads = 0;
+};
+
+// Without --model: the bundled model, the one directory under models/ with a config.json and a tokenizer.json.
+std::string default_model() {
+  for (const std::filesystem::path& root :
+       {std::filesystem::path("models"), std::filesystem::path(VAVILOV_SOURCE_DIR) / "models"}) {
+    std::error_code error;
+    std::vector<std::filesystem::path> found;
+    for (const auto& entry : std::filesystem::directory_iterator(root, error))
+      if (std::filesystem::exists(entry.path() / "config.json") &&
+          std::filesystem::exists(entry.path() / "tokenizer.json"))
+        found.push_back(entry.path());
+    std::sort(found.begin(), found.end());
+    if (!found.empty()) return found.front().string();
+  }
+  fail("--model is required: there is no bundled model under models/");
+}
+
+// Signals go to one thread that waits for them, so the stop runs as ordinary code, not in a signal handler.
+void run_serve(ServeArgs& args) {
+  apply_threads(args.threads);
+  server::ServerOptions& options = args.options;
+  if (options.model_dir.empty()) options.model_dir = default_model();
+  if (options.api_key.empty())
+    if (const char* key = std::getenv("VAVILOV_API_KEY")) options.api_key = key;
+  options.cache_bytes = size_t(args.cache_mb) << 20;
+  options.max_body_bytes = size_t(args.max_body_kb) << 10;
+  options.timeout = std::chrono::seconds(args.timeout_s);
+  options.shutdown_grace = std::chrono::seconds(args.grace_s);
+
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);  // inherited by every thread started from here on
+  server::Server server(options);
+  std::thread waiter([&] {
+    int signal = 0;
+    sigwait(&signals, &signal);
+    server.stop();
+  });
+  try {
+    server.run();
+  } catch (...) {
+    pthread_kill(waiter.native_handle(), SIGTERM);
+    waiter.join();
+    throw;
+  }
+  pthread_kill(waiter.native_handle(), SIGTERM);  // wakes the waiter when run() ended for another reason
+  waiter.join();
+}
+
+}  // namespace
+
+void register_serve(CLI::App& app) {
+  auto args = std::make_shared<ServeArgs>();
+  server::ServerOptions& o = args->options;
+  CLI::App* command = app.add_subcommand("serve", "OpenAI-compatible HTTP server (docs/SERVER.md)");
+  command->add_option("--model", o.model_dir, "Model directory with tokenizer.json (default: the bundled model)");
+  command->add_option("--model-name", o.model_name, "Model id clients send (default: the directory's name)");
+  command->add_option("--host", o.host, "Address to listen on")->capture_default_str();
+  command->add_option("--port", o.port, "Port (0: any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
+  command->add_option("--api-key", o.api_key, "Require 'Authorization: Bearer KEY' (also $VAVILOV_API_KEY)");
+  command->add_option("--parallel", o.parallel, "Sequences decoded together")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  command->add_option("--queue", o.queue, "Requests waiting beyond --parallel before 429")
+      ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
+  command->add_option("--ctx", o.context, "Context length: prompt + completion tokens")
+      ->check(CLI::Range(int64_t(2), int64_t(1) << 24))
+      ->capture_default_str();
+  command->add_option("--prefill-chunk", o.prefill_chunk, "Prefill chunk, also the prefix cache's granularity")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  command->add_option("--cache-mb", args->cache_mb, "Prefix cache budget in MiB (0: off)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 24))
+      ->capture_default_str();
+  command->add_option("--max-body-kb", args->max_body_kb, "Largest request body in KiB")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20))
+      ->capture_default_str();
+  command->add_option("--timeout", args->timeout_s, "Seconds a request may take")
+      ->check(CLI::Range(1, 86400))
+      ->capture_default_str();
+  command->add_option("--shutdown-grace", args->grace_s, "Seconds in-flight requests get to finish on SIGTERM")
+      ->check(CLI::Range(0, 3600))
+      ->capture_default_str();
+  command->add_option("--drafts", o.drafts, "MTP drafts per step, 0-3 (default: 2 with an MTP head, else 0)")
+      ->check(CLI::Range(0, 3));
+  add_threads_option(command, args->threads);
+  command->callback([args] { run_serve(*args); });
+}
+
+}  // namespace vavilov::cli
