@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/threads.h"
+#include "model/quantize.h"
 
 namespace vavilov::cpu {
 
@@ -29,20 +30,26 @@ float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
-void matrix_row(const Matrix& w, int64_t row, float* out) { to_f32(w.dtype, w.row(row), out, size_t(w.cols)); }
+void matrix_row(const Matrix& w, int64_t row, float* out) {
+  if (w.quantized())
+    dequantize_row(w, row, out);
+  else
+    to_f32(w.dtype, w.row(row), out, size_t(w.cols));
+}
 
 void matmul(const Matrix& w, const float* x, int64_t rows, float* y) {
   const int64_t out_dim = w.rows, in_dim = w.cols;
   // Enough output rows per task that a task streams at least ~64 KiB of weights.
   size_t grain = std::max<size_t>(1, (64 << 10) / std::max<size_t>(1, w.row_bytes()));
   parallel_for(size_t(out_dim), grain, [&](size_t begin, size_t end) {
-    std::vector<float> converted(w.dtype == DType::F32 ? 0 : size_t(in_dim));
+    const bool direct = w.dtype == DType::F32 && !w.quantized();
+    std::vector<float> converted(direct ? 0 : size_t(in_dim));
     for (size_t o = begin; o < end; ++o) {
       const float* weights;
-      if (w.dtype == DType::F32) {
+      if (direct) {
         weights = reinterpret_cast<const float*>(w.row(int64_t(o)));
       } else {
-        to_f32(w.dtype, w.row(int64_t(o)), converted.data(), size_t(in_dim));
+        matrix_row(w, int64_t(o), converted.data());
         weights = converted.data();
       }
       for (int64_t r = 0; r < rows; ++r) y[r * out_dim + int64_t(o)] = dot(weights, x + r * in_dim, in_dim);

@@ -213,7 +213,50 @@ MtpWeights read_mtp(const Reader& r, const ModelConfig& c) {
   return w;
 }
 
+void visit_feed_forward(FeedForwardWeights& w, const std::function<void(Matrix&)>& visit) {
+  visit(w.gate);
+  visit(w.up);
+  visit(w.down);
+}
+
+void visit_gated_residual(GatedResidualWeights& w, const std::function<void(Matrix&)>& visit) {
+  visit(w.mix_down);
+  visit(w.mix_up);
+  if (!w.inject.empty()) visit(w.inject);
+}
+
+void visit_layer(LayerWeights& w, const std::function<void(Matrix&)>& visit) {
+  visit_gated_residual(w.attn_hc, visit);
+  visit_gated_residual(w.mlp_hc, visit);
+  if (w.kind == LayerKind::GatedDeltaNet) {
+    for (Matrix* m : {&w.gdn.in_qkv, &w.gdn.in_z, &w.gdn.in_b, &w.gdn.in_a, &w.gdn.out}) visit(*m);
+  } else {
+    for (Matrix* m : {&w.attn.q, &w.attn.k, &w.attn.v, &w.attn.o, &w.attn.index_qk}) visit(*m);
+  }
+  visit(w.moe.router);
+  for (auto& expert : w.moe.experts) visit_feed_forward(expert, visit);
+  visit_feed_forward(w.moe.shared, visit);
+  visit(w.moe.shared_gate);
+  if (w.ple) {
+    visit(w.ple->key_proj);
+    visit(w.ple->value_proj);
+  }
+}
+
 }  // namespace
+
+void for_each_matrix(Model& model, const std::function<void(Matrix&)>& visit) {
+  visit(model.embed);
+  if (model.lm_head.data != model.embed.data) visit(model.lm_head);
+  for (auto& layer : model.layers) visit_layer(layer, visit);
+  visit_gated_residual(model.final_mixer, visit);
+  if (model.mtp) {
+    visit(model.mtp->fc_embedding);
+    visit(model.mtp->fc_hidden);
+    visit_layer(model.mtp->layer, visit);
+    visit_gated_residual(model.mtp->final_mixer, visit);
+  }
+}
 
 std::unique_ptr<Model> load_model(const std::string& directory) {
   auto model = std::make_unique<Model>();

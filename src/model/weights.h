@@ -2,6 +2,7 @@
 // The qwen4_exp weights as the engine uses them: large matrices stay in the memory-mapped checkpoint in their
 // stored dtype; small vectors (norms, conv taps, decay parameters) are converted to fp32 once at load.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,15 +14,23 @@
 
 namespace vavilov {
 
-// W [rows, cols], row-major, used as y = W x.
+// W [rows, cols], row-major, used as y = W x. Dense in a float dtype, or affine-quantized (`bits` 4/3/2): codes packed
+// least-significant first into little-endian uint32 words, and per group of kQuantGroup columns a bf16 scale and
+// bias, w = scale·q + bias (MLX's layout, so such checkpoints map onto it bit for bit).
+constexpr int64_t kQuantGroup = 64;
+
 struct Matrix {
   std::string name;
-  DType dtype = DType::F32;
+  DType dtype = DType::F32;  // dense element type (quantized matrices: BF16, the type of scales and biases)
   int64_t rows = 0, cols = 0;
-  const std::byte* data = nullptr;
+  const std::byte* data = nullptr;  // dense rows, or packed codes
+  int bits = 0;                     // 0: dense
+  const uint16_t* scales = nullptr;  // [rows, cols / kQuantGroup] bf16
+  const uint16_t* biases = nullptr;
 
   bool empty() const { return rows == 0; }
-  size_t row_bytes() const { return size_t(cols) * dtype_size(dtype); }
+  bool quantized() const { return bits != 0; }
+  size_t row_bytes() const { return quantized() ? size_t(cols) * size_t(bits) / 8 : size_t(cols) * dtype_size(dtype); }
   const std::byte* row(int64_t r) const { return data + size_t(r) * row_bytes(); }
   // Rows [begin, begin + count) as a matrix of their own (fused expert tensors are split this way).
   Matrix slice_rows(int64_t begin, int64_t count, std::string slice_name) const;
@@ -97,6 +106,7 @@ struct Model {
   ModelConfig config;
   std::string directory;
   std::unique_ptr<TensorStore> store;
+  std::vector<std::vector<std::byte>> owned;  // weights made at load (quantized copies)
   Matrix embed, lm_head;
   std::vector<LayerWeights> layers;
   GatedResidualWeights final_mixer;
@@ -106,5 +116,8 @@ struct Model {
 // Loads config.json and the safetensors of a model directory; every tensor's presence, dtype and shape is
 // checked against the config, and errors name the file and the tensor.
 std::unique_ptr<Model> load_model(const std::string& directory);
+
+// Every weight matrix of the model (trunk, MTP head, embeddings, lm_head; not the PLE table).
+void for_each_matrix(Model& model, const std::function<void(Matrix&)>& visit);
 
 }  // namespace vavilov

@@ -1,0 +1,79 @@
+// Affine quantization: codes packed LSB-first into uint32 words (MLX's layout), w ≈ scale·q + bias per group of 64.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "core/error.h"
+#include "cpu/linear.h"
+#include "model/quantize.h"
+
+namespace vavilov {
+namespace {
+
+std::vector<float> random_rows(int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> w(size_t(rows * cols));
+  for (auto& v : w) v = normal(rng);
+  return w;
+}
+
+Matrix as_matrix(const QuantizedRows& q, int64_t rows, int64_t cols, int bits) {
+  return Matrix{"q", DType::BF16, rows, cols, reinterpret_cast<const std::byte*>(q.codes.data()), bits,
+                q.scales.data(), q.biases.data()};
+}
+
+TEST(Quantize, RoundTripErrorIsWithinHalfAStep) {
+  for (int bits : {4, 3, 2}) {
+    const int64_t rows = 5, cols = 256;
+    auto w = random_rows(rows, cols, 7 + bits);
+    QuantizedRows q = quantize_rows(w.data(), rows, cols, bits);
+    Matrix m = as_matrix(q, rows, cols, bits);
+    std::vector<float> back(static_cast<size_t>(cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      dequantize_row(m, r, back.data());
+      for (int64_t c = 0; c < cols; ++c) {
+        float scale = bf16_to_f32(q.scales[size_t(r * (cols / kQuantGroup) + c / kQuantGroup)]);
+        // Half a quantization step, plus the bf16 rounding of the bias that can push the top code past the range.
+        EXPECT_LE(std::fabs(back[size_t(c)] - w[size_t(r * cols + c)]), 0.5f * scale + 0.01f)
+            << bits << " bits, row " << r << " col " << c;
+      }
+    }
+  }
+}
+
+TEST(Quantize, CodesArePackedLeastSignificantFirst) {
+  // A group whose values are exactly 0, 1, ..., 15 (repeated) quantizes to those codes with scale 1, bias 0.
+  std::vector<float> w(kQuantGroup);
+  for (int64_t i = 0; i < kQuantGroup; ++i) w[size_t(i)] = float(i % 16);
+  QuantizedRows q = quantize_rows(w.data(), 1, kQuantGroup, 4);
+  EXPECT_EQ(bf16_to_f32(q.scales[0]), 1.0f);
+  EXPECT_EQ(bf16_to_f32(q.biases[0]), 0.0f);
+  EXPECT_EQ(q.codes[0], 0x76543210u);
+  EXPECT_EQ(q.codes[1], 0xfedcba98u);
+}
+
+TEST(Quantize, QuantizedMatmulEqualsDenseMatmulOfDequantizedWeights) {
+  const int64_t rows = 33, cols = 192, batch = 3;
+  auto w = random_rows(rows, cols, 3);
+  auto x = random_rows(batch, cols, 4);
+  QuantizedRows q = quantize_rows(w.data(), rows, cols, 4);
+  Matrix quantized = as_matrix(q, rows, cols, 4);
+  std::vector<float> dense(size_t(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) dequantize_row(quantized, r, dense.data() + r * cols);
+  Matrix reference{"d", DType::F32, rows, cols, reinterpret_cast<const std::byte*>(dense.data())};
+  std::vector<float> got(size_t(batch * rows)), want(got.size());
+  cpu::matmul(quantized, x.data(), batch, got.data());
+  cpu::matmul(reference, x.data(), batch, want.data());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_FLOAT_EQ(got[i], want[i]);
+}
+
+TEST(Quantize, RejectsUnsupportedShapes) {
+  std::vector<float> w(100);
+  EXPECT_THROW(quantize_rows(w.data(), 1, 100, 4), Error);
+  EXPECT_THROW(quantize_rows(w.data(), 1, 64, 5), Error);
+}
+
+}  // namespace
+}  // namespace vavilov
