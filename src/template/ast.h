@@ -16,7 +16,7 @@ struct Expr {
   enum class Kind {
     kLiteral,    // literal
     kName,       // name
-    kList,       // children
+    kList,       // children; name "tuple" for (a, b), which prints as a Python tuple
     kDict,       // children: key, value, key, value, ...
     kAttribute,  // children[0].name
     kItem,       // children[0][children[1]]

@@ -299,7 +299,7 @@ Value dictsort_filter(const Value& operand, const CallArgs& args) {
   const bool case_sensitive = arguments.flag("case_sensitive", false), reverse = arguments.flag("reverse", false);
   const size_t by = arguments.string("by", "key") == "value" ? 1 : 0;
   List items;
-  for (const auto& [key, value] : operand.as_dict().items) items.emplace_back(List{Value(key), value});
+  for (const auto& [key, value] : operand.as_dict().items) items.push_back(Value::tuple(List{Value(key), value}));
   std::stable_sort(items.begin(), items.end(), [&](const Value& a, const Value& b) {
     const Value ka = sort_key(a.as_list()[by], case_sensitive), kb = sort_key(b.as_list()[by], case_sensitive);
     return reverse ? less_than(kb, ka, args.line) : less_than(ka, kb, args.line);
@@ -372,7 +372,7 @@ const std::map<std::string, Filter, std::less<>>& filters() {
       if (v.is_undefined()) return Value(List{});
       check(v.is_dict(), "chat template line {}: items needs a dict, not {}", line, v.type_name());
       List items;
-      for (const auto& [key, value] : v.as_dict().items) items.emplace_back(List{Value(key), value});
+      for (const auto& [key, value] : v.as_dict().items) items.push_back(Value::tuple(List{Value(key), value}));
       return Value(std::move(items));
     });
     f["trim"] = [](const Value& v, const CallArgs& args) {

@@ -79,7 +79,7 @@ class Interpreter {
         return Flow::kNormal;
       }
       case Stmt::Kind::kMacro:
-        frame.variables[stmt.text] = make_macro(stmt, nullptr);
+        frame.variables[stmt.text] = make_macro(stmt);
         return Flow::kNormal;
       case Stmt::Kind::kCallBlock:
         out += call_with_caller(stmt, frame).str();
@@ -194,14 +194,14 @@ class Interpreter {
   }
 
   // ---- macros ----
-  Value make_macro(const Stmt& stmt, std::shared_ptr<Value> caller) {
+  Value make_macro(const Stmt& stmt) {
     const Stmt* definition = &stmt;
-    return Value(Callable{stmt.text, std::make_shared<Function>([this, definition, caller](const CallArgs& args) {
-                            return call_macro(*definition, args, caller.get());
+    return Value(Callable{stmt.text, std::make_shared<Function>([this, definition](const CallArgs& args) {
+                            return call_macro(*definition, args);
                           })});
   }
 
-  Value call_macro(const Stmt& macro, const CallArgs& args, const Value* caller) {
+  Value call_macro(const Stmt& macro, const CallArgs& args) {
     count_step(args.line);
     check(call_depth_ < kMaxCallDepth, "chat template line {}: macro calls nested too deeply", args.line);
     check(args.positional.size() <= macro.parameters.size(), "chat template line {}: macro '{}' takes {} arguments",
@@ -215,12 +215,11 @@ class Interpreter {
       frame.variables[parameter.name] = std::move(value);
     }
     for (const auto& [name, value] : args.keyword) {
-      bool known = false;
+      bool known = name == "caller";  // passed by {% call %}
       for (const auto& parameter : macro.parameters) known |= parameter.name == name;
       check(known, "chat template line {}: macro '{}' has no parameter '{}'", args.line, macro.text, name);
       frame.variables[name] = value;
     }
-    if (caller) frame.variables["caller"] = *caller;
     std::string out;
     ++call_depth_;
     execute(macro.body, frame, out);
@@ -276,7 +275,7 @@ class Interpreter {
       case Expr::Kind::kList: {
         List items;
         for (const auto& child : expr.children) items.push_back(evaluate(*child, frame));
-        return Value(std::move(items));
+        return expr.name == "tuple" ? Value::tuple(std::move(items)) : Value(std::move(items));
       }
       case Expr::Kind::kDict:
         return evaluate_dict(expr, frame);

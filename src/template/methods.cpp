@@ -170,7 +170,7 @@ const std::map<std::string, Method, std::less<>>& dict_methods() {
     m["items"] = [](const Value& self, const CallArgs& args) {
       const Arguments arguments(args, "items", {});
       List items;
-      for (const auto& [key, value] : self.as_dict().items) items.emplace_back(List{Value(key), value});
+      for (const auto& [key, value] : self.as_dict().items) items.push_back(Value::tuple(List{Value(key), value}));
       return Value(std::move(items));
     };
     m["keys"] = [](const Value& self, const CallArgs& args) {

@@ -90,7 +90,7 @@ class Parser {
     while (true) {
       const Token& token = peek();
       if (token.kind == TokenKind::kEnd) {
-        if (!end_names.empty()) syntax_error(fmt::format("missing {{% {} %}}", *end_names.begin()));
+        if (!end_names.empty()) syntax_error(fmt::format("missing {{% {} %}}", closing_tag(end_names)));
         return {std::move(body), ""};
       }
       if (token.kind == TokenKind::kText) {
@@ -116,6 +116,12 @@ class Parser {
         syntax_error(fmt::format("unexpected {}", describe(token)));
       }
     }
+  }
+
+  static std::string closing_tag(const std::set<std::string>& end_names) {
+    for (const std::string& name : end_names)
+      if (name.rfind("end", 0) == 0) return name;
+    return *end_names.begin();
   }
 
   std::unique_ptr<Stmt> parse_statement() {
@@ -283,6 +289,7 @@ class Parser {
     ExprPtr first = parse_expression(with_conditional);
     if (!at_operator(",")) return first;
     auto tuple = make(Expr::Kind::kList, line);
+    tuple->name = "tuple";
     tuple->children.push_back(std::move(first));
     while (skip_operator(",")) {
       if (peek().kind == TokenKind::kBlockEnd || peek().kind == TokenKind::kVariableEnd) break;
@@ -436,10 +443,11 @@ class Parser {
 
   ExprPtr parse_parenthesized() {
     const int line = next().line;
-    if (skip_operator(")")) return make(Expr::Kind::kList, line);  // () is an empty tuple
+    auto tuple = make(Expr::Kind::kList, line);
+    tuple->name = "tuple";
+    if (skip_operator(")")) return tuple;
     ExprPtr first = parse_expression(true);
     if (skip_operator(")")) return first;
-    auto tuple = make(Expr::Kind::kList, line);
     tuple->children.push_back(std::move(first));
     while (skip_operator(",")) {
       if (at_operator(")")) break;

@@ -182,6 +182,12 @@ std::string Value::str() const {
 }
 
 std::string Value::repr() const {
+  if (is_tuple_) {
+    const List& items = as_list();
+    std::string out = "(";
+    for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + items[i].repr();
+    return out + (items.size() == 1 ? ",)" : ")");
+  }
   return std::visit(
       [](const auto& v) -> std::string {
         using T = std::decay_t<decltype(v)>;

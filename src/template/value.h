@@ -61,6 +61,12 @@ class Value {
   Value(Namespace ns) : storage_(std::move(ns)) {}
   Value(Callable callable) : storage_(std::move(callable)) {}
   static Value undefined(std::string name) { return Value(Storage(Undefined{std::move(name)})); }
+  // A list that prints as a Python tuple: dict.items() pairs and (a, b) literals.
+  static Value tuple(List items) {
+    Value value(std::move(items));
+    value.is_tuple_ = true;
+    return value;
+  }
   static Value from_json(const nlohmann::ordered_json& json);
 
   bool is_undefined() const { return std::holds_alternative<Undefined>(storage_); }
@@ -101,6 +107,7 @@ class Value {
  private:
   explicit Value(Storage storage) : storage_(std::move(storage)) {}
   Storage storage_;
+  bool is_tuple_ = false;
 };
 
 // Python ==.
