@@ -17,7 +17,7 @@
 #include "server/prefix_cache.h"
 #include "server/scheduler.h"
 #include "server/sse.h"
-#include "server/third_party/httplib.h"
+#include <httplib.h>
 
 namespace vavilov::server {
 namespace {
@@ -75,20 +75,20 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
   if (!ready) throw ApiError(503, "the model is still loading", "", "", "server_error");
   std::shared_ptr<Session> session = service->begin(req.body, chat);
   if (!session->stream()) {
-    send_json(res, 200, session->wait(req.is_connection_closed));
+    // Debian's httplib (0.11) cannot tell that a waiting client has gone; the request's time limit still applies.
+    send_json(res, 200, session->wait([] { return false; }));
     return;
   }
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
-  const auto client_gone = req.is_connection_closed;
   res.set_chunked_content_provider(
       "text/event-stream",
-      [session, client_gone](size_t, httplib::DataSink& sink) {
+      [session](size_t, httplib::DataSink& sink) {
         bool done = false;
         const std::string events = session->next_events(done);
         if (!events.empty() && !sink.write(events.data(), events.size())) return false;
         if (done) sink.done();
-        return done || !client_gone();
+        return done || sink.is_writable();
       },
       // Whatever ended the stream early (disconnect, write failure), the generation stops with it.
       [session](bool) { session->cancel(); });
@@ -128,14 +128,15 @@ void Server::Impl::routes() {
     }
   });
   // Errors httplib produces itself (unknown path, wrong method, body too large) get OpenAI-style bodies too.
-  http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+  http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req,
+                                                                 httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     const std::string message = res.status == 413   ? "the request body is too large"
                                 : res.status == 404 ? "no such endpoint: " + req.method + " " + req.path
-                                                    : httplib::status_message(res.status);
+                                                    : "HTTP error " + std::to_string(res.status);
     send_error(res, ApiError(res.status, message));
     return httplib::Server::HandlerResponse::Handled;
-  });
+  }));
   http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
     metrics.count_request(endpoint_label(req.path), res.status);
   });
@@ -176,7 +177,8 @@ void Server::run() {
   check(port > 0, "cannot listen on {}:{}", s.options.host, s.options.port);
   fmt::print(stderr, "vavilov serve: listening on http://{}:{}\n", s.options.host, port);
   std::thread listener([&s] { s.http.listen_after_bind(); });
-  s.http.wait_until_ready();  // stop() is a no-op before the listener runs
+  // stop() is a no-op before the listener runs.
+  while (!s.http.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   try {
     s.load();
   } catch (...) {
