@@ -1,13 +1,17 @@
-// vavilov generate: greedy decoding from prompt ids; the ids on stdout, a statistics line on stderr.
+// vavilov generate: greedy or sampled decoding from prompt ids; the ids on stdout, a statistics line on stderr.
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 
+#include <charconv>
 #include <cstdio>
 #include <memory>
+#include <optional>
+#include <random>
 #include <string>
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "core/error.h"
 #include "engine/generate.h"
 #include "engine/speculative.h"
 #include "model/weights.h"
@@ -26,7 +30,59 @@ struct GenerateArgs {
   int threads = 0;
   int drafts = -1;  // -1: the default for the model
   std::string draft_mode = "adaptive";
+  SamplingOptions sampling;
+  std::string logit_bias;
+  std::optional<uint64_t> seed;
 };
+
+// "ID:BIAS,ID:BIAS" → {(ID, BIAS), ...}; ranges are checked against the model by validate().
+std::vector<std::pair<int32_t, float>> parse_logit_bias(const std::string& text) {
+  std::vector<std::pair<int32_t, float>> biases;
+  for (size_t begin = 0; begin < text.size();) {
+    size_t end = std::min(text.find(',', begin), text.size()), colon = text.find(':', begin);
+    int32_t id = -1;
+    float bias = 0;
+    bool ok = colon < end;
+    if (ok) {
+      auto [id_end, id_ec] = std::from_chars(text.data() + begin, text.data() + colon, id);
+      auto [bias_end, bias_ec] = std::from_chars(text.data() + colon + 1, text.data() + end, bias);
+      ok = id_ec == std::errc() && id_end == text.data() + colon && bias_ec == std::errc() &&
+           bias_end == text.data() + end;
+    }
+    check(ok, "--logit-bias: expected ID:BIAS pairs separated by commas, got '{}'", text.substr(begin, end - begin));
+    biases.emplace_back(id, bias);
+    begin = end + 1;
+  }
+  return biases;
+}
+
+// The sampling flags, with a fresh random seed (reported on stderr) when --seed is absent.
+SamplingOptions sampling_options(const GenerateArgs& args) {
+  SamplingOptions sampling = args.sampling;
+  sampling.logit_bias = parse_logit_bias(args.logit_bias);
+  std::random_device entropy;
+  sampling.seed = args.seed ? *args.seed : uint64_t(entropy()) << 32 | entropy();
+  if (!sampling.greedy())
+    fmt::print(stderr, "sampling: temperature {}, seed {}\n", sampling.temperature, sampling.seed);
+  return sampling;
+}
+
+void add_sampling_options(CLI::App* command, GenerateArgs& args) {
+  SamplingOptions& s = args.sampling;
+  command->add_option("--temperature", s.temperature, "Sampling temperature (0: greedy)")
+      ->check(CLI::NonNegativeNumber);
+  command->add_option("--top-k", s.top_k, "Keep the K most likely tokens (0: all)")->check(CLI::NonNegativeNumber);
+  command->add_option("--top-p", s.top_p, "Keep the most likely tokens up to this probability mass")
+      ->check(CLI::Range(0.0f, 1.0f));
+  command->add_option("--min-p", s.min_p, "Drop tokens below MIN_P times the top probability")
+      ->check(CLI::Range(0.0f, 1.0f));
+  command->add_option("--presence-penalty", s.presence_penalty, "Subtracted from tokens already generated");
+  command->add_option("--frequency-penalty", s.frequency_penalty, "Subtracted per earlier generation of a token");
+  command->add_option("--repetition-penalty", s.repetition_penalty,
+                      "Divides positive (multiplies negative) logits of prompt and generated tokens");
+  command->add_option("--logit-bias", args.logit_bias, "Added logits, ID:BIAS,... (e.g. 42:-100,7:2.5)");
+  command->add_option("--seed", args.seed, "Random seed (default: a fresh one, printed on stderr)");
+}
 
 void print_speculative_stats(const SpeculativeStats& stats) {
   std::string positions;
@@ -45,6 +101,7 @@ void run_generate(const GenerateArgs& args) {
   options.max_tokens = args.max_tokens;
   options.prefill_chunk = args.chunk;
   options.ignore_eos = args.ignore_eos;
+  options.sampling = sampling_options(args);
   GenerateStats stats;
   SpeculativeOptions speculative;
   speculative.drafts = args.drafts >= 0 ? args.drafts : (model->mtp ? kDefaultDrafts : 0);
@@ -54,7 +111,7 @@ void run_generate(const GenerateArgs& args) {
   if (speculative.drafts > 0)
     generated = generate_speculative(*model, prompt, options, speculative, stats, spec_stats);
   else
-    generated = generate_greedy(*model, prompt, options, stats);
+    generated = generate_plain(*model, prompt, options, stats);
   fmt::print("[{}]\n", fmt::join(generated, ", "));
   std::fflush(stdout);
   if (speculative.drafts > 0) print_speculative_stats(spec_stats);
@@ -66,7 +123,7 @@ void run_generate(const GenerateArgs& args) {
 
 void register_generate(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
-  CLI::App* command = app.add_subcommand("generate", "Generate tokens greedily");
+  CLI::App* command = app.add_subcommand("generate", "Generate tokens, greedily or sampled (MTP speculation stays on)");
   command->add_option("--model", args->model, "Model directory")->required();
   command->add_option("--ids", args->ids, "Prompt token ids, comma-separated")->required();
   command->add_option("--max-tokens", args->max_tokens, "Tokens to generate")->check(CLI::PositiveNumber);
@@ -80,6 +137,7 @@ void register_generate(CLI::App& app) {
   command->add_option("--draft-mode", args->draft_mode,
                       "fixed: always --drafts; adaptive: --drafts after a fully accepted step, 1 after a rejection")
       ->check(CLI::IsMember({"fixed", "adaptive"}));
+  add_sampling_options(command, *args);
   add_threads_option(command, args->threads);
   command->callback([args] { run_generate(*args); });
 }

@@ -19,8 +19,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 int32_t argmax(const float* logits, int64_t n) { return int32_t(std::max_element(logits, logits + n) - logits); }
 
-std::vector<float> prefill(const Model& model, SequenceState& state, std::span<const int32_t> prompt,
-                           int64_t chunk) {
+std::vector<float> prefill(const Model& model, SequenceState& state, std::span<const int32_t> prompt, int64_t chunk) {
   check(!prompt.empty(), "the prompt is empty");
   std::vector<float> logits(size_t(model.config.vocab_size));
   size_t step = chunk > 0 ? size_t(chunk) : prompt.size();
@@ -53,10 +52,13 @@ std::vector<int64_t> stop_token_ids(const Model& model) {
   return ids;
 }
 
-std::vector<int32_t> generate_greedy(const Model& model, std::span<const int32_t> prompt,
-                                     const GenerateOptions& options, GenerateStats& stats,
-                                     const std::function<void(int32_t)>& on_token) {
+std::vector<int32_t> generate_plain(const Model& model, std::span<const int32_t> prompt, const GenerateOptions& options,
+                                    GenerateStats& stats, const std::function<void(int32_t)>& on_token) {
+  validate(options.sampling, model.config.vocab_size);
   SequenceState state = new_sequence_state(model);
+  TokenHistory history;
+  history.add_prompt(prompt);
+  Rng rng(options.sampling.seed);
   std::vector<int64_t> stops = stop_token_ids(model);
   stops.insert(stops.end(), options.stop_ids.begin(), options.stop_ids.end());
   const int64_t vocab = model.config.vocab_size;
@@ -69,7 +71,8 @@ std::vector<int32_t> generate_greedy(const Model& model, std::span<const int32_t
   start = std::chrono::steady_clock::now();
   std::vector<int32_t> generated;
   while (int64_t(generated.size()) < options.max_tokens) {
-    int32_t next = argmax(logits.data(), vocab);
+    int32_t next = choose(logits.data(), vocab, options.sampling, history, rng);
+    history.push(next);
     generated.push_back(next);
     if (on_token) on_token(next);
     bool stop = !options.ignore_eos && std::find(stops.begin(), stops.end(), next) != stops.end();
@@ -79,6 +82,14 @@ std::vector<int32_t> generate_greedy(const Model& model, std::span<const int32_t
   stats.generated_tokens = int64_t(generated.size());
   stats.decode_seconds = seconds_since(start);
   return generated;
+}
+
+std::vector<int32_t> generate_greedy(const Model& model, std::span<const int32_t> prompt,
+                                     const GenerateOptions& options, GenerateStats& stats,
+                                     const std::function<void(int32_t)>& on_token) {
+  GenerateOptions greedy = options;
+  greedy.sampling = {};
+  return generate_plain(model, prompt, greedy, stats, on_token);
 }
 
 }  // namespace vavilov

@@ -1,10 +1,12 @@
 #pragma once
-// Greedy generation on one sequence: prefill the prompt (optionally in chunks), then decode token by token.
+// Plain generation on one sequence: prefill the prompt (optionally in chunks), then decode token by token, greedily
+// or sampled (engine/sampling.h).
 #include <cstdint>
 #include <functional>
 #include <span>
 #include <vector>
 
+#include "engine/sampling.h"
 #include "engine/state.h"
 #include "model/weights.h"
 
@@ -15,6 +17,7 @@ struct GenerateOptions {
   int64_t prefill_chunk = 0;  // 0: the whole prompt at once
   bool ignore_eos = false;
   std::vector<int64_t> stop_ids;  // besides the config's EOS ids
+  SamplingOptions sampling;       // default: greedy
 };
 
 struct GenerateStats {
@@ -25,10 +28,14 @@ struct GenerateStats {
 int32_t argmax(const float* logits, int64_t n);
 
 // Prefills `prompt` into `state` and returns the logits of its last position.
-std::vector<float> prefill(const Model& model, SequenceState& state, std::span<const int32_t> prompt,
-                           int64_t chunk);
+std::vector<float> prefill(const Model& model, SequenceState& state, std::span<const int32_t> prompt, int64_t chunk);
 
-// Calls on_token for each generated token as soon as it is known.
+// Token by token without speculation, greedy or sampled by options.sampling; the reference the speculative decoder
+// is tested against. Calls on_token for each generated token as soon as it is known.
+std::vector<int32_t> generate_plain(const Model& model, std::span<const int32_t> prompt, const GenerateOptions& options,
+                                    GenerateStats& stats, const std::function<void(int32_t)>& on_token = {});
+
+// generate_plain with options.sampling replaced by greedy defaults.
 std::vector<int32_t> generate_greedy(const Model& model, std::span<const int32_t> prompt,
                                      const GenerateOptions& options, GenerateStats& stats,
                                      const std::function<void(int32_t)>& on_token = {});

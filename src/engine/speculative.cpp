@@ -15,9 +15,7 @@ double SpeculativeStats::mean_accepted() const {
   return verify_steps ? double(total) / double(verify_steps) : 0.0;
 }
 
-double SpeculativeStats::tokens_per_step() const {
-  return verify_steps ? double(emitted) / double(verify_steps) : 0.0;
-}
+double SpeculativeStats::tokens_per_step() const { return verify_steps ? double(emitted) / double(verify_steps) : 0.0; }
 
 void SpeculativeStats::add(const SpeculativeStats& other) {
   proposed.resize(std::max(proposed.size(), other.proposed.size()));
@@ -37,7 +35,9 @@ Decoder::Decoder(const Model& model, const GenerateOptions& options, const Specu
       spec_(speculative),
       state_(new_sequence_state(model)),
       stops_(stop_token_ids(model)),
+      rng_(options.sampling.seed),
       drafts_wanted_(speculative.drafts) {
+  validate(options.sampling, c_.vocab_size);
   check(spec_.drafts >= 0 && spec_.drafts <= 3, "--drafts must be 0..3, got {}", spec_.drafts);
   check(spec_.drafts == 0 || model.mtp.has_value(), "{}: speculative decoding needs the MTP head (mtp.* tensors)",
         model.directory);
@@ -58,6 +58,7 @@ int32_t Decoder::start(std::span<const int32_t> prompt, const SequenceState* pre
           "prefix state at position {} cannot start a {}-token prompt", prefix->position, prompt.size());
     state_ = *prefix;
   }
+  history_.add_prompt(prompt);
   const int64_t sh = c_.hc_hidden(), vocab = c_.vocab_size, n = int64_t(prompt.size());
   const int64_t chunk = options_.prefill_chunk > 0 ? options_.prefill_chunk : n;
   std::vector<float> logits(static_cast<size_t>(vocab)), stacks;
@@ -68,7 +69,10 @@ int32_t Decoder::start(std::span<const int32_t> prompt, const SequenceState* pre
     stacks.resize(spec_.drafts ? size_t(count * sh) : 0);
     cpu::forward(model_, state_, prompt.subspan(size_t(begin), size_t(count)),
                  {false, last ? logits.data() : nullptr, spec_.drafts ? stacks.data() : nullptr});
-    if (last) next = argmax(logits.data(), vocab);
+    if (last) {
+      next = choose(logits.data(), vocab, options_.sampling, history_, rng_);
+      history_.push(next);
+    }
     rows_ = {next};
     if (spec_.drafts) {
       // Head rows pair each stack with the token after it: the next prompt token, or the first generated one.
@@ -81,14 +85,36 @@ int32_t Decoder::start(std::span<const int32_t> prompt, const SequenceState* pre
   return next;
 }
 
+// Row r's token, given the tokens before it (history_ holds them). A row that emits its draft lets the next row
+// continue; the last row (no draft) gives the bonus token.
+int32_t Decoder::verify_row(const float* logits, int64_t row) {
+  const int64_t vocab = c_.vocab_size;
+  const bool has_draft = row + 1 < int64_t(rows_.size());
+  if (options_.sampling.greedy() || !has_draft) return choose(logits, vocab, options_.sampling, history_, rng_);
+  const std::vector<double> p = distribution(logits, vocab, options_.sampling, history_);
+  std::vector<double>& q = draft_q_[size_t(row)];
+  const int32_t x = rows_[size_t(row) + 1];
+  const double px = p[size_t(x)], qx = q[size_t(x)];
+  const double keep = spec_.acceptance_override ? spec_.acceptance_override(px, qx) : std::min(1.0, px / qx);
+  if (rng_.uniform() < keep) return x;
+  // Rejected: the residual max(0, p − q) holds exactly the mass the draft could not supply. It is empty only when
+  // p = q, where rejection is impossible under the lossless rule.
+  double residual = 0;
+  for (size_t i = 0; i < q.size(); ++i) residual += q[i] = std::max(0.0, p[i] - q[i]);
+  return draw(residual > 0 ? std::span<const double>(q) : std::span<const double>(p), rng_);
+}
+
 std::vector<int32_t> Decoder::accept(const float* logits, const float* stacks, const RowStates& row_states) {
   const int64_t count = int64_t(rows_.size()), proposed = count - 1, vocab = c_.vocab_size;
   const int64_t first = state_.position - count;
-  std::vector<int32_t> predicted(static_cast<size_t>(count));
-  for (int64_t r = 0; r < count; ++r) predicted[r] = argmax(logits + r * vocab, vocab);
-  int64_t accepted = 0;
-  while (accepted < proposed && rows_[accepted + 1] == predicted[accepted] && !is_stop(predicted[accepted]))
-    ++accepted;
+  std::vector<int32_t> emitted;
+  for (int64_t r = 0; r < count; ++r) {
+    const int32_t token = verify_row(logits + r * vocab, r);
+    emitted.push_back(token);
+    history_.push(token);
+    if (r == proposed || token != rows_[size_t(r) + 1] || is_stop(token)) break;
+  }
+  const int64_t accepted = int64_t(emitted.size()) - 1;
   keep_rows(state_, row_states, first, accepted + 1, c_);
 
   ++stats_.verify_steps;
@@ -98,7 +124,6 @@ std::vector<int32_t> Decoder::accept(const float* logits, const float* stacks, c
   }
   if (spec_.adaptive) drafts_wanted_ = accepted == proposed ? spec_.drafts : 1;
 
-  std::vector<int32_t> emitted(predicted.begin(), predicted.begin() + accepted + 1);
   stats_.emitted += int64_t(emitted.size());
   std::vector<int32_t> committed(rows_.begin(), rows_.begin() + accepted + 1);
   rows_ = {emitted.back()};
@@ -121,6 +146,7 @@ void Decoder::fold_head(const float* trunk_stacks, std::span<const int32_t> next
   cpu::mtp_forward(model_, state_, trunk_stacks, next_ids, head.data());
   const int64_t committed = state_.mtp_position;
   std::vector<float> chain(head.end() - sh, head.end());
+  draft_q_.clear();
   for (int j = 0; draft && j < drafts_wanted_; ++j) {
     if (j > 0) {
       std::vector<float> chained(static_cast<size_t>(sh));
@@ -128,11 +154,36 @@ void Decoder::fold_head(const float* trunk_stacks, std::span<const int32_t> next
       chain.swap(chained);
     }
     cpu::mtp_logits(model_, chain.data(), 1, logits.data());
-    int32_t draft = argmax(logits.data(), vocab);
-    if (spec_.draft_override) draft = spec_.draft_override(state_.position + j + 1, draft);
-    rows_.push_back(draft);
+    add_draft(logits.data(), state_.position + j + 1);
   }
+  // The drafts were pushed so that later drafts saw them; verification pushes what it emits.
+  for (size_t j = 1; j < rows_.size(); ++j) history_.pop(rows_[j]);
   truncate_head(committed);
+}
+
+// Drafts with the same filters and history the trunk's row will use, so p and q are comparable.
+void Decoder::add_draft(const float* head_logits, int64_t position) {
+  const int64_t vocab = c_.vocab_size;
+  const SamplingOptions& sampling = options_.sampling;
+  std::vector<double> q;
+  int32_t draft;
+  if (sampling.greedy()) {
+    draft = choose(head_logits, vocab, sampling, history_, rng_);
+  } else {
+    q = distribution(head_logits, vocab, sampling, history_);
+    draft = draw(q, rng_);
+  }
+  if (spec_.draft_override) {
+    const int32_t replaced = spec_.draft_override(position, draft);
+    if (replaced != draft && !q.empty()) {
+      q.assign(size_t(vocab), 0.0);
+      q[size_t(replaced)] = 1.0;
+    }
+    draft = replaced;
+  }
+  history_.push(draft);
+  rows_.push_back(draft);
+  draft_q_.push_back(std::move(q));
 }
 
 void Decoder::truncate_head(int64_t position) {
@@ -149,8 +200,8 @@ std::vector<std::vector<int32_t>> step_batch(const Model& model, std::span<Decod
     size_t rows = decoders[i]->rows().size();
     logits[i].resize(rows * vocab);
     stacks[i].resize(rows * sh);
-    chunks.push_back({&decoders[i]->state(), decoders[i]->rows(), {true, logits[i].data(), stacks[i].data(),
-                                                                    &row_states[i]}});
+    chunks.push_back(
+        {&decoders[i]->state(), decoders[i]->rows(), {true, logits[i].data(), stacks[i].data(), &row_states[i]}});
   }
   cpu::forward_batch(model, chunks);
   std::vector<std::vector<int32_t>> emitted;

@@ -1,15 +1,23 @@
 #pragma once
 // Decoding one sequence, plainly or with MTP self-speculation. Each step verifies [last token, drafts…] in one trunk
-// pass, keeps the longest prefix whose drafts equal the trunk's own choice (never past a stop token), and rolls
-// every other part of the state back. The head's first draft is computed from the verified rows themselves (folded
-// into the verify step); further drafts are chained on the head's own residual. Greedy output is token-identical
-// to plain greedy decoding. The trunk passes of several decoders can run as one batch (step_batch).
+// pass, keeps the accepted prefix of the drafts (never past a stop token), and rolls every other part of the state
+// back. The head's first draft is computed from the verified rows themselves (folded into the verify step); further
+// drafts are chained on the head's own residual. The trunk passes of several decoders can run as one batch
+// (step_batch).
+//
+// Greedy (temperature 0): a draft is accepted while it equals the trunk's choice; the output is token-identical to
+// plain greedy decoding. Sampling: drafts are drawn from the head's filtered distribution q, and draft x is accepted
+// with probability min(1, p(x)/q(x)), p being the trunk's distribution after the same filters; on rejection the
+// token is drawn from normalise(max(0, p − q)), after full acceptance a bonus token from p. The output then has
+// exactly the distribution of plain sampling (docs/SAMPLING.md). Every row is filtered with the penalties of the
+// tokens before it, accepted drafts included.
 #include <cstdint>
 #include <functional>
 #include <span>
 #include <vector>
 
 #include "engine/generate.h"
+#include "engine/sampling.h"
 #include "engine/state.h"
 #include "model/weights.h"
 
@@ -18,8 +26,12 @@ namespace vavilov {
 struct SpeculativeOptions {
   int drafts = 2;         // 0–3 drafts per step
   bool adaptive = false;  // `drafts` after a fully accepted step, 1 after a rejection
-  // Replaces the head's draft for `position` (tests: oracle drafts; benchmarks: forced acceptance).
+  // Replaces the head's draft for `position` (tests: oracle drafts; benchmarks: forced acceptance). When sampling, a
+  // replaced draft counts as drawn from a point mass (q = 1 at it), which keeps verification lossless.
   std::function<int32_t(int64_t position, int32_t head_draft)> draft_override;
+  // TEST ONLY: the probability of accepting a sampled draft given p(x) and q(x), instead of min(1, p/q). Lets the
+  // statistical test check that it detects a wrong rule; any other rule makes the output distribution wrong.
+  std::function<double(double p, double q)> acceptance_override;
   // Called after every verify step with the committed state (tests compare it with plain decoding).
   std::function<void(const SequenceState&, std::span<const int32_t> committed)> on_step;
 };
@@ -56,6 +68,8 @@ class Decoder {
 
  private:
   void fold_head(const float* trunk_stacks, std::span<const int32_t> next_ids, bool draft = true);
+  void add_draft(const float* head_logits, int64_t position);
+  int32_t verify_row(const float* logits, int64_t row);
   void truncate_head(int64_t position);
 
   const Model& model_;
@@ -65,7 +79,10 @@ class Decoder {
   SpeculativeStats stats_;
   SequenceState state_;
   std::vector<int64_t> stops_;
-  std::vector<int32_t> rows_;  // [last, drafts...]
+  std::vector<int32_t> rows_;                 // [last, drafts...]
+  std::vector<std::vector<double>> draft_q_;  // when sampling: the distribution each draft was drawn from
+  TokenHistory history_;                      // prompt and emitted tokens (the penalties' input)
+  Rng rng_;                                   // this sequence's own stream: batching cannot change it
   int drafts_wanted_;
 };
 
