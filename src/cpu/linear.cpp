@@ -37,22 +37,85 @@ void matrix_row(const Matrix& w, int64_t row, float* out) {
     to_f32(w.dtype, w.row(row), out, size_t(w.cols));
 }
 
+namespace {
+
+inline float horizontal_sum(__m256 v) {
+  __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  half = _mm_add_ps(half, _mm_movehl_ps(half, half));
+  half = _mm_add_ss(half, _mm_movehdup_ps(half));
+  return _mm_cvtss_f32(half);
+}
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) {  // bf16 → fp32 in registers
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+inline float load1(const float* p) { return *p; }
+inline float load1(const uint16_t* p) { return bf16_to_f32(*p); }
+
+// out[r] = Σ_k w[k]·x[r·stride + k] for R input rows at once: each weight vector is loaded (and widened) once and
+// feeds R accumulators, so decode and verify steps (1–4 rows) read every weight exactly once.
+template <int R, typename T>
+void dot_rows(const T* w, const float* x, int64_t stride, int64_t n, float* out) {
+  __m256 acc[R], acc2[R];
+  for (int r = 0; r < R; ++r) acc[r] = acc2[r] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= n; k += 16) {
+    __m256 w0 = load8(w + k), w1 = load8(w + k + 8);
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * stride + k), acc[r]);
+      acc2[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * stride + k + 8), acc2[r]);
+    }
+  }
+  for (; k + 8 <= n; k += 8) {
+    __m256 w0 = load8(w + k);
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * stride + k), acc[r]);
+  }
+  for (int r = 0; r < R; ++r) {
+    float sum = horizontal_sum(_mm256_add_ps(acc[r], acc2[r]));
+    for (int64_t tail = k; tail < n; ++tail) sum += load1(w + tail) * x[r * stride + tail];
+    out[r] = sum;
+  }
+}
+
+// One weight row against `rows` input rows, four at a time.
+template <typename T>
+void row_times_inputs(const T* w, const float* x, int64_t rows, int64_t n, int64_t out_dim, int64_t o, float* y) {
+  float out[4];
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    dot_rows<4>(w, x + r * n, n, n, out);
+    for (int i = 0; i < 4; ++i) y[(r + i) * out_dim + o] = out[i];
+  }
+  switch (rows - r) {
+    case 3: dot_rows<3>(w, x + r * n, n, n, out); break;
+    case 2: dot_rows<2>(w, x + r * n, n, n, out); break;
+    case 1: dot_rows<1>(w, x + r * n, n, n, out); break;
+    default: return;
+  }
+  for (int64_t i = 0; i < rows - r; ++i) y[(r + i) * out_dim + o] = out[i];
+}
+
+}  // namespace
+
 void matmul(const Matrix& w, const float* x, int64_t rows, float* y) {
   const int64_t out_dim = w.rows, in_dim = w.cols;
   // Enough output rows per task that a task streams at least ~64 KiB of weights.
   size_t grain = std::max<size_t>(1, (64 << 10) / std::max<size_t>(1, w.row_bytes()));
+  // bf16 weights are widened in registers while few rows reuse them; for many rows (prefill) a row is widened once.
+  const bool in_registers = !w.quantized() && (w.dtype == DType::F32 || (w.dtype == DType::BF16 && rows <= 4));
   parallel_for(size_t(out_dim), grain, [&](size_t begin, size_t end) {
-    const bool direct = w.dtype == DType::F32 && !w.quantized();
-    std::vector<float> converted(direct ? 0 : size_t(in_dim));
+    std::vector<float> converted(in_registers ? 0 : size_t(in_dim));
     for (size_t o = begin; o < end; ++o) {
-      const float* weights;
-      if (direct) {
-        weights = reinterpret_cast<const float*>(w.row(int64_t(o)));
+      const std::byte* row = w.row(int64_t(o));
+      if (in_registers && w.dtype == DType::BF16) {
+        row_times_inputs(reinterpret_cast<const uint16_t*>(row), x, rows, in_dim, out_dim, int64_t(o), y);
+      } else if (in_registers) {
+        row_times_inputs(reinterpret_cast<const float*>(row), x, rows, in_dim, out_dim, int64_t(o), y);
       } else {
         matrix_row(w, int64_t(o), converted.data());
-        weights = converted.data();
+        row_times_inputs(converted.data(), x, rows, in_dim, out_dim, int64_t(o), y);
       }
-      for (int64_t r = 0; r < rows; ++r) y[r * out_dim + int64_t(o)] = dot(weights, x + r * in_dim, in_dim);
     }
   });
 }
