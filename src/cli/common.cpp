@@ -1,6 +1,8 @@
 #include "cli/common.h"
 
+#include <algorithm>
 #include <charconv>
+#include <filesystem>
 
 #include "core/error.h"
 #include "core/threads.h"
@@ -21,6 +23,21 @@ std::vector<int32_t> parse_ids(const std::string& text) {
     begin = end + 1;
   }
   return ids;
+}
+
+std::string default_model_dir() {
+  for (const std::filesystem::path& root :
+       {std::filesystem::path("models"), std::filesystem::path(VAVILOV_SOURCE_DIR) / "models"}) {
+    std::error_code error;
+    std::vector<std::filesystem::path> found;
+    for (const auto& entry : std::filesystem::directory_iterator(root, error))
+      if (std::filesystem::exists(entry.path() / "config.json") &&
+          std::filesystem::exists(entry.path() / "tokenizer.json"))
+        found.push_back(entry.path());
+    std::sort(found.begin(), found.end());
+    if (!found.empty()) return found.front().string();
+  }
+  fail("--model is required: there is no bundled model under models/");
 }
 
 void add_threads_option(CLI::App* command, int& threads) {

@@ -1,4 +1,5 @@
-// vavilov generate: greedy or sampled decoding from prompt ids; the ids on stdout, a statistics line on stderr.
+// vavilov generate: greedy or sampled decoding from a text prompt (text streamed to stdout) or prompt ids (ids on
+// stdout); statistics on stderr.
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 
@@ -15,15 +16,14 @@
 #include "engine/generate.h"
 #include "engine/speculative.h"
 #include "model/weights.h"
+#include "tokenizer/prompt.h"
 
 namespace vavilov::cli {
 
 namespace {
-// Measured on the bundled model (bench/results): see docs/MTP.md.
-constexpr int kDefaultDrafts = 2;
-
 struct GenerateArgs {
-  std::string model, ids;
+  std::string model, ids, prompt;
+  bool raw = false;
   int64_t max_tokens = 64;
   int64_t chunk = 0;
   bool ignore_eos = false;
@@ -95,8 +95,18 @@ void print_speculative_stats(const SpeculativeStats& stats) {
 
 void run_generate(const GenerateArgs& args) {
   apply_threads(args.threads);
-  std::vector<int32_t> prompt = parse_ids(args.ids);
-  auto model = load_model(args.model);
+  check(!args.ids.empty() || !args.prompt.empty(), "give a prompt: text, --prompt TEXT or --ids 1,2,3");
+  check(args.ids.empty() || args.prompt.empty(), "give either a text prompt or --ids, not both");
+  const std::string model_dir = args.model.empty() ? default_model_dir() : args.model;
+  std::optional<tokenizer::PromptTokenizer> text;
+  std::vector<int32_t> prompt;
+  if (args.prompt.empty()) {
+    prompt = parse_ids(args.ids);
+  } else {
+    text.emplace(model_dir);
+    for (uint32_t id : text->encode_prompt(args.prompt, args.raw)) prompt.push_back(int32_t(id));
+  }
+  auto model = load_model(model_dir);
   GenerateOptions options;
   options.max_tokens = args.max_tokens;
   options.prefill_chunk = args.chunk;
@@ -104,15 +114,26 @@ void run_generate(const GenerateArgs& args) {
   options.sampling = sampling_options(args);
   GenerateStats stats;
   SpeculativeOptions speculative;
-  speculative.drafts = args.drafts >= 0 ? args.drafts : (model->mtp ? kDefaultDrafts : 0);
+  speculative.drafts = args.drafts >= 0 ? args.drafts : default_drafts(*model);
   speculative.adaptive = args.draft_mode == "adaptive";
+  // Text prompts stream text as it is generated (never splitting a UTF-8 character); --ids prints the ids.
+  std::optional<tokenizer::StreamDecoder> stream;
+  if (text) stream.emplace(text->stream_decoder());
+  auto on_token = [&](int32_t id) {
+    if (!stream) return;
+    std::fputs(stream->push(uint32_t(id)).c_str(), stdout);
+    std::fflush(stdout);
+  };
   std::vector<int32_t> generated;
   SpeculativeStats spec_stats;
   if (speculative.drafts > 0)
-    generated = generate_speculative(*model, prompt, options, speculative, stats, spec_stats);
+    generated = generate_speculative(*model, prompt, options, speculative, stats, spec_stats, on_token);
   else
-    generated = generate_plain(*model, prompt, options, stats);
-  fmt::print("[{}]\n", fmt::join(generated, ", "));
+    generated = generate_plain(*model, prompt, options, stats, on_token);
+  if (stream)
+    fmt::print("{}\n", stream->finish());
+  else
+    fmt::print("[{}]\n", fmt::join(generated, ", "));
   std::fflush(stdout);
   if (speculative.drafts > 0) print_speculative_stats(spec_stats);
   fmt::print(stderr, "prefill: {} tokens, {:.1f} tok/s | decode: {} tokens, {:.2f} tok/s\n", stats.prompt_tokens,
@@ -123,9 +144,12 @@ void run_generate(const GenerateArgs& args) {
 
 void register_generate(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
-  CLI::App* command = app.add_subcommand("generate", "Generate tokens, greedily or sampled (MTP speculation stays on)");
-  command->add_option("--model", args->model, "Model directory")->required();
-  command->add_option("--ids", args->ids, "Prompt token ids, comma-separated")->required();
+  CLI::App* command = app.add_subcommand("generate", "Generate text or tokens, greedily or sampled (MTP speculation stays on)");
+  command->add_option("prompt", args->prompt, "Prompt text (same as --prompt)");
+  command->add_option("--prompt", args->prompt, "Prompt text, chat-templated as one user message unless --raw");
+  command->add_flag("--raw", args->raw, "Use the prompt text as it is, without the chat template");
+  command->add_option("--model", args->model, "Model directory (default: the bundled model under models/)");
+  command->add_option("--ids", args->ids, "Prompt token ids, comma-separated (prints ids instead of text)");
   command->add_option("--max-tokens", args->max_tokens, "Tokens to generate")->check(CLI::PositiveNumber);
   command->add_option("--chunk", args->chunk, "Prefill in chunks of N tokens (0: all at once)")
       ->check(CLI::NonNegativeNumber);

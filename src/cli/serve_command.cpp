@@ -25,27 +25,11 @@ struct ServeArgs {
   int threads = 0;
 };
 
-// Without --model: the bundled model, the one directory under models/ with a config.json and a tokenizer.json.
-std::string default_model() {
-  for (const std::filesystem::path& root :
-       {std::filesystem::path("models"), std::filesystem::path(VAVILOV_SOURCE_DIR) / "models"}) {
-    std::error_code error;
-    std::vector<std::filesystem::path> found;
-    for (const auto& entry : std::filesystem::directory_iterator(root, error))
-      if (std::filesystem::exists(entry.path() / "config.json") &&
-          std::filesystem::exists(entry.path() / "tokenizer.json"))
-        found.push_back(entry.path());
-    std::sort(found.begin(), found.end());
-    if (!found.empty()) return found.front().string();
-  }
-  fail("--model is required: there is no bundled model under models/");
-}
-
 // Signals go to one thread that waits for them, so the stop runs as ordinary code, not in a signal handler.
 void run_serve(ServeArgs& args) {
   apply_threads(args.threads);
   server::ServerOptions& options = args.options;
-  if (options.model_dir.empty()) options.model_dir = default_model();
+  if (options.model_dir.empty()) options.model_dir = default_model_dir();
   if (options.api_key.empty())
     if (const char* key = std::getenv("VAVILOV_API_KEY")) options.api_key = key;
   options.cache_bytes = size_t(args.cache_mb) << 20;

@@ -23,6 +23,10 @@
 
 namespace vavilov {
 
+// Drafts per step when the user does not say: the faster setting on the bundled model (bench/results, docs/MTP.md).
+constexpr int kDefaultDrafts = 2;
+inline int default_drafts(const Model& model) { return model.mtp ? kDefaultDrafts : 0; }
+
 struct SpeculativeOptions {
   int drafts = 2;         // 0–3 drafts per step
   bool adaptive = false;  // `drafts` after a fully accepted step, 1 after a rejection

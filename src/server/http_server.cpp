@@ -24,8 +24,6 @@ namespace {
 
 using nlohmann::ordered_json;
 
-// Measured on the bundled model: see docs/MTP.md.
-constexpr int kDefaultDrafts = 2;
 
 void send_json(httplib::Response& res, int status, const ordered_json& body) {
   res.status = status;
@@ -148,7 +146,7 @@ void Server::Impl::load() {
   SchedulerOptions scheduling;
   scheduling.parallel = options.parallel;
   scheduling.queue = options.queue;
-  scheduling.speculative.drafts = options.drafts >= 0 ? options.drafts : (model->mtp ? kDefaultDrafts : 0);
+  scheduling.speculative.drafts = options.drafts >= 0 ? options.drafts : default_drafts(*model);
   scheduling.speculative.adaptive = true;
   prompts = std::make_unique<tokenizer::PromptTokenizer>(options.model_dir);
   scheduler = std::make_unique<Scheduler>(*model, prompts->tokenizer(), scheduling, *cache, metrics);
