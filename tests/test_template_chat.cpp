@@ -64,7 +64,7 @@ TEST_P(TemplateChat, TemplatedIdsMatchTransformers) {
   EXPECT_GT(checked, 3u);
 }
 
-INSTANTIATE_TEST_SUITE_P(RealTemplates, TemplateChat, ::testing::Values("qwen3", "deepseek_v3"));
+INSTANTIATE_TEST_SUITE_P(TemplateReal, TemplateChat, ::testing::Values("qwen3", "deepseek_v3"));
 
 TEST(TemplatePrompt, SingleUserMessageWithGenerationPrompt) {
   VAVILOV_REQUIRE_SHARED_TOKENIZERS();

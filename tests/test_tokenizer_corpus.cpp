@@ -111,7 +111,7 @@ TEST_P(TokenizerCorpus, StreamingDecodeEqualsWholeDecode) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(RealTokenizers, TokenizerCorpus, ::testing::Values("qwen3", "deepseek_v3"));
+INSTANTIATE_TEST_SUITE_P(TokenizerReal, TokenizerCorpus, ::testing::Values("qwen3", "deepseek_v3"));
 
 // DeepSeek-V3 has no normaliser, so decoding the ids of any text gives the text back (after lossy UTF-8 repair).
 TEST(TokenizerRoundTrip, DecodeOfEncodeIsTheText) {
