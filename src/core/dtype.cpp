@@ -51,7 +51,11 @@ float f16_to_f32(uint16_t bits) {
   if (exponent == 0) {
     magnitude = std::ldexp(float(mantissa), -24);
   } else if (exponent == 31) {
-    magnitude = mantissa ? NAN : INFINITY;
+    // Infinity, or a NaN that keeps its payload and is made quiet, as the F16C instruction does.
+    uint32_t bits = sign | (mantissa ? 0x7FC00000u | (mantissa << 13) : 0x7F800000u);
+    float special;
+    std::memcpy(&special, &bits, 4);
+    return special;
   } else {
     magnitude = std::ldexp(float(mantissa | 0x400), int(exponent) - 25);
   }
