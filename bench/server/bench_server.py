@@ -27,7 +27,19 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "server"))
 import harness  # noqa: E402
 import openai  # noqa: E402
 
-NO_EOS = {"0": -100, "1": -100}  # every request makes --max-tokens
+NO_EOS = {"0": -100, "1": -100}  # every request makes --max-tokens (the fixture's EOS ids; see stop_bias)
+
+
+def stop_bias(model_dir):
+    """-100 on every stop id of the model (config and generation_config), so requests make --max-tokens."""
+    ids = set()
+    for name in ("config.json", "generation_config.json"):
+        path = os.path.join(model_dir, name)
+        if os.path.exists(path):
+            config = json.load(open(path))
+            value = config.get("eos_token_id", config.get("text_config", {}).get("eos_token_id"))
+            ids.update(value if isinstance(value, list) else [] if value is None else [value])
+    return {str(i): -100 for i in ids}
 
 
 def cpu_name():
@@ -88,6 +100,8 @@ def main():
     os.environ["VAVILOV_BINARY"] = os.path.abspath(args.binary)
     if args.model:
         harness._model_dir = os.path.abspath(args.model)
+        NO_EOS.clear()
+        NO_EOS.update(stop_bias(args.model))
     parallel = max(args.concurrency)
     extra = ["--parallel", str(parallel), "--queue", str(parallel), "--cache-mb", "0"]
     os.environ["VAVILOV_TEST_THREADS"] = str(args.threads)

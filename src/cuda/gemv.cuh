@@ -1,0 +1,32 @@
+#pragma once
+// Decode-time matrix-vector products on the GPU for 1–4 activation rows: every weight byte is read once with 16-byte
+// loads and dequantized in registers. Several matrices (e.g. a layer's selected experts) run in one launch.
+// Self-contained (CUDA runtime only) so that it also builds where the engine's host libraries are absent.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace vavilov::cuda {
+
+constexpr int kMaxGemvRows = 4;
+constexpr int kQuantGroup = 64;
+
+// One weight matrix W [rows, cols] with y = W x. Q4: codes packed least-significant first in uint32 words (8 per
+// word), bf16 scale and bias per group of 64 columns, w = scale·q + bias (MLX's layout). BF16: dense rows.
+struct GemvMatrix {
+  const uint32_t* codes = nullptr;        // Q4 codes [rows, cols / 8]
+  const __nv_bfloat16* scales = nullptr;  // Q4 [rows, cols / 64]
+  const __nv_bfloat16* biases = nullptr;
+  const __nv_bfloat16* dense = nullptr;  // BF16 [rows, cols]
+  int rows = 0, cols = 0;
+  const float* x = nullptr;  // [batch, cols] activations for this matrix
+  float* y = nullptr;        // [batch, rows] results
+};
+
+// Runs `count` matrices described by the device array `matrices`, each against `batch` (1–4) activation rows.
+// All matrices of one call share the format (q4 or bf16). cols must be a multiple of 256 (Q4) or 256 (BF16).
+cudaError_t gemv_q4(const GemvMatrix* matrices, int count, int max_rows, int batch, cudaStream_t stream);
+cudaError_t gemv_bf16(const GemvMatrix* matrices, int count, int max_rows, int batch, cudaStream_t stream);
+
+}  // namespace vavilov::cuda
