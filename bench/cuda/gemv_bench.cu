@@ -69,7 +69,7 @@ struct Buffers {
   std::vector<GemvMatrix> host;
   GemvMatrix* device = nullptr;
   size_t weight_bytes = 0;
-  int max_rows = 0;
+  int max_rows = 0, max_cols = 0;
 };
 
 // `count` matrices per shape, each with its own weights, all sharing one activation buffer and one output buffer.
@@ -102,6 +102,7 @@ Buffers make_matrices(const std::vector<Shape>& shapes, bool q4, float* x, float
         b.weight_bytes += 2 * n;
       }
       b.max_rows = std::max(b.max_rows, s.rows);
+      b.max_cols = std::max(b.max_cols, s.cols);
       b.host.push_back(m);
     }
   CHECK(cudaGetLastError());
@@ -121,7 +122,7 @@ void free_matrices(Buffers& b) {
 }
 
 cudaError_t launch(const Buffers& b, bool q4, int batch) {
-  return q4 ? vavilov::cuda::gemv_q4(b.device, int(b.host.size()), b.max_rows, batch, nullptr)
+  return q4 ? vavilov::cuda::gemv_q4(b.device, int(b.host.size()), b.max_rows, b.max_cols, batch, nullptr)
             : vavilov::cuda::gemv_bf16(b.device, int(b.host.size()), b.max_rows, batch, nullptr);
 }
 

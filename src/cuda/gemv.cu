@@ -11,40 +11,65 @@ __device__ inline float warp_sum(float v) {
   return v;
 }
 
-// Σ q_i·x_i and Σ x_i over the 8 codes of one word against 8 consecutive activations.
-__device__ inline void accumulate_word(uint32_t word, const float4& lo, const float4& hi, float& qx, float& sx) {
-  const float xs[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+// The 8 codes of a word as floats: OR-ing a code into the mantissa of 2^23 and subtracting 2^23 is exact and uses
+// full-rate logic and add instructions instead of the quarter-rate integer-to-float conversion.
+__device__ inline void decode_word(uint32_t word, float* q) {
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    qx += float((word >> (4 * i)) & 0xfu) * xs[i];
-    sx += xs[i];
-  }
+  for (int i = 0; i < 8; ++i) q[i] = __uint_as_float(((word >> (4 * i)) & 0xfu) | 0x4B000000u) - 8388608.0f;
 }
 
-// One warp per output row; each lane takes 32 columns (16 bytes of codes) at a time. For a group of 64 columns,
-// Σ (s·q + b)·x = s·Σ q·x + b·Σ x, so the scale and bias are applied once per half group.
+// Sums of the activations over every 8-column word, per row: the bias term of a word is bias·Σx, computed once per
+// block instead of once per weight.
+template <int B>
+__device__ inline void word_sums(const GemvMatrix& m, float* sums) {
+  const int words = m.cols / 8;
+  for (int i = threadIdx.x; i < B * words; i += blockDim.x) {
+    const float4* x = reinterpret_cast<const float4*>(m.x + size_t(i / words) * m.cols + (i % words) * 8);
+    const float4 lo = __ldg(x), hi = __ldg(x + 1);
+    sums[i] = ((lo.x + lo.y) + (lo.z + lo.w)) + ((hi.x + hi.y) + (hi.z + hi.w));
+  }
+  __syncthreads();
+}
+
+// One warp per output row. Lane l takes word l of every 256-column stretch, so both the codes (4 bytes a lane) and
+// the activations (32 bytes a lane) are read contiguously across the warp; each word is decoded once and applied to
+// every activation row. For a word, Σ (s·q + b)·x = s·Σ q·x + b·Σ x.
 template <int B>
 __global__ void __launch_bounds__(kWarps * 32) gemv_q4_kernel(const GemvMatrix* matrices) {
+  extern __shared__ float sums[];  // [B, cols / 8]
   const GemvMatrix m = matrices[blockIdx.y];
+  if (blockIdx.x * kWarps >= m.rows) return;  // the whole block is past this matrix's rows
+  word_sums<B>(m, sums);
   const int row = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (row >= m.rows) return;
-  const int chunks = m.cols / 32;
-  const uint4* codes = reinterpret_cast<const uint4*>(m.codes + size_t(row) * (m.cols / 8));
+  const int words = m.cols / 8;
+  const uint32_t* codes = m.codes + size_t(row) * words;
   const __nv_bfloat16* scales = m.scales + size_t(row) * (m.cols / kQuantGroup);
   const __nv_bfloat16* biases = m.biases + size_t(row) * (m.cols / kQuantGroup);
   float acc[B] = {};
-  for (int c = lane; c < chunks; c += 32) {
-    const uint4 packed = __ldg(codes + c);
-    const float scale = __bfloat162float(scales[c / 2]), bias = __bfloat162float(biases[c / 2]);
+  constexpr int kUnroll = 4;  // loads in flight per lane
+  for (int base = 0; base < words; base += 32 * kUnroll) {
+    uint32_t packed[kUnroll];
 #pragma unroll
-    for (int b = 0; b < B; ++b) {
-      const float4* x = reinterpret_cast<const float4*>(m.x + size_t(b) * m.cols + c * 32);
-      float qx = 0.0f, sx = 0.0f;
-      accumulate_word(packed.x, __ldg(x + 0), __ldg(x + 1), qx, sx);
-      accumulate_word(packed.y, __ldg(x + 2), __ldg(x + 3), qx, sx);
-      accumulate_word(packed.z, __ldg(x + 4), __ldg(x + 5), qx, sx);
-      accumulate_word(packed.w, __ldg(x + 6), __ldg(x + 7), qx, sx);
-      acc[b] += scale * qx + bias * sx;
+    for (int u = 0; u < kUnroll; ++u) {
+      const int w = base + u * 32 + lane;
+      packed[u] = w < words ? __ldg(codes + w) : 0u;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int w = base + u * 32 + lane;
+      if (w >= words) break;
+      const float scale = __bfloat162float(scales[w / 8]), bias = __bfloat162float(biases[w / 8]);
+      float q[8];
+      decode_word(packed[u], q);
+#pragma unroll
+      for (int b = 0; b < B; ++b) {
+        const float4* x = reinterpret_cast<const float4*>(m.x + size_t(b) * m.cols + w * 8);
+        const float4 lo = __ldg(x), hi = __ldg(x + 1);
+        const float qx = q[0] * lo.x + q[1] * lo.y + q[2] * lo.z + q[3] * lo.w + q[4] * hi.x + q[5] * hi.y +
+                         q[6] * hi.z + q[7] * hi.w;
+        acc[b] += scale * qx + bias * sums[b * words + w];
+      }
     }
   }
 #pragma unroll
@@ -88,9 +113,9 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const GemvMatrix
 
 
 template <int B>
-cudaError_t launch_q4(const GemvMatrix* matrices, int count, int max_rows, cudaStream_t stream) {
+cudaError_t launch_q4(const GemvMatrix* matrices, int count, int max_rows, int max_cols, cudaStream_t stream) {
   dim3 grid((max_rows + kWarps - 1) / kWarps, count);
-  gemv_q4_kernel<B><<<grid, kWarps * 32, 0, stream>>>(matrices);
+  gemv_q4_kernel<B><<<grid, kWarps * 32, size_t(B) * (max_cols / 8) * sizeof(float), stream>>>(matrices);
   return cudaGetLastError();
 }
 
@@ -103,12 +128,13 @@ cudaError_t launch_bf16(const GemvMatrix* matrices, int count, int max_rows, cud
 
 }  // namespace
 
-cudaError_t gemv_q4(const GemvMatrix* matrices, int count, int max_rows, int batch, cudaStream_t stream) {
+cudaError_t gemv_q4(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch,
+                    cudaStream_t stream) {
   switch (batch) {
-    case 1: return launch_q4<1>(matrices, count, max_rows, stream);
-    case 2: return launch_q4<2>(matrices, count, max_rows, stream);
-    case 3: return launch_q4<3>(matrices, count, max_rows, stream);
-    case 4: return launch_q4<4>(matrices, count, max_rows, stream);
+    case 1: return launch_q4<1>(matrices, count, max_rows, max_cols, stream);
+    case 2: return launch_q4<2>(matrices, count, max_rows, max_cols, stream);
+    case 3: return launch_q4<3>(matrices, count, max_rows, max_cols, stream);
+    case 4: return launch_q4<4>(matrices, count, max_rows, max_cols, stream);
     default: return cudaErrorInvalidValue;
   }
 }

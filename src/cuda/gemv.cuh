@@ -24,9 +24,11 @@ struct GemvMatrix {
   float* y = nullptr;        // [batch, rows] results
 };
 
-// Runs `count` matrices described by the device array `matrices`, each against `batch` (1–4) activation rows.
-// All matrices of one call share the format (q4 or bf16). cols must be a multiple of 256 (Q4) or 256 (BF16).
-cudaError_t gemv_q4(const GemvMatrix* matrices, int count, int max_rows, int batch, cudaStream_t stream);
+// Runs `count` matrices described by the device array `matrices`, each against `batch` (1–4) activation rows;
+// max_rows/max_cols bound them (grid and shared-memory size). All matrices of one call share the format.
+// cols must be a multiple of 64 (Q4) or 8 (BF16), and max_cols ≤ 12288 for Q4 (per-word activation sums live in
+// shared memory: 4·batch·max_cols/8 bytes).
+cudaError_t gemv_q4(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream);
 cudaError_t gemv_bf16(const GemvMatrix* matrices, int count, int max_rows, int batch, cudaStream_t stream);
 
 }  // namespace vavilov::cuda
