@@ -23,7 +23,8 @@
 
 namespace vavilov {
 
-// Drafts per step when the user does not say: the faster setting on the bundled model (bench/results, docs/MTP.md).
+// Drafts per step when the user does not say. Chosen for weight-bandwidth-bound decoding; on the CPU with the tiny
+// bundled model speculation does not pay yet (docs/MTP.md has the measurement).
 constexpr int kDefaultDrafts = 2;
 inline int default_drafts(const Model& model) { return model.mtp ? kDefaultDrafts : 0; }
 
