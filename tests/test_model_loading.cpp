@@ -119,7 +119,10 @@ TEST(Cli, GenerateMatchesHfGreedy) {
   std::ifstream in(kFixture / "reference.json");
   auto reference = nlohmann::json::parse(in);
   std::string ids;
-  for (const auto& id : reference["prompt_ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int>());
+  for (const auto& id : reference["prompt_ids"]) {
+    if (!ids.empty()) ids += ',';
+    ids += std::to_string(id.get<int>());
+  }
   CommandResult result =
       run("generate --model " + kFixture.string() + " --ids " + ids + " --max-tokens 24 --ignore-eos", false);
   ASSERT_EQ(result.exit_code, 0) << result.output;

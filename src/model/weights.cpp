@@ -1,5 +1,7 @@
 #include "model/weights.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -126,7 +128,7 @@ std::vector<FeedForwardWeights> read_experts(const Reader& r, const ModelConfig&
     Matrix gate_up_all{gate_up.name, gate_up.dtype, e_count * 2 * inner, h, gate_up.data};
     Matrix down_all{down.name, down.dtype, e_count * h, inner, down.data};
     for (int64_t e = 0; e < e_count; ++e) {
-      std::string tag = "[" + std::to_string(e) + "]";
+      std::string tag = fmt::format("[{}]", e);
       experts.push_back({gate_up_all.slice_rows(e * 2 * inner, inner, gate_up.name + tag + ".gate"),
                          gate_up_all.slice_rows(e * 2 * inner + inner, inner, gate_up.name + tag + ".up"),
                          down_all.slice_rows(e * h, h, down.name + tag)});
