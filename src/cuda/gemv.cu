@@ -18,65 +18,92 @@ __device__ inline void decode_word(uint32_t word, float* q) {
   for (int i = 0; i < 8; ++i) q[i] = __uint_as_float(((word >> (4 * i)) & 0xfu) | 0x4B000000u) - 8388608.0f;
 }
 
-// Sums of the activations over every 8-column word, per row: the bias term of a word is bias·Σx, computed once per
-// block instead of once per weight.
+// Stages the activations [B, cols] in shared memory, followed by their sums over every 8-column word (the bias term
+// of a word is bias·Σx): computed once per block instead of once per weight.
 template <int B>
-__device__ inline void word_sums(const GemvMatrix& m, float* sums) {
+__device__ inline void stage_activations(const GemvMatrix& m, float* x, float* sums) {
   const int words = m.cols / 8;
   for (int i = threadIdx.x; i < B * words; i += blockDim.x) {
-    const float4* x = reinterpret_cast<const float4*>(m.x + size_t(i / words) * m.cols + (i % words) * 8);
-    const float4 lo = __ldg(x), hi = __ldg(x + 1);
+    const float4* source = reinterpret_cast<const float4*>(m.x + size_t(i / words) * m.cols + (i % words) * 8);
+    const float4 lo = __ldg(source), hi = __ldg(source + 1);
+    reinterpret_cast<float4*>(x)[2 * i] = lo;
+    reinterpret_cast<float4*>(x)[2 * i + 1] = hi;
     sums[i] = ((lo.x + lo.y) + (lo.z + lo.w)) + ((hi.x + hi.y) + (hi.z + hi.w));
   }
   __syncthreads();
 }
 
-// One warp per output row. Lane l takes word l of every 256-column stretch, so both the codes (4 bytes a lane) and
-// the activations (32 bytes a lane) are read contiguously across the warp; each word is decoded once and applied to
-// every activation row. For a word, Σ (s·q + b)·x = s·Σ q·x + b·Σ x.
+constexpr int kRowsPerWarp = 2;  // each activation read from shared memory serves two weight rows
+
+// Each warp takes kRowsPerWarp output rows. Lane l takes word l of every 256-column stretch, so the codes (4 bytes a
+// lane) are read contiguously across the warp; each word is decoded once and applied to every activation row. For a
+// word, Σ (s·q + b)·x = s·Σ q·x + b·Σ x.
 template <int B>
 __global__ void __launch_bounds__(kWarps * 32) gemv_q4_kernel(const GemvMatrix* matrices) {
-  extern __shared__ float sums[];  // [B, cols / 8]
+  extern __shared__ float shared[];  // activations [B, cols], then word sums [B, cols / 8]
   const GemvMatrix m = matrices[blockIdx.y];
-  if (blockIdx.x * kWarps >= m.rows) return;  // the whole block is past this matrix's rows
-  word_sums<B>(m, sums);
-  const int row = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (row >= m.rows) return;
-  const int words = m.cols / 8;
-  const uint32_t* codes = m.codes + size_t(row) * words;
-  const __nv_bfloat16* scales = m.scales + size_t(row) * (m.cols / kQuantGroup);
-  const __nv_bfloat16* biases = m.biases + size_t(row) * (m.cols / kQuantGroup);
-  float acc[B] = {};
-  constexpr int kUnroll = 4;  // loads in flight per lane
-  for (int base = 0; base < words; base += 32 * kUnroll) {
-    uint32_t packed[kUnroll];
+  constexpr int kBlockRows = kWarps * kRowsPerWarp;
+  if (blockIdx.x * kBlockRows >= m.rows) return;  // the whole block is past this matrix's rows
+  float* x = shared;
+  float* sums = shared + size_t(B) * m.cols;
+  stage_activations<B>(m, x, sums);
+  const int first_row = blockIdx.x * kBlockRows + (threadIdx.x / 32) * kRowsPerWarp, lane = threadIdx.x % 32;
+  if (first_row >= m.rows) return;
+  const int words = m.cols / 8, groups = m.cols / kQuantGroup;
+  const uint32_t* codes[kRowsPerWarp];
+  const __nv_bfloat16 *scales[kRowsPerWarp], *biases[kRowsPerWarp];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int w = base + u * 32 + lane;
-      packed[u] = w < words ? __ldg(codes + w) : 0u;
-    }
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int row = min(first_row + r, m.rows - 1);  // a missing second row recomputes the first, never stored
+    codes[r] = m.codes + size_t(row) * words;
+    scales[r] = m.scales + size_t(row) * groups;
+    biases[r] = m.biases + size_t(row) * groups;
+  }
+  float acc[kRowsPerWarp][B] = {};
+  constexpr int kUnroll = 2;  // loads in flight per lane and row
+  for (int base = 0; base < words; base += 32 * kUnroll) {
+    uint32_t packed[kRowsPerWarp][kUnroll];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r)
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int w = base + u * 32 + lane;
+        packed[r][u] = w < words ? __ldg(codes[r] + w) : 0u;
+      }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int w = base + u * 32 + lane;
       if (w >= words) break;
-      const float scale = __bfloat162float(scales[w / 8]), bias = __bfloat162float(biases[w / 8]);
-      float q[8];
-      decode_word(packed[u], q);
+      float xs[B][8];
 #pragma unroll
       for (int b = 0; b < B; ++b) {
-        const float4* x = reinterpret_cast<const float4*>(m.x + size_t(b) * m.cols + w * 8);
-        const float4 lo = __ldg(x), hi = __ldg(x + 1);
-        const float qx = q[0] * lo.x + q[1] * lo.y + q[2] * lo.z + q[3] * lo.w + q[4] * hi.x + q[5] * hi.y +
-                         q[6] * hi.z + q[7] * hi.w;
-        acc[b] += scale * qx + bias * sums[b * words + w];
+        const float4 lo = reinterpret_cast<const float4*>(x + size_t(b) * m.cols)[2 * w];
+        const float4 hi = reinterpret_cast<const float4*>(x + size_t(b) * m.cols)[2 * w + 1];
+        xs[b][0] = lo.x, xs[b][1] = lo.y, xs[b][2] = lo.z, xs[b][3] = lo.w;
+        xs[b][4] = hi.x, xs[b][5] = hi.y, xs[b][6] = hi.z, xs[b][7] = hi.w;
+      }
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        const float scale = __bfloat162float(scales[r][w / 8]), bias = __bfloat162float(biases[r][w / 8]);
+        float q[8];
+        decode_word(packed[r][u], q);
+#pragma unroll
+        for (int b = 0; b < B; ++b) {
+          float qx = 0.0f;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) qx += q[i] * xs[b][i];
+          acc[r][b] += scale * qx + bias * sums[b * words + w];
+        }
       }
     }
   }
 #pragma unroll
-  for (int b = 0; b < B; ++b) {
-    const float sum = warp_sum(acc[b]);
-    if (lane == 0) m.y[size_t(b) * m.rows + row] = sum;
-  }
+  for (int r = 0; r < kRowsPerWarp; ++r)
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      const float sum = warp_sum(acc[r][b]);
+      if (lane == 0 && first_row + r < m.rows) m.y[size_t(b) * m.rows + first_row + r] = sum;
+    }
 }
 
 template <int B>
@@ -114,8 +141,14 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const GemvMatrix
 
 template <int B>
 cudaError_t launch_q4(const GemvMatrix* matrices, int count, int max_rows, int max_cols, cudaStream_t stream) {
-  dim3 grid((max_rows + kWarps - 1) / kWarps, count);
-  gemv_q4_kernel<B><<<grid, kWarps * 32, size_t(B) * (max_cols / 8) * sizeof(float), stream>>>(matrices);
+  const size_t shared = size_t(B) * (max_cols + max_cols / 8) * sizeof(float);
+  if (shared > 48 * 1024) {
+    cudaError_t error = cudaFuncSetAttribute(gemv_q4_kernel<B>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared));
+    if (error != cudaSuccess) return error;
+  }
+  const int block_rows = kWarps * kRowsPerWarp;
+  dim3 grid((max_rows + block_rows - 1) / block_rows, count);
+  gemv_q4_kernel<B><<<grid, kWarps * 32, shared, stream>>>(matrices);
   return cudaGetLastError();
 }
 

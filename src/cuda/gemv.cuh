@@ -26,8 +26,8 @@ struct GemvMatrix {
 
 // Runs `count` matrices described by the device array `matrices`, each against `batch` (1–4) activation rows;
 // max_rows/max_cols bound them (grid and shared-memory size). All matrices of one call share the format.
-// cols must be a multiple of 64 (Q4) or 8 (BF16), and max_cols ≤ 12288 for Q4 (per-word activation sums live in
-// shared memory: 4·batch·max_cols/8 bytes).
+// cols must be a multiple of 64 (Q4) or 8 (BF16). Q4 stages the activations and their per-word sums in shared memory:
+// 4.5·batch·max_cols bytes must fit (227 KB on Hopper: max_cols ≤ 12288 at batch 4).
 cudaError_t gemv_q4(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream);
 cudaError_t gemv_bf16(const GemvMatrix* matrices, int count, int max_rows, int batch, cudaStream_t stream);
 
