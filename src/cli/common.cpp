@@ -1,11 +1,14 @@
 #include "cli/common.h"
 
+#include <fmt/core.h>
+
 #include <algorithm>
 #include <charconv>
 #include <filesystem>
 
 #include "core/error.h"
 #include "core/threads.h"
+#include "model/quantize.h"
 
 namespace vavilov::cli {
 
@@ -38,6 +41,20 @@ std::string default_model_dir() {
     if (!found.empty()) return found.front().string();
   }
   fail("--model is required: there is no bundled model under models/");
+}
+
+void add_quantize_option(CLI::App* command, std::string& quantize) {
+  command->add_option("--quantize", quantize, "Quantize weights at load: none, q4, q3 or q2 (affine, group 64)")
+      ->check(CLI::IsMember({"none", "q4", "q3", "q2"}));
+}
+
+std::unique_ptr<Model> load_model_quantized(const std::string& directory, const std::string& quantize) {
+  auto model = load_model(directory);
+  if (quantize != "none") {
+    int count = quantize_model(*model, quantize[1] - '0');
+    fmt::print(stderr, "quantized {} weight matrices to {}\n", count, quantize);
+  }
+  return model;
 }
 
 void add_threads_option(CLI::App* command, int& threads) {

@@ -2,8 +2,11 @@
 // Argument helpers shared by subcommands.
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "model/weights.h"
 
 namespace vavilov::cli {
 
@@ -13,6 +16,11 @@ std::vector<int32_t> parse_ids(const std::string& text);
 // The bundled model when --model is not given: the one directory under models/ (beside the working directory or the
 // source tree) with a config.json and a tokenizer.json.
 std::string default_model_dir();
+
+// --quantize none|q4|q3|q2: weights converted to affine quantization at load (group 64, bf16 scale and bias).
+void add_quantize_option(CLI::App* command, std::string& quantize);
+// load_model, then the quantization --quantize asks for.
+std::unique_ptr<Model> load_model_quantized(const std::string& directory, const std::string& quantize);
 
 // --threads N (0: all hardware threads); applied before the engine starts.
 void add_threads_option(CLI::App* command, int& threads);

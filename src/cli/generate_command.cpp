@@ -24,6 +24,7 @@ namespace {
 struct GenerateArgs {
   std::string model, ids, prompt;
   bool raw = false;
+  std::string quantize = "none";
   int64_t max_tokens = 64;
   int64_t chunk = 0;
   bool ignore_eos = false;
@@ -106,7 +107,7 @@ void run_generate(const GenerateArgs& args) {
     text.emplace(model_dir);
     for (uint32_t id : text->encode_prompt(args.prompt, args.raw)) prompt.push_back(int32_t(id));
   }
-  auto model = load_model(model_dir);
+  auto model = load_model_quantized(model_dir, args.quantize);
   GenerateOptions options;
   options.max_tokens = args.max_tokens;
   options.prefill_chunk = args.chunk;
@@ -162,6 +163,7 @@ void register_generate(CLI::App& app) {
                       "fixed: always --drafts; adaptive: --drafts after a fully accepted step, 1 after a rejection")
       ->check(CLI::IsMember({"fixed", "adaptive"}));
   add_sampling_options(command, *args);
+  add_quantize_option(command, args->quantize);
   add_threads_option(command, args->threads);
   command->callback([args] { run_generate(*args); });
 }

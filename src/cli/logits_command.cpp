@@ -19,6 +19,7 @@ struct LogitsArgs {
   int64_t chunk = 0;
   int threads = 0;
   bool mtp = false;
+  std::string quantize = "none";
 };
 
 // Row i: the MTP head's logits given the trunk stack at position i and the token ids[i + 1].
@@ -36,7 +37,7 @@ std::vector<float> mtp_logits(const Model& model, const std::vector<int32_t>& id
 void run_logits(const LogitsArgs& args) {
   apply_threads(args.threads);
   std::vector<int32_t> ids = parse_ids(args.ids);
-  auto model = load_model(args.model);
+  auto model = load_model_quantized(args.model, args.quantize);
   if (args.mtp) {
     std::vector<float> logits = mtp_logits(*model, ids);
     write_file_atomically(args.out, logits.data(), logits.size() * sizeof(float));
@@ -65,6 +66,7 @@ void register_logits(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   command->add_flag("--mtp", args->mtp,
                     "Write the MTP head's logits instead: row i given the trunk at i and ids[i+1], [(ids-1) x vocab]");
+  add_quantize_option(command, args->quantize);
   add_threads_option(command, args->threads);
   command->callback([args] { run_logits(*args); });
 }
