@@ -61,6 +61,18 @@ QuantizedRows quantize_rows(const float* weights, int64_t rows, int64_t cols, in
 void dequantize_row(const Matrix& w, int64_t row, float* out) {
   const std::byte* codes = w.row(row);
   const int64_t groups = w.cols / kQuantGroup;
+  if (w.bits == 4) {  // the common case: eight whole codes per word
+    const auto* words = reinterpret_cast<const uint32_t*>(codes);
+    for (int64_t g = 0; g < groups; ++g) {
+      float scale = bf16_to_f32(w.scales[row * groups + g]), bias = bf16_to_f32(w.biases[row * groups + g]);
+      for (int64_t k = 0; k < kQuantGroup / 8; ++k) {
+        uint32_t word = words[g * (kQuantGroup / 8) + k];
+        float* dst = out + g * kQuantGroup + k * 8;
+        for (int i = 0; i < 8; ++i) dst[i] = scale * float((word >> (4 * i)) & 0xfu) + bias;
+      }
+    }
+    return;
+  }
   for (int64_t g = 0; g < groups; ++g) {
     float scale = bf16_to_f32(w.scales[row * groups + g]), bias = bf16_to_f32(w.biases[row * groups + g]);
     for (int64_t i = 0; i < kQuantGroup; ++i) {
