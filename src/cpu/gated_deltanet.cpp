@@ -1,5 +1,6 @@
 // Gated DeltaNet (linear_attn): causal depthwise conv over q|k|v, then the gated delta rule with an fp32
 // recurrent state per value head, a gated RMS norm and the output projection.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -99,7 +100,9 @@ void gated_deltanet(const GatedDeltaNetWeights& w, const ModelConfig& c, std::sp
     causal_conv(w.conv, conv_dim, c.linear_conv_kernel_dim, state.conv, seg_qkv, seg.rows, seg.gdn_rows);
     DeltaInputs inputs{seg_qkv, beta.data() + seg.row_begin * heads, decay.data() + seg.row_begin * heads, seg.rows};
     float* seg_core = core.data() + seg.row_begin * value_dim;
-    parallel_for(size_t(heads), 1, [&](size_t begin, size_t end) {
+    // Heads per task: at least ~64 K state updates, so small layers stay on the calling thread.
+    const size_t grain = std::max<size_t>(1, (64 << 10) / size_t(dk * dv * seg.rows));
+    parallel_for(size_t(heads), grain, [&](size_t begin, size_t end) {
       for (size_t h = begin; h < end; ++h)
         delta_rule_head(c, int64_t(h), inputs, state.recurrent.data() + h * dk * dv, seg_core, seg.gdn_rows);
     });

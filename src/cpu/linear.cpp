@@ -100,8 +100,9 @@ void row_times_inputs(const T* w, const float* x, int64_t rows, int64_t n, int64
 
 void matmul(const Matrix& w, const float* x, int64_t rows, float* y) {
   const int64_t out_dim = w.rows, in_dim = w.cols;
-  // Enough output rows per task that a task streams at least ~64 KiB of weights.
-  size_t grain = std::max<size_t>(1, (64 << 10) / std::max<size_t>(1, w.row_bytes()));
+  // Enough output rows per task that a task streams at least ~256 KiB of weights: waking a worker costs tens of
+  // microseconds, more than a small matrix takes on one core.
+  size_t grain = std::max<size_t>(1, (256 << 10) / std::max<size_t>(1, w.row_bytes()));
   // bf16 weights are widened in registers while few rows reuse them; for many rows (prefill) a row is widened once.
   const bool in_registers = !w.quantized() && (w.dtype == DType::F32 || (w.dtype == DType::BF16 && rows <= 4));
   parallel_for(size_t(out_dim), grain, [&](size_t begin, size_t end) {

@@ -156,7 +156,11 @@ void sparse_attention(const SparseAttentionWeights& w, const ModelConfig& c, std
   }
 
   std::vector<float> attended(size_t(rows * heads * hd));
-  parallel_for(size_t(rows), 1, [&](size_t begin, size_t end) {
+  // Rows per task: at least ~1 M multiply-adds over the cached keys, so short contexts stay on the calling thread.
+  int64_t longest = 1;
+  for (const Segment& seg : segments) longest = std::max(longest, seg.first_position + seg.rows);
+  const size_t grain = std::max<size_t>(1, size_t((1 << 20) / (longest * heads * hd * 2)));
+  parallel_for(size_t(rows), grain, [&](size_t begin, size_t end) {
     for (size_t t = begin; t < end; ++t) {
       const Segment& seg = *row_segment[t];
       int64_t r = int64_t(t);
