@@ -1,5 +1,6 @@
 #pragma once
 // A fixed pool of worker threads and a blocking parallel_for over an index range.
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <functional>
@@ -30,9 +31,11 @@ class ThreadPool {
   std::condition_variable wake_, done_;
   const std::function<void(size_t, size_t)>* body_ = nullptr;
   size_t n_ = 0, chunk_ = 0;
-  size_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
+  // Workers and the caller spin briefly on these before sleeping: a decode step issues hundreds of small parallel
+  // loops, and waking a sleeping thread costs more than many of them take.
+  std::atomic<size_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<bool> stop_{false};
 };
 
 // The process-wide pool; its size is set once (0 = all hardware threads).
