@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "error_of.h"
 #include "model/config.h"
 
 namespace vavilov {
@@ -70,15 +71,7 @@ json nested(json text) {
 
 ModelConfig parse(const json& config) { return parse_model_config(config.dump(), kSource); }
 
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a vavilov::Error";
-  return "";
-}
+using test::error_of;
 
 std::vector<LayerKind> kinds(const std::string& pattern) {
   std::vector<LayerKind> out;

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "error_of.h"
 #include "fixture_paths.h"
 #include "model/weights.h"
 
@@ -42,12 +43,7 @@ fs::path edited_copy(const std::string& name, const std::function<void(nlohmann:
 }
 
 std::string load_error(const fs::path& dir) {
-  try {
-    load_model(dir.string());
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
+  return test::error_of([&] { load_model(dir.string()); });
 }
 
 TEST(ModelLoading, MissingTensorIsNamed) {

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "error_of.h"
 #include "io/safetensors.h"
 
 namespace vavilov {
@@ -20,15 +21,7 @@ namespace fs = std::filesystem;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a vavilov::Error";
-  return "";
-}
+using test::error_of;
 
 // Each test gets its own directory, removed afterwards.
 class Safetensors : public ::testing::Test {
