@@ -71,8 +71,8 @@ void forward_batch(const Model& model, std::span<const SequenceChunk> chunks) {
     for (int32_t id : chunk.ids)
       check(id >= 0 && id < vocab, "token id {} is outside the vocabulary [0, {})", id, vocab);
     if (chunk.outputs.row_states) {
-      chunk.outputs.row_states->gdn.assign(size_t(c.num_layers), {});
-      chunk.outputs.row_states->ple.assign(size_t(c.num_layers), {});
+      chunk.outputs.row_states->gdn.resize(size_t(c.num_layers));
+      chunk.outputs.row_states->ple.resize(size_t(c.num_layers));
     }
     rows += int64_t(chunk.ids.size());
   }

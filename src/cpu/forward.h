@@ -13,7 +13,7 @@ struct ForwardOutputs {
   bool all_rows = false;    // logits for every row, or only the last
   float* logits = nullptr;  // [all_rows ? rows : 1, vocab]; null to skip lm_head
   float* stacks = nullptr;  // [rows, S·H]: the residual stack before the final mixer (the MTP head's input)
-  RowStates* row_states = nullptr;  // filled with the recurrent state after every row (speculative verify)
+  RowStates* row_states = nullptr;  // filled with the recurrent state after every row but the last (speculative verify)
 };
 
 struct SequenceChunk {

@@ -28,8 +28,8 @@ void causal_conv(const Vector& taps, int64_t channels, int64_t kernel, std::vect
     }
   std::copy(window.end() - history * channels, window.end(), state.begin());
   if (row_states)
-    for (int64_t t = 0; t < rows; ++t)
-      std::copy_n(window.begin() + (t + 1) * channels, history * channels, (*row_states)[size_t(t)].conv.begin());
+    for (size_t t = 0; t < row_states->size(); ++t)
+      std::copy_n(window.begin() + int64_t(t + 1) * channels, history * channels, (*row_states)[t].conv.begin());
 }
 
 struct DeltaInputs {
@@ -68,7 +68,8 @@ void delta_rule_head(const ModelConfig& c, int64_t head, const DeltaInputs& in, 
         state[i * dv + j] += k[i] * delta[j];
         o[j] += state[i * dv + j] * q[i];
       }
-    if (row_states) std::copy_n(state, dk * dv, (*row_states)[size_t(t)].recurrent.data() + head * dk * dv);
+    if (row_states && size_t(t) < row_states->size())
+      std::copy_n(state, dk * dv, (*row_states)[size_t(t)].recurrent.data() + head * dk * dv);
   }
 }
 
@@ -95,7 +96,7 @@ void gated_deltanet(const GatedDeltaNetWeights& w, const ModelConfig& c, std::sp
   std::vector<float> core(size_t(rows * value_dim));
   for (const Segment& seg : segments) {
     GatedDeltaNetState& state = seg.state->gdn;
-    if (seg.gdn_rows) seg.gdn_rows->assign(size_t(seg.rows), state);
+    if (seg.gdn_rows) shape_row_states(*seg.gdn_rows, size_t(seg.rows - 1), state);
     float* seg_qkv = qkv.data() + seg.row_begin * conv_dim;
     causal_conv(w.conv, conv_dim, c.linear_conv_kernel_dim, state.conv, seg_qkv, seg.rows, seg.gdn_rows);
     DeltaInputs inputs{seg_qkv, beta.data() + seg.row_begin * heads, decay.data() + seg.row_begin * heads, seg.rows};
@@ -109,6 +110,10 @@ void gated_deltanet(const GatedDeltaNetWeights& w, const ModelConfig& c, std::sp
   }
 
   // Gated RMS norm per value head (plain weight), gate sigmoid or silu per output_gate_type.
+  if (c.gdn_gate_sigmoid)
+    sigmoid_inplace(z.data(), rows * value_dim);
+  else
+    silu_inplace(z.data(), rows * value_dim);
   for (int64_t t = 0; t < rows; ++t)
     for (int64_t h = 0; h < heads; ++h) {
       float* o = core.data() + t * value_dim + h * dv;
@@ -117,7 +122,7 @@ void gated_deltanet(const GatedDeltaNetWeights& w, const ModelConfig& c, std::sp
       for (int64_t j = 0; j < dv; ++j) sum += o[j] * o[j];
       float scale = 1.0f / std::sqrt(sum / float(dv) + c.rms_norm_eps);
       for (int64_t j = 0; j < dv; ++j)
-        o[j] = w.norm[j] * (o[j] * scale) * (c.gdn_gate_sigmoid ? sigmoid(gate[j]) : silu(gate[j]));
+        o[j] = w.norm[j] * (o[j] * scale) * gate[j];
     }
   matmul(w.out, core.data(), rows, y);
 }

@@ -15,13 +15,13 @@ struct Segment {
   int64_t first_position = 0;   // position of the segment's first row
   int64_t row_begin = 0, rows = 0;
   const int32_t* ids = nullptr;  // the segment's tokens
-  // When set, filled with the recurrent state after every row (speculative rollback).
+  // When set, filled with the recurrent state after every row but the last (speculative rollback).
   std::vector<GatedDeltaNetState>* gdn_rows = nullptr;
   std::vector<PleState>* ple_rows = nullptr;
 };
 
 // Hyper-connection read of the residual stack R [rows, S·H]: the block input [rows, H] and, when the module has
-// an inject matrix, the injection weights λ [rows, S].
+// an inject matrix and `inject` is not null, the injection weights λ [rows, S].
 void hyper_read(const GatedResidualWeights& w, const ModelConfig& c, const float* stack, int64_t rows, float* input,
                 float* inject);
 // R[r, s, :] += λ[r, s] · y[r, :]
@@ -33,6 +33,11 @@ void gated_deltanet(const GatedDeltaNetWeights& w, const ModelConfig& c, std::sp
 // Sparse attention with the QSA indexer.
 void sparse_attention(const SparseAttentionWeights& w, const ModelConfig& c, std::span<const Segment> segments,
                       const float* x, int64_t rows, float* y);
+
+// Appends the keys, values and indexer keys of the segment's rows (input x [seg.rows, H]) without attending: rows
+// whose output nobody reads (the MTP head's rows before its last) only have to be visible to later queries.
+void extend_attention_cache(const SparseAttentionWeights& w, const ModelConfig& c, const Segment& seg,
+                            const float* x);
 
 void moe(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t rows, float* y);
 

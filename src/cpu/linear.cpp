@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/threads.h"
+#include "cpu/simd.h"
 #include "model/quantize.h"
 
 namespace vavilov::cpu {
@@ -39,61 +40,67 @@ void matrix_row(const Matrix& w, int64_t row, float* out) {
 
 namespace {
 
-inline float horizontal_sum(__m256 v) {
-  __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  half = _mm_add_ps(half, _mm_movehl_ps(half, half));
-  half = _mm_add_ss(half, _mm_movehdup_ps(half));
-  return _mm_cvtss_f32(half);
-}
+using simd::horizontal_sum;
+using simd::load8;
 
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const uint16_t* p) {  // bf16 → fp32 in registers
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
-}
 inline float load1(const float* p) { return *p; }
 inline float load1(const uint16_t* p) { return bf16_to_f32(*p); }
 
-// out[r] = Σ_k w[k]·x[r·stride + k] for R input rows at once: each weight vector is loaded (and widened) once and
-// feeds R accumulators, so decode and verify steps (1–4 rows) read every weight exactly once.
-template <int R, typename T>
-void dot_rows(const T* w, const float* x, int64_t stride, int64_t n, float* out) {
-  __m256 acc[R], acc2[R];
-  for (int r = 0; r < R; ++r) acc[r] = acc2[r] = _mm256_setzero_ps();
+// y[r·y_stride + o] = Σ_k w[o·w_stride + k]·x[r·n + k] for O weight rows against R input rows. Each weight vector
+// is widened once and feeds R accumulators; each input vector is loaded once and feeds O. Decode and verify steps
+// (1–4 rows) thus read every weight once, with few loads per multiply-add.
+template <int O, int R, typename T>
+void dot_block(const T* w, int64_t w_stride, const float* x, int64_t n, float* y, int64_t y_stride) {
+  __m256 acc[O][R];
+#pragma GCC unroll 8
+  for (int o = 0; o < O; ++o)
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[o][r] = _mm256_setzero_ps();
   int64_t k = 0;
-  for (; k + 16 <= n; k += 16) {
-    __m256 w0 = load8(w + k), w1 = load8(w + k + 8);
-    for (int r = 0; r < R; ++r) {
-      acc[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * stride + k), acc[r]);
-      acc2[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * stride + k + 8), acc2[r]);
+  for (; k + 8 <= n; k += 8) {
+    __m256 xv[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) xv[r] = _mm256_loadu_ps(x + r * n + k);
+#pragma GCC unroll 8
+    for (int o = 0; o < O; ++o) {
+      const __m256 wv = load8(w + o * w_stride + k);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) acc[o][r] = _mm256_fmadd_ps(wv, xv[r], acc[o][r]);
     }
   }
-  for (; k + 8 <= n; k += 8) {
-    __m256 w0 = load8(w + k);
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * stride + k), acc[r]);
-  }
-  for (int r = 0; r < R; ++r) {
-    float sum = horizontal_sum(_mm256_add_ps(acc[r], acc2[r]));
-    for (int64_t tail = k; tail < n; ++tail) sum += load1(w + tail) * x[r * stride + tail];
-    out[r] = sum;
-  }
+  for (int o = 0; o < O; ++o)
+    for (int r = 0; r < R; ++r) {
+      float sum = horizontal_sum(acc[o][r]);
+      for (int64_t tail = k; tail < n; ++tail) sum += load1(w + o * w_stride + tail) * x[r * n + tail];
+      y[r * y_stride + o] = sum;
+    }
 }
 
-// One weight row against `rows` input rows, four at a time.
+// Weight rows [o_begin, o_end) against R input rows, O weight rows at a time: as many as keep every accumulator,
+// input and weight vector in the 16 registers.
+template <int R, typename T>
+void block_rows(const T* w, int64_t w_stride, int64_t o_begin, int64_t o_end, const float* x, int64_t n, float* y,
+                int64_t y_stride) {
+  constexpr int O = R == 1 ? 8 : R == 2 ? 4 : R == 3 ? 3 : 2;
+  int64_t o = o_begin;
+  for (; o + O <= o_end; o += O) dot_block<O, R>(w + o * w_stride, w_stride, x, n, y + o, y_stride);
+  for (; o < o_end; ++o) dot_block<1, R>(w + o * w_stride, w_stride, x, n, y + o, y_stride);
+}
+
+// Weight rows [o_begin, o_end) (w points at row 0) against `rows` input rows, four at a time.
 template <typename T>
-void row_times_inputs(const T* w, const float* x, int64_t rows, int64_t n, int64_t out_dim, int64_t o, float* y) {
-  float out[4];
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) {
-    dot_rows<4>(w, x + r * n, n, n, out);
-    for (int i = 0; i < 4; ++i) y[(r + i) * out_dim + o] = out[i];
+void rows_times_inputs(const T* w, int64_t w_stride, int64_t o_begin, int64_t o_end, const float* x, int64_t rows,
+                       int64_t n, float* y, int64_t out_dim) {
+  for (int64_t r = 0; r < rows; r += 4) {
+    const float* xr = x + r * n;
+    float* yr = y + r * out_dim;
+    switch (std::min<int64_t>(4, rows - r)) {
+      case 4: block_rows<4>(w, w_stride, o_begin, o_end, xr, n, yr, out_dim); break;
+      case 3: block_rows<3>(w, w_stride, o_begin, o_end, xr, n, yr, out_dim); break;
+      case 2: block_rows<2>(w, w_stride, o_begin, o_end, xr, n, yr, out_dim); break;
+      default: block_rows<1>(w, w_stride, o_begin, o_end, xr, n, yr, out_dim); break;
+    }
   }
-  switch (rows - r) {
-    case 3: dot_rows<3>(w, x + r * n, n, n, out); break;
-    case 2: dot_rows<2>(w, x + r * n, n, n, out); break;
-    case 1: dot_rows<1>(w, x + r * n, n, n, out); break;
-    default: return;
-  }
-  for (int64_t i = 0; i < rows - r; ++i) y[(r + i) * out_dim + o] = out[i];
 }
 
 }  // namespace
@@ -106,17 +113,20 @@ void matmul(const Matrix& w, const float* x, int64_t rows, float* y) {
   // bf16 weights are widened in registers while few rows reuse them; for many rows (prefill) a row is widened once.
   const bool in_registers = !w.quantized() && (w.dtype == DType::F32 || (w.dtype == DType::BF16 && rows <= 4));
   parallel_for(size_t(out_dim), grain, [&](size_t begin, size_t end) {
-    std::vector<float> converted(in_registers ? 0 : size_t(in_dim));
+    if (in_registers && w.dtype == DType::BF16) {
+      rows_times_inputs(reinterpret_cast<const uint16_t*>(w.data), in_dim, int64_t(begin), int64_t(end), x, rows,
+                        in_dim, y, out_dim);
+      return;
+    }
+    if (in_registers) {
+      rows_times_inputs(reinterpret_cast<const float*>(w.data), in_dim, int64_t(begin), int64_t(end), x, rows,
+                        in_dim, y, out_dim);
+      return;
+    }
+    std::vector<float> converted(static_cast<size_t>(in_dim));
     for (size_t o = begin; o < end; ++o) {
-      const std::byte* row = w.row(int64_t(o));
-      if (in_registers && w.dtype == DType::BF16) {
-        row_times_inputs(reinterpret_cast<const uint16_t*>(row), x, rows, in_dim, out_dim, int64_t(o), y);
-      } else if (in_registers) {
-        row_times_inputs(reinterpret_cast<const float*>(row), x, rows, in_dim, out_dim, int64_t(o), y);
-      } else {
-        matrix_row(w, int64_t(o), converted.data());
-        row_times_inputs(converted.data(), x, rows, in_dim, out_dim, int64_t(o), y);
-      }
+      matrix_row(w, int64_t(o), converted.data());
+      rows_times_inputs(converted.data(), in_dim, 0, 1, x, rows, in_dim, y + o, out_dim);
     }
   });
 }

@@ -18,7 +18,7 @@ void feed_forward(const FeedForwardWeights& w, const float* x, int64_t rows, flo
   std::vector<float> gate(size_t(rows * inner)), up(size_t(rows * inner));
   matmul(w.gate, x, rows, gate.data());
   matmul(w.up, x, rows, up.data());
-  for (size_t i = 0; i < gate.size(); ++i) gate[i] = silu(gate[i]) * up[i];
+  swiglu_inplace(gate.data(), up.data(), rows * inner);
   matmul(w.down, gate.data(), rows, y);
 }
 
@@ -51,8 +51,10 @@ void moe(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t rows
   feed_forward(w.shared, x, rows, y);
   std::vector<float> shared_gate(static_cast<size_t>(rows));
   matmul(w.shared_gate, x, rows, shared_gate.data());
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t d = 0; d < h; ++d) y[r * h + d] *= sigmoid(shared_gate[r]);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float scale = sigmoid(shared_gate[r]);
+    for (int64_t d = 0; d < h; ++d) y[r * h + d] *= scale;
+  }
 
   std::vector<float> gathered, out;
   for (int64_t e = 0; e < experts; ++e) {

@@ -9,11 +9,15 @@
 
 namespace vavilov::cpu {
 
+// Which head rows the caller reads: all (the logits command), or only the last (decoding, where earlier rows only
+// extend the head's attention caches and skip the rest of the layer).
+enum class MtpRows { All, Last };
+
 // `rows` head rows at positions state.mtp_position, +1, ...: row r pairs stacks[r] (the trunk's pre-mixer stack,
-// or the head's own for a chained draft) with next_ids[r]. Writes the head's pre-mixer stacks [rows, S·H] and
-// advances state.mtp_position.
+// or the head's own for a chained draft) with next_ids[r]. Writes the head's pre-mixer stacks [rows, S·H] (MtpRows::Last:
+// only the last row's [S·H]) and advances state.mtp_position.
 void mtp_forward(const Model& model, SequenceState& state, const float* stacks, std::span<const int32_t> next_ids,
-                 float* head_stacks);
+                 float* head_stacks, MtpRows output = MtpRows::All);
 
 // Draft logits [rows, vocab] from head stacks.
 void mtp_logits(const Model& model, const float* head_stacks, int64_t rows, float* logits);

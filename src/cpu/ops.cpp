@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "cpu/simd.h"
+
 namespace vavilov::cpu {
 
 void rms_norm_zero_centred(const float* x, const float* weight, int64_t groups, int64_t width, float eps, float* out) {
@@ -46,6 +48,33 @@ void softmax(float* x, int64_t n) {
   float sum = 0.0f;
   for (int64_t i = 0; i < n; ++i) sum += (x[i] = std::exp(x[i] - peak));
   for (int64_t i = 0; i < n; ++i) x[i] /= sum;
+}
+
+void sigmoid_inplace(float* x, int64_t n, float in_scale, float out_scale) {
+  const __m256 in = _mm256_set1_ps(in_scale), out = _mm256_set1_ps(out_scale);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(x + i, _mm256_mul_ps(out, simd::sigmoid8(_mm256_mul_ps(in, _mm256_loadu_ps(x + i)))));
+  for (; i < n; ++i) x[i] = out_scale * sigmoid(in_scale * x[i]);
+}
+
+void silu_inplace(float* x, int64_t n, float in_scale) {
+  const __m256 in = _mm256_set1_ps(in_scale);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_mul_ps(in, _mm256_loadu_ps(x + i));
+    _mm256_storeu_ps(x + i, _mm256_mul_ps(v, simd::sigmoid8(v)));
+  }
+  for (; i < n; ++i) x[i] = silu(in_scale * x[i]);
+}
+
+void swiglu_inplace(float* gate, const float* up, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 g = _mm256_loadu_ps(gate + i);
+    _mm256_storeu_ps(gate + i, _mm256_mul_ps(_mm256_mul_ps(g, simd::sigmoid8(g)), _mm256_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) gate[i] = silu(gate[i]) * up[i];
 }
 
 }  // namespace vavilov::cpu

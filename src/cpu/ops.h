@@ -25,4 +25,10 @@ void rope_tables(int64_t position, double theta, int64_t rotary_dim, float* cos,
 
 void softmax(float* x, int64_t n);
 
+// Bulk forms of the gates above (AVX2, within 2 ulp of the scalar forms): x ← σ(x·in_scale)·out_scale,
+// x ← silu(x·in_scale), and gate ← silu(gate)·up (SwiGLU).
+void sigmoid_inplace(float* x, int64_t n, float in_scale = 1.0f, float out_scale = 1.0f);
+void silu_inplace(float* x, int64_t n, float in_scale = 1.0f);
+void swiglu_inplace(float* gate, const float* up, int64_t n);
+
 }  // namespace vavilov::cpu

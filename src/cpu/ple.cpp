@@ -52,9 +52,9 @@ void segment_embeddings(const PleWeights& w, const ModelConfig& c, const Segment
              size_t(head_width));
   }
   if (seg.ple_rows) {
-    seg.ple_rows->assign(size_t(seg.rows), state);
-    for (int64_t t = 0; t < seg.rows; ++t)
-      std::copy_n(history.begin() + t + 1, context, (*seg.ple_rows)[size_t(t)].previous_ids.begin());
+    shape_row_states(*seg.ple_rows, size_t(seg.rows - 1), state);
+    for (size_t t = 0; t < seg.ple_rows->size(); ++t)
+      std::copy_n(history.begin() + int64_t(t) + 1, context, (*seg.ple_rows)[t].previous_ids.begin());
   }
   std::copy(history.end() - context, history.end(), state.previous_ids.begin());
 }
@@ -67,17 +67,21 @@ void segment_conv(const PleWeights& w, const ModelConfig& c, const Segment& seg,
   PleState& state = seg.state->ple;
   std::vector<float> window(state.conv_rows);
   window.insert(window.end(), normed, normed + seg.rows * sh);
-  for (int64_t t = 0; t < seg.rows; ++t)
+  std::vector<float> conv(static_cast<size_t>(sh));
+  for (int64_t t = 0; t < seg.rows; ++t) {
     for (int64_t ch = 0; ch < sh; ++ch) {
       float sum = 0.0f;
       for (int64_t k = 0; k < kernel; ++k)
         sum += w.conv[ch * kernel + k] * window[(t + history_rows - dilation * (kernel - 1 - k)) * sh + ch];
-      out[t * sh + ch] += silu(sum);
+      conv[size_t(ch)] = sum;
     }
+    silu_inplace(conv.data(), sh);
+    for (int64_t ch = 0; ch < sh; ++ch) out[t * sh + ch] += conv[size_t(ch)];
+  }
   std::copy(window.end() - history_rows * sh, window.end(), state.conv_rows.begin());
   if (seg.ple_rows)
-    for (int64_t t = 0; t < seg.rows; ++t)
-      std::copy_n(window.begin() + (t + 1) * sh, history_rows * sh, (*seg.ple_rows)[size_t(t)].conv_rows.begin());
+    for (size_t t = 0; t < seg.ple_rows->size(); ++t)
+      std::copy_n(window.begin() + int64_t(t + 1) * sh, history_rows * sh, (*seg.ple_rows)[t].conv_rows.begin());
 }
 
 }  // namespace

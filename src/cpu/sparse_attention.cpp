@@ -77,26 +77,38 @@ std::vector<int64_t> select_tokens(const ModelConfig& c, const AttentionState& s
 
 namespace {
 
-// Normalises and rotates one segment's queries, keys and indexer queries, and appends its caches.
-void prepare_segment(const SparseAttentionWeights& w, const ModelConfig& c, const Segment& seg, float* q_rows,
-                     float* k_rows, const float* v_rows, const float* index_qk, float* queries, float* index_queries) {
-  const int64_t heads = c.num_attention_heads, kv_heads = c.num_key_value_heads, hd = c.head_dim;
-  const int64_t ihd = c.indexer_head_dim, index_stride = int64_t(c.indexer_n_heads + 1) * ihd;
+// Normalises and rotates one segment's keys and appends them, its values and its indexer keys to the caches.
+void append_caches(const SparseAttentionWeights& w, const ModelConfig& c, const Segment& seg, float* k_rows,
+                   const float* v_rows, const float* index_qk) {
+  const int64_t kv_heads = c.num_key_value_heads, hd = c.head_dim;
   AttentionState& state = seg.state->attn;
   check(int64_t(state.keys.size()) == seg.first_position * kv_heads * hd,
         "attention cache holds {} positions, expected {}", state.keys.size() / size_t(kv_heads * hd),
         seg.first_position);
   for (int64_t t = 0; t < seg.rows; ++t) {
     RopeTable rope(seg.first_position + t, c);
-    for (int64_t h = 0; h < heads; ++h) {
-      float* dst = queries + (t * heads + h) * hd;
-      rms_norm_zero_centred(q_rows + (t * heads + h) * 2 * hd, w.q_norm.data(), 1, hd, c.rms_norm_eps, dst);
-      rope.apply(dst, c.rotary_dim);
-    }
     for (int64_t h = 0; h < kv_heads; ++h) {
       float* key = k_rows + (t * kv_heads + h) * hd;
       rms_norm_zero_centred(key, w.k_norm.data(), 1, hd, c.rms_norm_eps, key);
       rope.apply(key, c.rotary_dim);
+    }
+  }
+  state.keys.insert(state.keys.end(), k_rows, k_rows + seg.rows * kv_heads * hd);
+  state.values.insert(state.values.end(), v_rows, v_rows + seg.rows * kv_heads * hd);
+  append_index_keys(w, c, state, index_qk, seg.rows);
+}
+
+// Normalises and rotates one segment's queries and indexer queries.
+void prepare_queries(const SparseAttentionWeights& w, const ModelConfig& c, const Segment& seg, const float* q_rows,
+                     const float* index_qk, float* queries, float* index_queries) {
+  const int64_t heads = c.num_attention_heads, hd = c.head_dim;
+  const int64_t ihd = c.indexer_head_dim, index_stride = int64_t(c.indexer_n_heads + 1) * ihd;
+  for (int64_t t = 0; t < seg.rows; ++t) {
+    RopeTable rope(seg.first_position + t, c);
+    for (int64_t h = 0; h < heads; ++h) {
+      float* dst = queries + (t * heads + h) * hd;
+      rms_norm_zero_centred(q_rows + (t * heads + h) * 2 * hd, w.q_norm.data(), 1, hd, c.rms_norm_eps, dst);
+      rope.apply(dst, c.rotary_dim);
     }
     for (int64_t h = 0; h < c.indexer_n_heads; ++h) {
       float* dst = index_queries + (t * c.indexer_n_heads + h) * ihd;
@@ -105,9 +117,6 @@ void prepare_segment(const SparseAttentionWeights& w, const ModelConfig& c, cons
       rope.apply(dst, c.rotary_dim);
     }
   }
-  state.keys.insert(state.keys.end(), k_rows, k_rows + seg.rows * kv_heads * hd);
-  state.values.insert(state.values.end(), v_rows, v_rows + seg.rows * kv_heads * hd);
-  append_index_keys(w, c, state, index_qk, seg.rows);
 }
 
 // Gated attention output [heads · head_dim] of one row over the tokens its indexer selects.
@@ -149,9 +158,10 @@ void sparse_attention(const SparseAttentionWeights& w, const ModelConfig& c, std
   std::vector<const Segment*> row_segment(static_cast<size_t>(rows));
   for (const Segment& seg : segments) {
     int64_t r = seg.row_begin;
-    prepare_segment(w, c, seg, q.data() + r * heads * 2 * hd, k.data() + r * kv_heads * hd,
-                    v.data() + r * kv_heads * hd, index_qk.data() + r * index_stride, queries.data() + r * heads * hd,
-                    index_queries.data() + r * c.indexer_n_heads * ihd);
+    append_caches(w, c, seg, k.data() + r * kv_heads * hd, v.data() + r * kv_heads * hd,
+                  index_qk.data() + r * index_stride);
+    prepare_queries(w, c, seg, q.data() + r * heads * 2 * hd, index_qk.data() + r * index_stride,
+                    queries.data() + r * heads * hd, index_queries.data() + r * c.indexer_n_heads * ihd);
     for (int64_t t = 0; t < seg.rows; ++t) row_segment[size_t(r + t)] = &seg;
   }
 
@@ -170,6 +180,17 @@ void sparse_attention(const SparseAttentionWeights& w, const ModelConfig& c, std
     }
   });
   matmul(w.o, attended.data(), rows, y);
+}
+
+void extend_attention_cache(const SparseAttentionWeights& w, const ModelConfig& c, const Segment& seg,
+                            const float* x) {
+  const int64_t kv_heads = c.num_key_value_heads, hd = c.head_dim;
+  const int64_t index_stride = int64_t(c.indexer_n_heads + 1) * c.indexer_head_dim;
+  std::vector<float> k(size_t(seg.rows * kv_heads * hd)), v(k.size()), index_qk(size_t(seg.rows * index_stride));
+  matmul(w.k, x, seg.rows, k.data());
+  matmul(w.v, x, seg.rows, v.data());
+  matmul(w.index_qk, x, seg.rows, index_qk.data());
+  append_caches(w, c, seg, k.data(), v.data(), index_qk.data());
 }
 
 }  // namespace vavilov::cpu

@@ -104,7 +104,14 @@ int32_t Decoder::verify_row(const float* logits, int64_t row) {
   return draw(residual > 0 ? std::span<const double>(q) : std::span<const double>(p), rng_);
 }
 
-std::vector<int32_t> Decoder::accept(const float* logits, const float* stacks, const RowStates& row_states) {
+cpu::SequenceChunk Decoder::verify_chunk() {
+  verify_logits_.resize(rows_.size() * size_t(c_.vocab_size));
+  verify_stacks_.resize(rows_.size() * size_t(c_.hc_hidden()));
+  return {&state_, rows_, {true, verify_logits_.data(), verify_stacks_.data(), &verify_row_states_}};
+}
+
+std::vector<int32_t> Decoder::accept() {
+  const float* logits = verify_logits_.data();
   const int64_t count = int64_t(rows_.size()), proposed = count - 1, vocab = c_.vocab_size;
   const int64_t first = state_.position - count;
   std::vector<int32_t> emitted;
@@ -115,7 +122,7 @@ std::vector<int32_t> Decoder::accept(const float* logits, const float* stacks, c
     if (r == proposed || token != rows_[size_t(r) + 1] || is_stop(token)) break;
   }
   const int64_t accepted = int64_t(emitted.size()) - 1;
-  keep_rows(state_, row_states, first, accepted + 1, c_);
+  keep_rows(state_, verify_row_states_, first, accepted + 1, c_);
 
   ++stats_.verify_steps;
   for (int64_t j = 0; j < proposed; ++j) {
@@ -127,7 +134,7 @@ std::vector<int32_t> Decoder::accept(const float* logits, const float* stacks, c
   stats_.emitted += int64_t(emitted.size());
   std::vector<int32_t> committed(rows_.begin(), rows_.begin() + accepted + 1);
   rows_ = {emitted.back()};
-  if (spec_.drafts) fold_head(stacks, emitted);
+  if (spec_.drafts) fold_head(verify_stacks_.data(), emitted);
   if (spec_.on_step) spec_.on_step(state_, committed);
   return emitted;
 }
@@ -142,10 +149,9 @@ std::vector<int32_t> Decoder::step() {
 void Decoder::fold_head(const float* trunk_stacks, std::span<const int32_t> next_ids, bool draft) {
   const int64_t rows = int64_t(next_ids.size()), sh = c_.hc_hidden(), vocab = c_.vocab_size;
   truncate_head(state_.position - rows);
-  std::vector<float> head(size_t(rows * sh)), logits(static_cast<size_t>(vocab));
-  cpu::mtp_forward(model_, state_, trunk_stacks, next_ids, head.data());
+  std::vector<float> chain(static_cast<size_t>(sh)), logits(static_cast<size_t>(vocab));
+  cpu::mtp_forward(model_, state_, trunk_stacks, next_ids, chain.data(), cpu::MtpRows::Last);
   const int64_t committed = state_.mtp_position;
-  std::vector<float> chain(head.end() - sh, head.end());
   draft_q_.clear();
   for (int j = 0; draft && j < drafts_wanted_; ++j) {
     if (j > 0) {
@@ -192,21 +198,11 @@ void Decoder::truncate_head(int64_t position) {
 }
 
 std::vector<std::vector<int32_t>> step_batch(const Model& model, std::span<Decoder* const> decoders) {
-  const size_t vocab = size_t(model.config.vocab_size), sh = size_t(model.config.hc_hidden());
-  std::vector<std::vector<float>> logits(decoders.size()), stacks(decoders.size());
-  std::vector<RowStates> row_states(decoders.size());
   std::vector<cpu::SequenceChunk> chunks;
-  for (size_t i = 0; i < decoders.size(); ++i) {
-    size_t rows = decoders[i]->rows().size();
-    logits[i].resize(rows * vocab);
-    stacks[i].resize(rows * sh);
-    chunks.push_back(
-        {&decoders[i]->state(), decoders[i]->rows(), {true, logits[i].data(), stacks[i].data(), &row_states[i]}});
-  }
+  for (Decoder* decoder : decoders) chunks.push_back(decoder->verify_chunk());
   cpu::forward_batch(model, chunks);
   std::vector<std::vector<int32_t>> emitted;
-  for (size_t i = 0; i < decoders.size(); ++i)
-    emitted.push_back(decoders[i]->accept(logits[i].data(), stacks[i].data(), row_states[i]));
+  for (Decoder* decoder : decoders) emitted.push_back(decoder->accept());
   return emitted;
 }
 

@@ -16,6 +16,7 @@
 #include <span>
 #include <vector>
 
+#include "cpu/forward.h"
 #include "engine/generate.h"
 #include "engine/sampling.h"
 #include "engine/state.h"
@@ -61,9 +62,12 @@ class Decoder {
                 const std::function<void(const SequenceState&)>& on_chunk = {});
   // The rows the next verify step runs through the trunk: the last token, then the drafts.
   std::span<const int32_t> rows() const { return rows_; }
-  // Takes the trunk's outputs for rows(): logits [rows, vocab], stacks [rows, S·H], per-row states. Keeps the
-  // accepted prefix, drafts the next step, and returns the tokens it emits (1 + accepted drafts).
-  std::vector<int32_t> accept(const float* logits, const float* stacks, const RowStates& row_states);
+  // The trunk pass of the next verify step: rows() continuing state(), with logits, stacks and per-row states going
+  // to this decoder's own buffers (reused from step to step).
+  cpu::SequenceChunk verify_chunk();
+  // After the trunk ran verify_chunk(): keeps the accepted prefix, drafts the next step, and returns the tokens it
+  // emits (1 + accepted drafts).
+  std::vector<int32_t> accept();
   // One verify step on its own.
   std::vector<int32_t> step();
 
@@ -85,6 +89,8 @@ class Decoder {
   SequenceState state_;
   std::vector<int64_t> stops_;
   std::vector<int32_t> rows_;                 // [last, drafts...]
+  std::vector<float> verify_logits_, verify_stacks_;  // [rows, vocab], [rows, S·H]
+  RowStates verify_row_states_;
   std::vector<std::vector<double>> draft_q_;  // when sampling: the distribution each draft was drawn from
   TokenHistory history_;                      // prompt and emitted tokens (the penalties' input)
   Rng rng_;                                   // this sequence's own stream: batching cannot change it

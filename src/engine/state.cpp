@@ -77,4 +77,20 @@ void keep_rows(SequenceState& state, const RowStates& rows, int64_t first_positi
   state.position = first_position + kept;
 }
 
+void shape_row_states(std::vector<GatedDeltaNetState>& rows, size_t count, const GatedDeltaNetState& like) {
+  rows.resize(count);
+  for (GatedDeltaNetState& row : rows) {
+    row.conv.resize(like.conv.size());
+    row.recurrent.resize(like.recurrent.size());
+  }
+}
+
+void shape_row_states(std::vector<PleState>& rows, size_t count, const PleState& like) {
+  rows.resize(count);
+  for (PleState& row : rows) {
+    row.previous_ids.resize(like.previous_ids.size());
+    row.conv_rows.resize(like.conv_rows.size());
+  }
+}
+
 }  // namespace vavilov

@@ -43,12 +43,17 @@ struct StateSnapshot {
   std::vector<PleState> ple;
 };
 
-// The recurrent parts of the state after each row of one multi-row forward pass, so that a speculative verify
-// step can keep any prefix of its rows: [layer][row].
+// The recurrent parts of the state after each row but the last of one multi-row forward pass (the live state holds
+// the last), so that a speculative verify step can keep any prefix of its rows: [layer][row]. Reusing one RowStates
+// across steps reuses its storage.
 struct RowStates {
   std::vector<std::vector<GatedDeltaNetState>> gdn;
   std::vector<std::vector<PleState>> ple;
 };
+
+// Sizes `rows` to `count` states shaped like `like`, keeping their storage; the contents are for the caller to fill.
+void shape_row_states(std::vector<GatedDeltaNetState>& rows, size_t count, const GatedDeltaNetState& like);
+void shape_row_states(std::vector<PleState>& rows, size_t count, const PleState& like);
 
 SequenceState new_sequence_state(const Model& model);
 StateSnapshot snapshot(const SequenceState& state);
