@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On the device machine (nvcc, no Debian libraries): builds the GPU benchmark with nvcc alone and runs it.
 # Usage: bench/cuda/run.sh OUTDIR [VARIANT...]
-#   VARIANT sets src/cuda/gemv.cu's tuning knobs: w<warps per block> u<groups per load batch> t<tiles per warp>
-#   m<1: subnormal code decoding, 0: magic-number decoding>, e.g. w4u8; "default" (or none) builds the defaults. Variants build in parallel and run in turn, each writing
+#   VARIANT sets src/cuda/gemv.cu's tuning knobs: w<warps per block> u<groups per load batch> t<tiles per warp>,
+#   e.g. w4u8; "default" (or none) builds the defaults. Variants build in parallel and run in turn, each writing
 #   OUTDIR/gemv-VARIANT.json and OUTDIR/ptxas-VARIANT.log.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,7 +17,6 @@ for v in "${variants[@]}"; do
   [[ $v =~ w([0-9]+) ]] && flags+=(-DVAVILOV_GEMV_WARPS="${BASH_REMATCH[1]}")
   [[ $v =~ u([0-9]+) ]] && flags+=(-DVAVILOV_GEMV_UNROLL="${BASH_REMATCH[1]}")
   [[ $v =~ t([0-9]+) ]] && flags+=(-DVAVILOV_GEMV_TILES="${BASH_REMATCH[1]}")
-  [[ $v =~ m([0-9]+) ]] && flags+=(-DVAVILOV_GEMV_SUBNORMAL="${BASH_REMATCH[1]}")
   nvcc -O3 -std=c++17 -arch=sm_90 -Xptxas -v -Isrc "${flags[@]}" bench/cuda/gemv_bench.cu src/cuda/gemv.cu \
     -o "$out/gemv_bench-$v" 2> "$out/ptxas-$v.log" &
 done

@@ -16,13 +16,9 @@ namespace {
 #ifndef VAVILOV_GEMV_TILES
 #define VAVILOV_GEMV_TILES 1
 #endif
-#ifndef VAVILOV_GEMV_SUBNORMAL
-#define VAVILOV_GEMV_SUBNORMAL 1
-#endif
 constexpr int kWarps = VAVILOV_GEMV_WARPS;    // warps per block
 constexpr int kUnroll = VAVILOV_GEMV_UNROLL;  // groups of 64 columns whose loads a warp issues together
 constexpr int kTiles = VAVILOV_GEMV_TILES;    // 16-row tiles per warp; they share the activation fragments
-constexpr bool kSubnormal = VAVILOV_GEMV_SUBNORMAL;
 constexpr int kTileRows = 16;  // rows of one tensor-core tile (mma m16n8k16)
 constexpr int kBlockRows = kWarps * kTiles * kTileRows;
 static_assert(kUnroll % 4 == 0, "scales and biases are loaded four groups at a time");
@@ -42,20 +38,14 @@ static_assert(kUnroll % 4 == 0, "scales and biases are loaded four groups at a t
 // (row g + 8) are batch row t's dot products with the group's codes. The affine terms follow in fp32:
 // Σ (s·q + z)·x = s·2^e·Σ q·x' + z·Σ x.
 //
-// Code decoding, one LOP3 per two columns ("a pair": the low and high half of a register). Masking a code at bit p of
-// each 16-bit half leaves the fp16 bit pattern of the subnormal q·2^(p-24), exact, and the tensor cores take fp16
-// subnormals as they are; the activations of that pair are staged times 2^-p, so every product is q·x'·2^-24.
-// (VAVILOV_GEMV_SUBNORMAL=0 instead ORs the codes into 1024.0h and subtracts, one more fp16 op per pair.)
-// pair_column says which of a lane's 16 columns the low and high halves hold, pair_shift the p of the pair.
+// Code decoding: a register holds two columns ("a pair") in its low and high fp16 halves. One LOP3 ORs the codes at
+// bit p of each half into the mantissa of 1024.0h, which gives 1024 + q·2^p exactly; one fp16 subtract (p = 0) or
+// fused multiply-add by 2^-p, -1024·2^-p recovers q. pair_column says which of a lane's 16 columns the halves hold.
+// (Masking alone, reading q·2^(p-24) as an fp16 subnormal, saves the fp16 op but measured 10-50x less accurate on
+// the H200's tensor cores: docs/CUDA-KERNELS.md.)
 
 __host__ __device__ constexpr int pair_column(int bits, int pair, int high) {
   return bits == 4 ? (pair / 4) * 8 + pair % 4 + 4 * high : pair + 8 * high;
-}
-
-__host__ __device__ constexpr int pair_shift(int bits, int pair) {
-  if (bits == 4) return pair % 2 * 4;
-  if (bits == 2) return pair < 5 ? 2 * pair : 2 * (pair - 5);
-  return pair < 3 ? 3 * pair : pair < 5 ? 3 * (pair - 3) : 3 * (pair - 5);
 }
 
 __device__ inline uint32_t as_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
@@ -70,7 +60,6 @@ __host__ __device__ constexpr uint32_t half2_pow2(int k, bool negative = false) 
 template <int Shift, uint32_t Mask>
 __device__ inline uint32_t decode_pair(uint32_t word) {
   static_assert((Mask & 0xFC00FC00u) == 0 && (Mask & (0x00010001u << Shift)) != 0, "codes at bit Shift of a mantissa");
-  if constexpr (kSubnormal) return word & Mask;
   uint32_t biased;  // (word & Mask) | 1024.0h in one LOP3
   asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(biased) : "r"(word), "n"(Mask), "n"(0x64006400u));
   if constexpr (Shift == 0) return as_bits(__hsub2(as_half2(biased), as_half2(half2_pow2(10))));
@@ -166,15 +155,14 @@ __device__ void stage_activations(const GemvMatrix& m, uint4* fragments, float2*
     }
     if (!active) continue;
     // Scale the group's peak into [2^14, 2^15): inside fp16's range, and lo stays a normal number for |x'| ≥ 1/8.
-    // The undoing factor 2^e (times 2^24 for subnormal codes) stays a normal float for every peak below 2^118.
+    // Both 2^-e and 2^e stay normal floats for every finite peak.
     const int peak_exponent = int((__float_as_uint(peak) >> 23) & 0xffu) - 127;
-    const int exponent = peak > 0.0f ? min(max(peak_exponent - 14, -126), 103) : 0;
+    const int exponent = peak > 0.0f ? min(max(peak_exponent - 14, -126), 113) : 0;
     const float down = __uint_as_float(uint32_t(127 - exponent) << 23);
     uint32_t hi[8], lo[8];
 #pragma unroll
     for (int p = 0; p < 8; ++p) {
-      const float pair_down = kSubnormal ? down * (1.0f / float(1u << pair_shift(Bits, p))) : down;
-      const float first = x[pair_column(Bits, p, 0)] * pair_down, second = x[pair_column(Bits, p, 1)] * pair_down;
+      const float first = x[pair_column(Bits, p, 0)] * down, second = x[pair_column(Bits, p, 1)] * down;
       const __half2 h = __floats2half2_rn(first, second);
       const float2 rounded = __half22float2(h);
       hi[p] = as_bits(h);
@@ -186,8 +174,7 @@ __device__ void stage_activations(const GemvMatrix& m, uint4* fragments, float2*
       entry[0] = make_uint4(hi[4 * half], hi[4 * half + 1], hi[4 * half + 2], hi[4 * half + 3]);
       entry[4] = make_uint4(lo[4 * half], lo[4 * half + 1], lo[4 * half + 2], lo[4 * half + 3]);
     }
-    const uint32_t up = uint32_t(127 + exponent + (kSubnormal ? 24 : 0)) << 23;
-    if (t == 0) group_terms[b * groups + group] = make_float2(sum, __uint_as_float(up));
+    if (t == 0) group_terms[b * groups + group] = make_float2(sum, __uint_as_float(uint32_t(127 + exponent) << 23));
   }
 }
 
