@@ -144,10 +144,14 @@ void free_matrices(Buffers& b) {
 cudaError_t launch(const Buffers& b, Format format, int batch) {
   const int count = int(b.host.size());
   switch (format) {
-    case Format::q4: return vavilov::cuda::gemv_q4(b.device, count, b.max_rows, b.max_cols, batch, nullptr);
-    case Format::q3: return vavilov::cuda::gemv_q3(b.device, count, b.max_rows, b.max_cols, batch, nullptr);
-    case Format::q2: return vavilov::cuda::gemv_q2(b.device, count, b.max_rows, b.max_cols, batch, nullptr);
-    case Format::bf16: return vavilov::cuda::gemv_bf16(b.device, count, b.max_rows, batch, nullptr);
+    case Format::q4:
+      return vavilov::cuda::gemv_q4(b.device, count, b.max_rows, b.max_cols, batch, nullptr);
+    case Format::q3:
+      return vavilov::cuda::gemv_q3(b.device, count, b.max_rows, b.max_cols, batch, nullptr);
+    case Format::q2:
+      return vavilov::cuda::gemv_q2(b.device, count, b.max_rows, b.max_cols, batch, nullptr);
+    case Format::bf16:
+      return vavilov::cuda::gemv_bf16(b.device, count, b.max_rows, batch, nullptr);
   }
   return cudaErrorInvalidValue;
 }
@@ -303,8 +307,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cannot write %s\n", out_path);
     return 1;
   }
-  std::fprintf(json, "{\n  \"gpu\": \"%s\",\n  \"label\": \"%s\",\n  \"copy_bandwidth_gbs\": %.1f,\n  \"correct\": %s,\n"
-               "  \"cases\": [\n", props.name, label, copy, correct ? "true" : "false");
+  std::fprintf(json,
+               "{\n  \"gpu\": \"%s\",\n  \"label\": \"%s\",\n  \"copy_bandwidth_gbs\": %.1f,\n  \"correct\": %s,\n"
+               "  \"cases\": [\n",
+               props.name, label, copy, correct ? "true" : "false");
   std::printf("\n%-30s %-4s %4s %9s %9s %7s %8s\n", "case", "fmt", "rows", "MB", "us", "GB/s", "of copy");
   bool first = true;
   for (const Case& c : cases) {
@@ -312,16 +318,20 @@ int main(int argc, char** argv) {
     for (int i = 0; i < c.copies; ++i) copies.push_back(make_matrices(c.shapes, c.format, x, y, 42 + 1000 * i));
     for (int batch = 1; batch <= 4; ++batch) {
       // Each timed run launches every copy once; a single-copy case is one grouped launch.
-      const float ms = time_ms([&](int) {
-        for (const Buffers& b : copies) CHECK(launch(b, c.format, batch));
-      }, 20) / c.copies;
+      const float ms = time_ms(
+                           [&](int) {
+                             for (const Buffers& b : copies) CHECK(launch(b, c.format, batch));
+                           },
+                           20) /
+                       c.copies;
       const size_t bytes = copies[0].weight_bytes;
       const double gbs = double(bytes) / (ms * 1e-3) / 1e9;
       std::printf("%-30s %-4s %4d %9.1f %9.2f %7.0f %7.1f%%\n", c.name.c_str(), name_of(c.format), batch, bytes / 1e6,
                   ms * 1e3, gbs, 100.0 * gbs / copy);
-      std::fprintf(json, "%s    {\"case\": \"%s\", \"format\": \"%s\", \"rows\": %d, \"weight_bytes\": %zu, "
-                   "\"us\": %.2f, \"gbs\": %.1f, \"fraction_of_copy\": %.4f}", first ? "" : ",\n", c.name.c_str(),
-                   name_of(c.format), batch, bytes, ms * 1e3, gbs, gbs / copy);
+      std::fprintf(json,
+                   "%s    {\"case\": \"%s\", \"format\": \"%s\", \"rows\": %d, \"weight_bytes\": %zu, "
+                   "\"us\": %.2f, \"gbs\": %.1f, \"fraction_of_copy\": %.4f}",
+                   first ? "" : ",\n", c.name.c_str(), name_of(c.format), batch, bytes, ms * 1e3, gbs, gbs / copy);
       first = false;
     }
     for (Buffers& b : copies) free_matrices(b);

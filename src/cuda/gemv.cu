@@ -1,6 +1,6 @@
-#include "cuda/gemv.cuh"
-
 #include <cuda_fp16.h>
+
+#include "cuda/gemv.cuh"
 
 namespace vavilov::cuda {
 
@@ -19,7 +19,7 @@ namespace {
 constexpr int kWarps = VAVILOV_GEMV_WARPS;    // warps per block
 constexpr int kUnroll = VAVILOV_GEMV_UNROLL;  // groups of 64 columns whose loads a warp issues together
 constexpr int kTiles = VAVILOV_GEMV_TILES;    // 16-row tiles per warp; they share the activation fragments
-constexpr int kTileRows = 16;  // rows of one tensor-core tile (mma m16n8k16)
+constexpr int kTileRows = 16;                 // rows of one tensor-core tile (mma m16n8k16)
 constexpr int kBlockRows = kWarps * kTiles * kTileRows;
 static_assert(kUnroll % 4 == 0, "scales and biases are loaded four groups at a time");
 
@@ -33,7 +33,7 @@ static_assert(kUnroll % 4 == 0, "scales and biases are loaded four groups at a t
 // of one row and group therefore arrive as one 8-byte load per lane (Q4), whole 32-byte sectors per row.
 //
 // Exactness: the activations are fp32; each group of 64 is scaled by a power of two into [2^14, 2^15) and split into
-// hi + lo fp16 halves (22 significant bits: error ≤ 2^-22 |x| plus 2^-25 of the group's scaled peak). The mma's
+// hi + lo fp16 halves (22 significant bits: error ≤ 2^-22 |x| + 2^-39 · the group's peak). The mma's
 // n = 8 columns are (batch row b, half s) at n = 2b + s, so lane t's accumulators c0 + c1 (row g) and c2 + c3
 // (row g + 8) are batch row t's dot products with the group's codes. The affine terms follow in fp32:
 // Σ (s·q + z)·x = s·2^e·Σ q·x' + z·Σ x.
@@ -101,9 +101,9 @@ __device__ inline void decode(uint2 raw, int t, uint32_t (&h)[8]) {
   } else {
     // Code k at bit 3k of v. Registers with codes k in the low half and k + 8 (24 bits further) in the high half.
     const uint64_t v = ((uint64_t(raw.y) << 32) | raw.x) >> (16 * (t & 1));
-    const uint32_t low = (uint32_t(v) & 0xFFFFu) | (uint32_t(v >> 8) & 0xFFFF0000u);           // codes 0..4, 8..12
+    const uint32_t low = (uint32_t(v) & 0xFFFFu) | (uint32_t(v >> 8) & 0xFFFF0000u);          // codes 0..4, 8..12
     const uint32_t high = (uint32_t(v >> 15) & 0xFFFFu) | (uint32_t(v >> 23) & 0xFFFF0000u);  // codes 5..7, 13..15
-    const uint32_t low_shifted = low >> 9;                                                     // codes 3, 4, 11, 12
+    const uint32_t low_shifted = low >> 9;                                                    // codes 3, 4, 11, 12
     h[0] = decode_pair<0, 0x00070007u>(low);
     h[1] = decode_pair<3, 0x00380038u>(low);
     h[2] = decode_pair<6, 0x01C001C0u>(low);
@@ -133,7 +133,7 @@ constexpr size_t quant_shared_bytes(int cols) {
 template <int Bits, int B>
 __device__ void stage_activations(const GemvMatrix& m, uint4* fragments, float2* group_terms) {
   const int groups = m.cols / kQuantGroup, items = B * groups * 4;  // item = (batch row, group, lane column t)
-  for (int base = 0; base < items; base += blockDim.x) {              // uniform trip count: the shuffles need all
+  for (int base = 0; base < items; base += blockDim.x) {            // uniform trip count: the shuffles need all
     const int item = base + threadIdx.x, t = item & 3, group = (item >> 2) % groups, b = (item >> 2) / groups;
     const bool active = item < items;
     float x[16] = {};
@@ -331,11 +331,16 @@ cudaError_t gemv_quant(const GemvMatrix* matrices, int count, int max_rows, int 
                        cudaStream_t stream) {
   if (count <= 0 || max_rows <= 0 || max_cols <= 0 || max_cols % kQuantGroup != 0) return cudaErrorInvalidValue;
   switch (batch) {
-    case 1: return launch_quant<Bits, 1>(matrices, count, max_rows, max_cols, stream);
-    case 2: return launch_quant<Bits, 2>(matrices, count, max_rows, max_cols, stream);
-    case 3: return launch_quant<Bits, 3>(matrices, count, max_rows, max_cols, stream);
-    case 4: return launch_quant<Bits, 4>(matrices, count, max_rows, max_cols, stream);
-    default: return cudaErrorInvalidValue;
+    case 1:
+      return launch_quant<Bits, 1>(matrices, count, max_rows, max_cols, stream);
+    case 2:
+      return launch_quant<Bits, 2>(matrices, count, max_rows, max_cols, stream);
+    case 3:
+      return launch_quant<Bits, 3>(matrices, count, max_rows, max_cols, stream);
+    case 4:
+      return launch_quant<Bits, 4>(matrices, count, max_rows, max_cols, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
@@ -370,8 +375,8 @@ __global__ void __launch_bounds__(kBf16Warps * 32) gemv_bf16_kernel(const GemvMa
     for (int b = 0; b < B; ++b) {
       const float4* x = reinterpret_cast<const float4*>(m.x + size_t(b) * m.cols + c * 8);
       const float4 lo = __ldg(x), hi = __ldg(x + 1);
-      acc[b] += w[0] * lo.x + w[1] * lo.y + w[2] * lo.z + w[3] * lo.w + w[4] * hi.x + w[5] * hi.y + w[6] * hi.z +
-                w[7] * hi.w;
+      acc[b] +=
+          w[0] * lo.x + w[1] * lo.y + w[2] * lo.z + w[3] * lo.w + w[4] * hi.x + w[5] * hi.y + w[6] * hi.z + w[7] * hi.w;
     }
   }
 #pragma unroll
@@ -390,28 +395,30 @@ cudaError_t launch_bf16(const GemvMatrix* matrices, int count, int max_rows, cud
 
 }  // namespace
 
-cudaError_t gemv_q4(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch,
-                    cudaStream_t stream) {
+cudaError_t gemv_q4(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream) {
   return gemv_quant<4>(matrices, count, max_rows, max_cols, batch, stream);
 }
 
-cudaError_t gemv_q3(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch,
-                    cudaStream_t stream) {
+cudaError_t gemv_q3(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream) {
   return gemv_quant<3>(matrices, count, max_rows, max_cols, batch, stream);
 }
 
-cudaError_t gemv_q2(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch,
-                    cudaStream_t stream) {
+cudaError_t gemv_q2(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream) {
   return gemv_quant<2>(matrices, count, max_rows, max_cols, batch, stream);
 }
 
 cudaError_t gemv_bf16(const GemvMatrix* matrices, int count, int max_rows, int batch, cudaStream_t stream) {
   switch (batch) {
-    case 1: return launch_bf16<1>(matrices, count, max_rows, stream);
-    case 2: return launch_bf16<2>(matrices, count, max_rows, stream);
-    case 3: return launch_bf16<3>(matrices, count, max_rows, stream);
-    case 4: return launch_bf16<4>(matrices, count, max_rows, stream);
-    default: return cudaErrorInvalidValue;
+    case 1:
+      return launch_bf16<1>(matrices, count, max_rows, stream);
+    case 2:
+      return launch_bf16<2>(matrices, count, max_rows, stream);
+    case 3:
+      return launch_bf16<3>(matrices, count, max_rows, stream);
+    case 4:
+      return launch_bf16<4>(matrices, count, max_rows, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
