@@ -1,115 +1,363 @@
+#include <cuda_fp16.h>
+
 #include "cuda/gemv.cuh"
 
 namespace vavilov::cuda {
 
 namespace {
 
-constexpr int kWarps = 8;  // output rows per block: one warp per row
+// Tuning knobs of the quantized kernels; bench/cuda/run.sh sweeps them with -D, the defaults are the measured best.
+#ifndef VAVILOV_GEMV_WARPS
+#define VAVILOV_GEMV_WARPS 8
+#endif
+#ifndef VAVILOV_GEMV_UNROLL
+#define VAVILOV_GEMV_UNROLL 4
+#endif
+#ifndef VAVILOV_GEMV_TILES
+#define VAVILOV_GEMV_TILES 1
+#endif
+constexpr int kWarps = VAVILOV_GEMV_WARPS;    // warps per block
+constexpr int kUnroll = VAVILOV_GEMV_UNROLL;  // groups of 64 columns whose loads a warp issues together
+constexpr int kTiles = VAVILOV_GEMV_TILES;    // 16-row tiles per warp; they share the activation fragments
+constexpr int kTileRows = 16;                 // rows of one tensor-core tile (mma m16n8k16)
+constexpr int kBlockRows = kWarps * kTiles * kTileRows;
+static_assert(kUnroll % 4 == 0, "scales and biases are loaded four groups at a time");
+
+// ---------------------------------------------------------------------------------------------------------------
+// Quantized GEMV on the tensor cores.
+//
+// Work split: a warp owns 16 consecutive rows (one mma tile) and walks along them in groups of 64 columns. In a
+// group, lane (g, t) = (lane / 4, lane % 4) holds the 16 columns 16t..16t+15 of rows g and g + 8, which is exactly
+// what the mma A fragment asks of that lane once the reduction index k is permuted: a dot product may sum its terms
+// in any order, so k-slot → column is free as long as A (weights) and B (activations) use the same map. The codes
+// of one row and group therefore arrive as one 8-byte load per lane (Q4), whole 32-byte sectors per row.
+//
+// Exactness: the activations are fp32; each group of 64 is scaled by a power of two into [2^14, 2^15) and split into
+// hi + lo fp16 halves (22 significant bits: error ≤ 2^-22 |x| + 2^-39 · the group's peak). The mma's
+// n = 8 columns are (batch row b, half s) at n = 2b + s, so lane t's accumulators c0 + c1 (row g) and c2 + c3
+// (row g + 8) are batch row t's dot products with the group's codes. The affine terms follow in fp32:
+// Σ (s·q + z)·x = s·2^e·Σ q·x' + z·Σ x.
+//
+// Code decoding: a register holds two columns ("a pair") in its low and high fp16 halves. One LOP3 ORs the codes at
+// bit p of each half into the mantissa of 1024.0h, which gives 1024 + q·2^p exactly; one fp16 subtract (p = 0) or
+// fused multiply-add by 2^-p, -1024·2^-p recovers q. pair_column says which of a lane's 16 columns the halves hold.
+// (Masking alone, reading q·2^(p-24) as an fp16 subnormal, saves the fp16 op but measured 10-50x less accurate on
+// the H200's tensor cores: docs/CUDA-KERNELS.md.)
+
+__host__ __device__ constexpr int pair_column(int bits, int pair, int high) {
+  return bits == 4 ? (pair / 4) * 8 + pair % 4 + 4 * high : pair + 8 * high;
+}
+
+__device__ inline uint32_t as_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
+__device__ inline __half2 as_half2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
+
+// fp16 bit pattern of ±2^k in both halves.
+__host__ __device__ constexpr uint32_t half2_pow2(int k, bool negative = false) {
+  const uint32_t h = (negative ? 0x8000u : 0u) | uint32_t(k + 15) << 10;
+  return h | h << 16;
+}
+
+template <int Shift, uint32_t Mask>
+__device__ inline uint32_t decode_pair(uint32_t word) {
+  static_assert((Mask & 0xFC00FC00u) == 0 && (Mask & (0x00010001u << Shift)) != 0, "codes at bit Shift of a mantissa");
+  uint32_t biased;  // (word & Mask) | 1024.0h in one LOP3
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(biased) : "r"(word), "n"(Mask), "n"(0x64006400u));
+  if constexpr (Shift == 0) return as_bits(__hsub2(as_half2(biased), as_half2(half2_pow2(10))));
+  return as_bits(__hfma2(as_half2(biased), as_half2(half2_pow2(-Shift)), as_half2(half2_pow2(10 - Shift, true))));
+}
+
+// The raw words of lane t's 16 columns of `group` in one row: Q4 two words; Q3 the 48 bits at bit 48t of the
+// group's 6 words (in two words, shifted in decode); Q2 one word.
+template <int Bits>
+__device__ inline uint2 load_codes(const uint32_t* row, int group, int t) {
+  if constexpr (Bits == 4) return __ldg(reinterpret_cast<const uint2*>(row + 8 * group + 2 * t));
+  if constexpr (Bits == 2) return make_uint2(__ldg(row + 4 * group + t), 0u);
+  const uint32_t* p = row + 6 * group + (3 * t) / 2;
+  return make_uint2(__ldg(p), __ldg(p + 1));
+}
+
+// The 16 codes of load_codes as 8 half2 registers, register p holding columns pair_column(Bits, p, 0 / 1).
+template <int Bits>
+__device__ inline void decode(uint2 raw, int t, uint32_t (&h)[8]) {
+  if constexpr (Bits == 4) {
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {
+      const uint32_t word = w ? raw.y : raw.x, shifted = word >> 8;
+      h[4 * w + 0] = decode_pair<0, 0x000F000Fu>(word);
+      h[4 * w + 1] = decode_pair<4, 0x00F000F0u>(word);
+      h[4 * w + 2] = decode_pair<0, 0x000F000Fu>(shifted);
+      h[4 * w + 3] = decode_pair<4, 0x00F000F0u>(shifted);
+    }
+  } else if constexpr (Bits == 2) {
+    const uint32_t word = raw.x, shifted = word >> 10;  // codes 0..7 in the low half, 8..15 in the high half
+    h[0] = decode_pair<0, 0x00030003u>(word);
+    h[1] = decode_pair<2, 0x000C000Cu>(word);
+    h[2] = decode_pair<4, 0x00300030u>(word);
+    h[3] = decode_pair<6, 0x00C000C0u>(word);
+    h[4] = decode_pair<8, 0x03000300u>(word);
+    h[5] = decode_pair<0, 0x00030003u>(shifted);
+    h[6] = decode_pair<2, 0x000C000Cu>(shifted);
+    h[7] = decode_pair<4, 0x00300030u>(shifted);
+  } else {
+    // Code k at bit 3k of v. Registers with codes k in the low half and k + 8 (24 bits further) in the high half.
+    const uint64_t v = ((uint64_t(raw.y) << 32) | raw.x) >> (16 * (t & 1));
+    const uint32_t low = (uint32_t(v) & 0xFFFFu) | (uint32_t(v >> 8) & 0xFFFF0000u);          // codes 0..4, 8..12
+    const uint32_t high = (uint32_t(v >> 15) & 0xFFFFu) | (uint32_t(v >> 23) & 0xFFFF0000u);  // codes 5..7, 13..15
+    const uint32_t low_shifted = low >> 9;                                                    // codes 3, 4, 11, 12
+    h[0] = decode_pair<0, 0x00070007u>(low);
+    h[1] = decode_pair<3, 0x00380038u>(low);
+    h[2] = decode_pair<6, 0x01C001C0u>(low);
+    h[3] = decode_pair<0, 0x00070007u>(low_shifted);
+    h[4] = decode_pair<3, 0x00380038u>(low_shifted);
+    h[5] = decode_pair<0, 0x00070007u>(high);
+    h[6] = decode_pair<3, 0x00380038u>(high);
+    h[7] = decode_pair<6, 0x01C001C0u>(high);
+  }
+}
+
+__device__ inline void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                               uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Shared memory of one block: the activation fragments, then per (batch row, group) the sum of the group's
+// activations and the power of two that undoes their scaling.
+//   fragments[(group·2 + half)·8B + lane] (uint4): B-fragment registers of two mma steps for lane (g, t), g < 2B.
+template <int B>
+constexpr size_t quant_shared_bytes(int cols) {
+  return size_t(cols / kQuantGroup) * B * (2 * 8 * sizeof(uint4) + sizeof(float2));
+}
+
+template <int Bits, int B>
+__device__ void stage_activations(const GemvMatrix& m, uint4* fragments, float2* group_terms) {
+  const int groups = m.cols / kQuantGroup, items = B * groups * 4;  // item = (batch row, group, lane column t)
+  for (int base = 0; base < items; base += blockDim.x) {            // uniform trip count: the shuffles need all
+    const int item = base + threadIdx.x, t = item & 3, group = (item >> 2) % groups, b = (item >> 2) / groups;
+    const bool active = item < items;
+    float x[16] = {};
+    if (active) {
+      const float4* source = reinterpret_cast<const float4*>(m.x + size_t(b) * m.cols + group * 64 + 16 * t);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float4 v = __ldg(source + i);
+        x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
+      }
+    }
+    float peak = 0.0f, sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) peak = fmaxf(peak, fabsf(x[i])), sum += x[i];
+#pragma unroll
+    for (int offset = 1; offset < 4; offset <<= 1) {
+      peak = fmaxf(peak, __shfl_xor_sync(0xffffffffu, peak, offset));
+      sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    }
+    if (!active) continue;
+    // Scale the group's peak into [2^14, 2^15): inside fp16's range, and lo stays a normal number for |x'| ≥ 1/8.
+    // Both 2^-e and 2^e stay normal floats for every finite peak.
+    const int peak_exponent = int((__float_as_uint(peak) >> 23) & 0xffu) - 127;
+    const int exponent = peak > 0.0f ? min(max(peak_exponent - 14, -126), 113) : 0;
+    const float down = __uint_as_float(uint32_t(127 - exponent) << 23);
+    uint32_t hi[8], lo[8];
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {
+      const float first = x[pair_column(Bits, p, 0)] * down, second = x[pair_column(Bits, p, 1)] * down;
+      const __half2 h = __floats2half2_rn(first, second);
+      const float2 rounded = __half22float2(h);
+      hi[p] = as_bits(h);
+      lo[p] = as_bits(__floats2half2_rn(first - rounded.x, second - rounded.y));
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      uint4* entry = fragments + (size_t(group) * 2 + half) * 8 * B + 4 * (2 * b) + t;
+      entry[0] = make_uint4(hi[4 * half], hi[4 * half + 1], hi[4 * half + 2], hi[4 * half + 3]);
+      entry[4] = make_uint4(lo[4 * half], lo[4 * half + 1], lo[4 * half + 2], lo[4 * half + 3]);
+    }
+    if (t == 0) group_terms[b * groups + group] = make_float2(sum, __uint_as_float(uint32_t(127 + exponent) << 23));
+  }
+}
+
+// What one warp loads for kUnroll groups: codes of rows g and g + 8 of each tile, and the groups' scales and biases,
+// lane t holding those of (t = 0: scales of row g, 1: scales of row g + 8, 2: biases of row g, 3: biases of g + 8).
+struct WarpLoads {
+  uint2 codes[kTiles][kUnroll][2];
+  uint32_t affine[kTiles][kUnroll / 2];  // bf16 pairs: groups 2i and 2i + 1
+};
+
+// How the scale and bias rows may be read: 8 bytes (four groups) at a time, 4, or 2.
+enum class AffineWidth { k8, k4, k2 };
+
+__device__ inline AffineWidth affine_width(const GemvMatrix& m, int groups) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(m.scales) | reinterpret_cast<uintptr_t>(m.biases);
+  if (groups % 4 == 0 && address % 8 == 0) return AffineWidth::k8;
+  if (groups % 2 == 0 && address % 4 == 0) return AffineWidth::k4;
+  return AffineWidth::k2;
+}
+
+template <int Bits>
+__device__ inline void load_group_block(WarpLoads& loads, const uint32_t* const (&codes)[kTiles][2],
+                                        const __nv_bfloat16* const (&affine)[kTiles], int first_group, int groups,
+                                        AffineWidth width, int t) {
+#pragma unroll
+  for (int tile = 0; tile < kTiles; ++tile) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        loads.codes[tile][u][r] =
+            first_group + u < groups ? load_codes<Bits>(codes[tile][r], first_group + u, t) : make_uint2(0u, 0u);
+    const __nv_bfloat16* source = affine[tile] + first_group;
+#pragma unroll
+    for (int i = 0; i < kUnroll / 2; ++i) {
+      const int group = first_group + 2 * i;
+      if (width == AffineWidth::k8) {
+        if (i % 2 == 1) continue;
+        const uint2 four = group < groups ? __ldg(reinterpret_cast<const uint2*>(source + 2 * i)) : make_uint2(0u, 0u);
+        loads.affine[tile][i] = four.x;
+        loads.affine[tile][i + 1] = four.y;
+        continue;
+      }
+      uint32_t pair = 0;
+      if (width == AffineWidth::k4) {
+        if (group < groups) pair = __ldg(reinterpret_cast<const uint32_t*>(source + 2 * i));
+      } else {
+        const unsigned short* halves = reinterpret_cast<const unsigned short*>(source + 2 * i);
+        if (group < groups) pair = __ldg(halves);
+        if (group + 1 < groups) pair |= uint32_t(__ldg(halves + 1)) << 16;
+      }
+      loads.affine[tile][i] = pair;
+    }
+  }
+}
+
+__device__ inline float bf16_low(uint32_t pair) { return __uint_as_float(pair << 16); }
+__device__ inline float bf16_high(uint32_t pair) { return __uint_as_float(pair & 0xFFFF0000u); }
+
+template <int Bits, int B>
+__global__ void __launch_bounds__(kWarps * 32) gemv_quant_kernel(const GemvMatrix* matrices) {
+  extern __shared__ uint4 shared[];
+  const GemvMatrix m = matrices[blockIdx.y];
+  const int block_row = blockIdx.x * kBlockRows;
+  if (block_row >= m.rows) return;  // the whole block is past this matrix's rows
+  const int groups = m.cols / kQuantGroup, row_words = m.cols / 32 * Bits;
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int warp_row = block_row + (threadIdx.x / 32) * kTiles * kTileRows;
+  const uint32_t* codes[kTiles][2];
+  const __nv_bfloat16* affine[kTiles];
+#pragma unroll
+  for (int tile = 0; tile < kTiles; ++tile) {
+    // Rows past the end re-read the last row; their results are never stored.
+    const int row0 = min(warp_row + tile * kTileRows + g, m.rows - 1), row1 = min(row0 + 8, m.rows - 1);
+    codes[tile][0] = m.codes + size_t(row0) * row_words;
+    codes[tile][1] = m.codes + size_t(row1) * row_words;
+    affine[tile] = (t & 2 ? m.biases : m.scales) + size_t(t & 1 ? row1 : row0) * groups;
+  }
+  const AffineWidth width = affine_width(m, groups);
+  const bool has_rows = warp_row < m.rows;
+
+  // The first loads are issued before staging, so that the activations' latency overlaps theirs.
+  WarpLoads current;
+  load_group_block<Bits>(current, codes, affine, 0, has_rows ? groups : 0, width, t);
+  uint4* fragments = shared;
+  float2* group_terms = reinterpret_cast<float2*>(fragments + size_t(groups) * 16 * B);
+  stage_activations<Bits, B>(m, fragments, group_terms);
+  __syncthreads();
+  if (!has_rows) return;
+
+  float acc[kTiles][2] = {};
+  for (int first = 0; first < groups; first += kUnroll) {
+    WarpLoads next;
+    load_group_block<Bits>(next, codes, affine, first + kUnroll, groups, width, t);
+    uint32_t scale_bias[kTiles][4];  // bf16 pairs of two groups: scale row g, scale row g + 8, bias g, bias g + 8
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int group = first + u;
+      if (group >= groups) break;
+      uint4 b_fragment[2] = {};
+      if (lane < 8 * B) {
+        b_fragment[0] = fragments[(size_t(group) * 2) * 8 * B + lane];
+        b_fragment[1] = fragments[(size_t(group) * 2 + 1) * 8 * B + lane];
+      }
+      const float2 terms = t < B ? group_terms[t * groups + group] : make_float2(0.0f, 0.0f);
+#pragma unroll
+      for (int tile = 0; tile < kTiles; ++tile) {
+        if (u % 2 == 0)
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            scale_bias[tile][i] = __shfl_sync(0xffffffffu, current.affine[tile][u / 2], (lane & ~3) | i);
+        uint32_t a0[8], a1[8];
+        decode<Bits>(current.codes[tile][u][0], t, a0);
+        decode<Bits>(current.codes[tile][u][1], t, a1);
+        float c[4] = {};
+        mma_f16(c, a0[0], a1[0], a0[1], a1[1], b_fragment[0].x, b_fragment[0].y);
+        mma_f16(c, a0[2], a1[2], a0[3], a1[3], b_fragment[0].z, b_fragment[0].w);
+        mma_f16(c, a0[4], a1[4], a0[5], a1[5], b_fragment[1].x, b_fragment[1].y);
+        mma_f16(c, a0[6], a1[6], a0[7], a1[7], b_fragment[1].z, b_fragment[1].w);
+        const auto pick = [&](uint32_t pair) { return u % 2 ? bf16_high(pair) : bf16_low(pair); };
+        acc[tile][0] = fmaf(c[0] + c[1], pick(scale_bias[tile][0]) * terms.y,
+                            fmaf(pick(scale_bias[tile][2]), terms.x, acc[tile][0]));
+        acc[tile][1] = fmaf(c[2] + c[3], pick(scale_bias[tile][1]) * terms.y,
+                            fmaf(pick(scale_bias[tile][3]), terms.x, acc[tile][1]));
+      }
+    }
+    current = next;
+  }
+  if (t >= B) return;
+#pragma unroll
+  for (int tile = 0; tile < kTiles; ++tile)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = warp_row + tile * kTileRows + g + 8 * r;
+      if (row < m.rows) m.y[size_t(t) * m.rows + row] = acc[tile][r];
+    }
+}
+
+template <int Bits, int B>
+cudaError_t launch_quant(const GemvMatrix* matrices, int count, int max_rows, int max_cols, cudaStream_t stream) {
+  const size_t shared = quant_shared_bytes<B>(max_cols);
+  if (shared > 48 * 1024) {
+    const cudaError_t error =
+        cudaFuncSetAttribute(gemv_quant_kernel<Bits, B>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared));
+    if (error != cudaSuccess) return error;
+  }
+  const dim3 grid((max_rows + kBlockRows - 1) / kBlockRows, count);
+  gemv_quant_kernel<Bits, B><<<grid, kWarps * 32, shared, stream>>>(matrices);
+  return cudaGetLastError();
+}
+
+template <int Bits>
+cudaError_t gemv_quant(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch,
+                       cudaStream_t stream) {
+  if (count <= 0 || max_rows <= 0 || max_cols <= 0 || max_cols % kQuantGroup != 0) return cudaErrorInvalidValue;
+  switch (batch) {
+    case 1:
+      return launch_quant<Bits, 1>(matrices, count, max_rows, max_cols, stream);
+    case 2:
+      return launch_quant<Bits, 2>(matrices, count, max_rows, max_cols, stream);
+    case 3:
+      return launch_quant<Bits, 3>(matrices, count, max_rows, max_cols, stream);
+    case 4:
+      return launch_quant<Bits, 4>(matrices, count, max_rows, max_cols, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// BF16: one warp per row, 16-byte weight loads; at batch 1 this already runs at the copy bandwidth.
+
+constexpr int kBf16Warps = 8;
 
 __device__ inline float warp_sum(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
 }
 
-// The 8 codes of a word as floats: OR-ing a code into the mantissa of 2^23 and subtracting 2^23 is exact and uses
-// full-rate logic and add instructions instead of the quarter-rate integer-to-float conversion.
-__device__ inline void decode_word(uint32_t word, float* q) {
-#pragma unroll
-  for (int i = 0; i < 8; ++i) q[i] = __uint_as_float(((word >> (4 * i)) & 0xfu) | 0x4B000000u) - 8388608.0f;
-}
-
-// Stages the activations [B, cols] in shared memory, followed by their sums over every 8-column word (the bias term
-// of a word is bias·Σx): computed once per block instead of once per weight.
 template <int B>
-__device__ inline void stage_activations(const GemvMatrix& m, float* x, float* sums) {
-  const int words = m.cols / 8;
-  for (int i = threadIdx.x; i < B * words; i += blockDim.x) {
-    const float4* source = reinterpret_cast<const float4*>(m.x + size_t(i / words) * m.cols + (i % words) * 8);
-    const float4 lo = __ldg(source), hi = __ldg(source + 1);
-    reinterpret_cast<float4*>(x)[2 * i] = lo;
-    reinterpret_cast<float4*>(x)[2 * i + 1] = hi;
-    sums[i] = ((lo.x + lo.y) + (lo.z + lo.w)) + ((hi.x + hi.y) + (hi.z + hi.w));
-  }
-  __syncthreads();
-}
-
-constexpr int kRowsPerWarp = 2;  // each activation read from shared memory serves two weight rows
-
-// Each warp takes kRowsPerWarp output rows. Lane l takes word l of every 256-column stretch, so the codes (4 bytes a
-// lane) are read contiguously across the warp; each word is decoded once and applied to every activation row. For a
-// word, Σ (s·q + b)·x = s·Σ q·x + b·Σ x.
-template <int B>
-__global__ void __launch_bounds__(kWarps * 32) gemv_q4_kernel(const GemvMatrix* matrices) {
-  extern __shared__ float shared[];  // activations [B, cols], then word sums [B, cols / 8]
+__global__ void __launch_bounds__(kBf16Warps * 32) gemv_bf16_kernel(const GemvMatrix* matrices) {
   const GemvMatrix m = matrices[blockIdx.y];
-  constexpr int kBlockRows = kWarps * kRowsPerWarp;
-  if (blockIdx.x * kBlockRows >= m.rows) return;  // the whole block is past this matrix's rows
-  float* x = shared;
-  float* sums = shared + size_t(B) * m.cols;
-  stage_activations<B>(m, x, sums);
-  const int first_row = blockIdx.x * kBlockRows + (threadIdx.x / 32) * kRowsPerWarp, lane = threadIdx.x % 32;
-  if (first_row >= m.rows) return;
-  const int words = m.cols / 8, groups = m.cols / kQuantGroup;
-  const uint32_t* codes[kRowsPerWarp];
-  const __nv_bfloat16 *scales[kRowsPerWarp], *biases[kRowsPerWarp];
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    const int row = min(first_row + r, m.rows - 1);  // a missing second row recomputes the first, never stored
-    codes[r] = m.codes + size_t(row) * words;
-    scales[r] = m.scales + size_t(row) * groups;
-    biases[r] = m.biases + size_t(row) * groups;
-  }
-  float acc[kRowsPerWarp][B] = {};
-  constexpr int kUnroll = 2;  // loads in flight per lane and row
-  for (int base = 0; base < words; base += 32 * kUnroll) {
-    uint32_t packed[kRowsPerWarp][kUnroll];
-#pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r)
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int w = base + u * 32 + lane;
-        packed[r][u] = w < words ? __ldg(codes[r] + w) : 0u;
-      }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int w = base + u * 32 + lane;
-      if (w >= words) break;
-      float xs[B][8];
-#pragma unroll
-      for (int b = 0; b < B; ++b) {
-        const float4 lo = reinterpret_cast<const float4*>(x + size_t(b) * m.cols)[2 * w];
-        const float4 hi = reinterpret_cast<const float4*>(x + size_t(b) * m.cols)[2 * w + 1];
-        xs[b][0] = lo.x, xs[b][1] = lo.y, xs[b][2] = lo.z, xs[b][3] = lo.w;
-        xs[b][4] = hi.x, xs[b][5] = hi.y, xs[b][6] = hi.z, xs[b][7] = hi.w;
-      }
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) {
-        const float scale = __bfloat162float(scales[r][w / 8]), bias = __bfloat162float(biases[r][w / 8]);
-        float q[8];
-        decode_word(packed[r][u], q);
-#pragma unroll
-        for (int b = 0; b < B; ++b) {
-          float qx = 0.0f;
-#pragma unroll
-          for (int i = 0; i < 8; ++i) qx += q[i] * xs[b][i];
-          acc[r][b] += scale * qx + bias * sums[b * words + w];
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r)
-#pragma unroll
-    for (int b = 0; b < B; ++b) {
-      const float sum = warp_sum(acc[r][b]);
-      if (lane == 0 && first_row + r < m.rows) m.y[size_t(b) * m.rows + first_row + r] = sum;
-    }
-}
-
-template <int B>
-__global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const GemvMatrix* matrices) {
-  const GemvMatrix m = matrices[blockIdx.y];
-  const int row = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row = blockIdx.x * kBf16Warps + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (row >= m.rows) return;
   const uint4* weights = reinterpret_cast<const uint4*>(m.dense + size_t(row) * m.cols);
   float acc[B] = {};
@@ -127,8 +375,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const GemvMatrix
     for (int b = 0; b < B; ++b) {
       const float4* x = reinterpret_cast<const float4*>(m.x + size_t(b) * m.cols + c * 8);
       const float4 lo = __ldg(x), hi = __ldg(x + 1);
-      acc[b] += w[0] * lo.x + w[1] * lo.y + w[2] * lo.z + w[3] * lo.w + w[4] * hi.x + w[5] * hi.y + w[6] * hi.z +
-                w[7] * hi.w;
+      acc[b] +=
+          w[0] * lo.x + w[1] * lo.y + w[2] * lo.z + w[3] * lo.w + w[4] * hi.x + w[5] * hi.y + w[6] * hi.z + w[7] * hi.w;
     }
   }
 #pragma unroll
@@ -138,47 +386,39 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(const GemvMatrix
   }
 }
 
-
-template <int B>
-cudaError_t launch_q4(const GemvMatrix* matrices, int count, int max_rows, int max_cols, cudaStream_t stream) {
-  const size_t shared = size_t(B) * (max_cols + max_cols / 8) * sizeof(float);
-  if (shared > 48 * 1024) {
-    cudaError_t error = cudaFuncSetAttribute(gemv_q4_kernel<B>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared));
-    if (error != cudaSuccess) return error;
-  }
-  const int block_rows = kWarps * kRowsPerWarp;
-  dim3 grid((max_rows + block_rows - 1) / block_rows, count);
-  gemv_q4_kernel<B><<<grid, kWarps * 32, shared, stream>>>(matrices);
-  return cudaGetLastError();
-}
-
 template <int B>
 cudaError_t launch_bf16(const GemvMatrix* matrices, int count, int max_rows, cudaStream_t stream) {
-  dim3 grid((max_rows + kWarps - 1) / kWarps, count);
-  gemv_bf16_kernel<B><<<grid, kWarps * 32, 0, stream>>>(matrices);
+  dim3 grid((max_rows + kBf16Warps - 1) / kBf16Warps, count);
+  gemv_bf16_kernel<B><<<grid, kBf16Warps * 32, 0, stream>>>(matrices);
   return cudaGetLastError();
 }
 
 }  // namespace
 
-cudaError_t gemv_q4(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch,
-                    cudaStream_t stream) {
-  switch (batch) {
-    case 1: return launch_q4<1>(matrices, count, max_rows, max_cols, stream);
-    case 2: return launch_q4<2>(matrices, count, max_rows, max_cols, stream);
-    case 3: return launch_q4<3>(matrices, count, max_rows, max_cols, stream);
-    case 4: return launch_q4<4>(matrices, count, max_rows, max_cols, stream);
-    default: return cudaErrorInvalidValue;
-  }
+cudaError_t gemv_q4(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream) {
+  return gemv_quant<4>(matrices, count, max_rows, max_cols, batch, stream);
+}
+
+cudaError_t gemv_q3(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream) {
+  return gemv_quant<3>(matrices, count, max_rows, max_cols, batch, stream);
+}
+
+cudaError_t gemv_q2(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream) {
+  return gemv_quant<2>(matrices, count, max_rows, max_cols, batch, stream);
 }
 
 cudaError_t gemv_bf16(const GemvMatrix* matrices, int count, int max_rows, int batch, cudaStream_t stream) {
   switch (batch) {
-    case 1: return launch_bf16<1>(matrices, count, max_rows, stream);
-    case 2: return launch_bf16<2>(matrices, count, max_rows, stream);
-    case 3: return launch_bf16<3>(matrices, count, max_rows, stream);
-    case 4: return launch_bf16<4>(matrices, count, max_rows, stream);
-    default: return cudaErrorInvalidValue;
+    case 1:
+      return launch_bf16<1>(matrices, count, max_rows, stream);
+    case 2:
+      return launch_bf16<2>(matrices, count, max_rows, stream);
+    case 3:
+      return launch_bf16<3>(matrices, count, max_rows, stream);
+    case 4:
+      return launch_bf16<4>(matrices, count, max_rows, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

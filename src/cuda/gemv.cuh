@@ -12,11 +12,12 @@ namespace vavilov::cuda {
 constexpr int kMaxGemvRows = 4;
 constexpr int kQuantGroup = 64;
 
-// One weight matrix W [rows, cols] with y = W x. Q4: codes packed least-significant first in uint32 words (8 per
-// word), bf16 scale and bias per group of 64 columns, w = scale·q + bias (MLX's layout). BF16: dense rows.
+// One weight matrix W [rows, cols] with y = W x. Quantized (Q4, Q3, Q2): each row's codes packed densely,
+// least-significant bit first, code i at bit i·bits of the row (Q4: 8 per uint32 word), bf16 scale and bias per group
+// of 64 columns, w = scale·q + bias (MLX's layout). BF16: dense rows.
 struct GemvMatrix {
-  const uint32_t* codes = nullptr;        // Q4 codes [rows, cols / 8]
-  const __nv_bfloat16* scales = nullptr;  // Q4 [rows, cols / 64]
+  const uint32_t* codes = nullptr;        // quantized codes [rows, cols·bits / 32]; Q4: 8-byte aligned
+  const __nv_bfloat16* scales = nullptr;  // quantized [rows, cols / 64]
   const __nv_bfloat16* biases = nullptr;
   const __nv_bfloat16* dense = nullptr;  // BF16 [rows, cols]
   int rows = 0, cols = 0;
@@ -26,9 +27,12 @@ struct GemvMatrix {
 
 // Runs `count` matrices described by the device array `matrices`, each against `batch` (1–4) activation rows;
 // max_rows/max_cols bound them (grid and shared-memory size). All matrices of one call share the format.
-// cols must be a multiple of 64 (Q4) or 8 (BF16). Q4 stages the activations and their per-word sums in shared memory:
-// 4.5·batch·max_cols bytes must fit (227 KB on Hopper: max_cols ≤ 12288 at batch 4).
+// cols must be a multiple of 64 (quantized) or 8 (BF16); x 16-byte aligned. The quantized kernels run on the tensor
+// cores with the activations split exactly into two fp16 halves (error ≤ 2^-22 relative, see gemv.cu); they stage
+// those in shared memory: 4.125·batch·max_cols bytes must fit (227 KB on Hopper: max_cols ≤ 14080 at batch 4).
 cudaError_t gemv_q4(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream);
+cudaError_t gemv_q3(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream);
+cudaError_t gemv_q2(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream);
 cudaError_t gemv_bf16(const GemvMatrix* matrices, int count, int max_rows, int batch, cudaStream_t stream);
 
 }  // namespace vavilov::cuda
