@@ -12,6 +12,7 @@
 #include "engine/speculative.h"
 #include "model/weights.h"
 #include "server/api_error.h"
+#include "server/client_connection.h"
 #include "server/completion_service.h"
 #include "server/metrics.h"
 #include "server/prefix_cache.h"
@@ -73,8 +74,8 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
   if (!ready) throw ApiError(503, "the model is still loading", "", "", "server_error");
   std::shared_ptr<Session> session = service->begin(req.body, chat);
   if (!session->stream()) {
-    // Debian's httplib (0.11) cannot tell that a waiting client has gone; the request's time limit still applies.
-    send_json(res, 200, session->wait([] { return false; }));
+    const ClientConnection client(req.remote_addr, req.remote_port, req.local_addr, req.local_port);
+    send_json(res, 200, session->wait([&client] { return client.closed(); }));
     return;
   }
   res.set_header("Cache-Control", "no-cache");

@@ -145,6 +145,20 @@ class Scheduling(unittest.TestCase):
             self.assertGreater(settled, generated)
             self.assertEqual(server.request("POST", CHAT, body(max_tokens=2))[0], 200)
 
+    def test_non_streaming_client_that_leaves_is_cancelled(self):
+        with harness.Server("--ctx", "200000") as server:
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+            data = json.dumps(endless()).encode()
+            sock.sendall(b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+            self.assertTrue(harness.wait_for(lambda: server.metric("vavilov_active_sequences") == 1))
+            sock.close()
+            self.assertTrue(harness.wait_for(lambda: server.metric("vavilov_active_sequences") == 0))
+            settled = server.metric("vavilov_generation_tokens_total")
+            time.sleep(0.5)
+            self.assertEqual(server.metric("vavilov_generation_tokens_total"), settled)
+            self.assertEqual(server.request("POST", CHAT, body(max_tokens=2))[0], 200)
+
     def test_time_limit(self):
         with harness.Server("--timeout", "1", "--ctx", "200000") as server:
             status, _, data = server.request("POST", CHAT, endless())
@@ -152,20 +166,21 @@ class Scheduling(unittest.TestCase):
             self.assertIn("time limit", json.loads(data)["error"]["message"])
 
     def test_graceful_shutdown_finishes_in_flight_requests(self):
-        server = harness.Server("--shutdown-grace", "30")
+        # Long enough (seconds on the test model) that the poll below sees it running; well inside the grace.
+        tokens = 5000
         results = []
+        with harness.Server("--shutdown-grace", "60", "--ctx", "200000") as server:
+            def run():
+                results.append(server.request("POST", CHAT, body(max_tokens=tokens, logit_bias=NO_EOS)))
 
-        def run():
-            results.append(server.request("POST", CHAT, body(max_tokens=300, logit_bias=NO_EOS)))
-
-        thread = threading.Thread(target=run)
-        thread.start()
-        self.assertTrue(harness.wait_for(lambda: server.metric("vavilov_active_sequences") == 1))
-        self.assertEqual(server.stop(), 0)
-        thread.join()
+            thread = threading.Thread(target=run)
+            thread.start()
+            self.assertTrue(harness.wait_for(lambda: server.metric("vavilov_active_sequences") == 1))
+            self.assertEqual(server.stop(), 0)
+            thread.join()
         status, _, data = results[0]
         self.assertEqual(status, 200)
-        self.assertEqual(json.loads(data)["usage"]["completion_tokens"], 300)
+        self.assertEqual(json.loads(data)["usage"]["completion_tokens"], tokens)
 
     def test_shutdown_cancels_past_the_grace_period(self):
         server = harness.Server("--shutdown-grace", "0", "--ctx", "200000")
