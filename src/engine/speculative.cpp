@@ -52,6 +52,12 @@ bool Decoder::is_stop(int32_t token) const {
 
 int32_t Decoder::start(std::span<const int32_t> prompt, const SequenceState* prefix,
                        const std::function<void(const SequenceState&)>& on_chunk) {
+  begin(prompt, prefix);
+  for (;;)
+    if (const int32_t first = prefill_next(on_chunk); first >= 0) return first;
+}
+
+void Decoder::begin(std::span<const int32_t> prompt, const SequenceState* prefix) {
   check(!prompt.empty(), "the prompt is empty");
   if (prefix) {
     check(prefix->position < int64_t(prompt.size()) && (spec_.drafts == 0 || prefix->mtp_position == prefix->position),
@@ -59,29 +65,33 @@ int32_t Decoder::start(std::span<const int32_t> prompt, const SequenceState* pre
     state_ = *prefix;
   }
   history_.add_prompt(prompt);
-  const int64_t sh = c_.hc_hidden(), vocab = c_.vocab_size, n = int64_t(prompt.size());
-  const int64_t chunk = options_.prefill_chunk > 0 ? options_.prefill_chunk : n;
-  std::vector<float> logits(static_cast<size_t>(vocab)), stacks;
+  prompt_.assign(prompt.begin(), prompt.end());
+}
+
+int32_t Decoder::prefill_next(const std::function<void(const SequenceState&)>& on_chunk) {
+  const int64_t sh = c_.hc_hidden(), vocab = c_.vocab_size, n = int64_t(prompt_.size());
+  check(state_.position < n, "prefill_next: the prompt is already prefilled");
+  const int64_t begin = state_.position;
+  const int64_t count = std::min(options_.prefill_chunk > 0 ? options_.prefill_chunk : n, n - begin);
+  const bool last = begin + count == n;
+  const std::span<const int32_t> prompt(prompt_);
+  std::vector<float> logits(last ? size_t(vocab) : 0), stacks(spec_.drafts ? size_t(count * sh) : 0);
+  cpu::forward(model_, state_, prompt.subspan(size_t(begin), size_t(count)),
+               {false, last ? logits.data() : nullptr, spec_.drafts ? stacks.data() : nullptr});
   int32_t next = -1;
-  for (int64_t begin = state_.position; begin < n; begin += chunk) {
-    const int64_t count = std::min(chunk, n - begin);
-    const bool last = begin + count == n;
-    stacks.resize(spec_.drafts ? size_t(count * sh) : 0);
-    cpu::forward(model_, state_, prompt.subspan(size_t(begin), size_t(count)),
-                 {false, last ? logits.data() : nullptr, spec_.drafts ? stacks.data() : nullptr});
-    if (last) {
-      next = choose(logits.data(), vocab, options_.sampling, history_, rng_);
-      history_.push(next);
-    }
-    rows_ = {next};
-    if (spec_.drafts) {
-      // Head rows pair each stack with the token after it: the next prompt token, or the first generated one.
-      std::vector<int32_t> next_ids(prompt.begin() + begin + 1, prompt.begin() + begin + count);
-      next_ids.push_back(last ? next : prompt[size_t(begin + count)]);
-      fold_head(stacks.data(), next_ids, last);
-    }
-    if (!last && on_chunk) on_chunk(state_);
+  if (last) {
+    next = choose(logits.data(), vocab, options_.sampling, history_, rng_);
+    history_.push(next);
   }
+  rows_ = {next};
+  if (spec_.drafts) {
+    // Head rows pair each stack with the token after it: the next prompt token, or the first generated one.
+    std::vector<int32_t> next_ids(prompt.begin() + begin + 1, prompt.begin() + begin + count);
+    next_ids.push_back(last ? next : prompt[size_t(begin + count)]);
+    fold_head(stacks.data(), next_ids, last);
+  }
+  if (!last && on_chunk) on_chunk(state_);
+  if (last) prompt_.clear();
   return next;
 }
 

@@ -60,6 +60,10 @@ class Decoder {
   // `on_chunk` sees the state after every complete prompt chunk but the last (trunk and head both at its end).
   int32_t start(std::span<const int32_t> prompt, const SequenceState* prefix = nullptr,
                 const std::function<void(const SequenceState&)>& on_chunk = {});
+  // start() in steps, for schedulers that run other sequences between prompt chunks: begin() takes the prompt (and
+  // prefix state), each prefill_next() runs one chunk and returns the first token after the last one, -1 before.
+  void begin(std::span<const int32_t> prompt, const SequenceState* prefix = nullptr);
+  int32_t prefill_next(const std::function<void(const SequenceState&)>& on_chunk = {});
   // The rows the next verify step runs through the trunk: the last token, then the drafts.
   std::span<const int32_t> rows() const { return rows_; }
   // The trunk pass of the next verify step: rows() continuing state(), with logits, stacks and per-row states going
@@ -88,6 +92,7 @@ class Decoder {
   SpeculativeStats stats_;
   SequenceState state_;
   std::vector<int64_t> stops_;
+  std::vector<int32_t> prompt_;               // while prefilling
   std::vector<int32_t> rows_;                 // [last, drafts...]
   std::vector<float> verify_logits_, verify_stacks_;  // [rows, vocab], [rows, S·H]
   RowStates verify_row_states_;

@@ -13,6 +13,7 @@ struct Scheduler::Active {
   tokenizer::StreamDecoder text;
   StopMatcher stop;
   int64_t generated = 0;
+  bool prefilling = true;
 };
 
 Scheduler::Scheduler(const Model& model, const tokenizer::Tokenizer& tokenizer, SchedulerOptions options,
@@ -67,6 +68,7 @@ void Scheduler::loop() {
       }
     }
     for (auto& job : admitted) start(std::move(job));
+    prefill();
     step();
   }
   for (auto& active : active_) active->job->fail(503, "the server shut down before this request finished");
@@ -77,26 +79,39 @@ void Scheduler::start(std::shared_ptr<Job> job) {
   if (job->cancelled()) return;
   const JobInput& input = job->input();
   auto active = std::make_unique<Active>(
-      Active{job, nullptr, tokenizer::StreamDecoder(tokenizer_, true), StopMatcher(input.stop), 0});
+      Active{job, nullptr, tokenizer::StreamDecoder(tokenizer_, true), StopMatcher(input.stop), 0, true});
   try {
     active->decoder = std::make_unique<Decoder>(model_, input.options, options_.speculative);
     const auto entry = cache_.lookup(input.prompt);
     const int64_t cached = entry ? int64_t(entry->tokens.size()) : 0;
     job->set_cached_tokens(cached);
     metrics_.add_prompt(int64_t(input.prompt.size()), cached);
-    const auto on_chunk = [&](const SequenceState& state) {
-      cache_.insert(std::span(input.prompt).first(size_t(state.position)), state);
-    };
-    const int32_t first = active->decoder->start(input.prompt, entry ? &entry->state : nullptr, on_chunk);
-    if (emit(*active, {first})) {
-      active_.push_back(std::move(active));
-    } else {
-      retire(*active);
-    }
+    active->decoder->begin(input.prompt, entry ? &entry->state : nullptr);
+    active_.push_back(std::move(active));
   } catch (const std::exception& e) {
     job->fail(500, e.what());
   }
   publish_load();
+}
+
+// One prompt chunk for every sequence still prefilling; complete chunks go to the prefix cache.
+void Scheduler::prefill() {
+  for (auto& active : active_) {
+    if (!active->prefilling || !active->decoder) continue;
+    const std::vector<int32_t>& prompt = active->job->input().prompt;
+    try {
+      const int32_t first = active->decoder->prefill_next([&](const SequenceState& state) {
+        cache_.insert(std::span(prompt).first(size_t(state.position)), state);
+      });
+      if (first < 0) continue;
+      active->prefilling = false;
+      if (!emit(*active, {first})) retire(*active);
+    } catch (const std::exception& e) {
+      active->job->fail(500, e.what());
+      retire(*active);
+    }
+  }
+  std::erase_if(active_, [](const std::unique_ptr<Active>& active) { return !active->decoder; });
 }
 
 void Scheduler::step() {
@@ -109,18 +124,25 @@ void Scheduler::step() {
     retire(*active);
     return true;
   });
-  if (!active_.empty()) {
-    std::vector<Decoder*> decoders;
-    for (auto& active : active_) decoders.push_back(active->decoder.get());
+  std::vector<Active*> decoding;
+  std::vector<Decoder*> decoders;
+  for (auto& active : active_)
+    if (!active->prefilling) {
+      decoding.push_back(active.get());
+      decoders.push_back(active->decoder.get());
+    }
+  if (!decoders.empty()) {
     try {
       const auto emitted = step_batch(model_, decoders);
-      for (size_t i = 0; i < active_.size(); ++i)
-        if (!emit(*active_[i], emitted[i])) retire(*active_[i]);
-      std::erase_if(active_, [](const std::unique_ptr<Active>& active) { return !active->decoder; });
+      for (size_t i = 0; i < decoding.size(); ++i)
+        if (!emit(*decoding[i], emitted[i])) retire(*decoding[i]);
     } catch (const std::exception& e) {
-      for (auto& active : active_) active->job->fail(500, e.what());
-      active_.clear();
+      for (Active* active : decoding) {
+        active->job->fail(500, e.what());
+        retire(*active);
+      }
     }
+    std::erase_if(active_, [](const std::unique_ptr<Active>& active) { return !active->decoder; });
   }
   publish_load();
 }

@@ -1,7 +1,9 @@
 #pragma once
-// The scheduler thread: admits queued jobs up to `parallel` active sequences (prefilling each from the longest cached
-// prefix), then runs one batched verify step over all active decoders at a time (step_batch), turning tokens into
-// text with stop-string holdback. Cancelled and expired jobs leave before the next step.
+// The scheduler thread: admits queued jobs up to `parallel` active sequences (each starting from the longest cached
+// prefix of its prompt). Every iteration runs one prompt chunk of each sequence still prefilling, then one batched
+// verify step over all decoding sequences (step_batch), turning tokens into text with stop-string holdback; a long
+// prompt thus delays the others by one chunk per step, not by its whole prefill. Cancelled and expired jobs leave
+// before the next step.
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -46,6 +48,7 @@ class Scheduler {
   void loop();
   std::vector<std::shared_ptr<Job>> take_admitted();
   void start(std::shared_ptr<Job> job);
+  void prefill();
   void step();
   // Emits tokens into the job's text; returns false once the job is finished.
   bool emit(Active& active, const std::vector<int32_t>& tokens);

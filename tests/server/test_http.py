@@ -159,6 +159,34 @@ class Scheduling(unittest.TestCase):
             self.assertEqual(server.metric("vavilov_generation_tokens_total"), settled)
             self.assertEqual(server.request("POST", CHAT, body(max_tokens=2))[0], 200)
 
+    def test_long_prompt_prefills_between_other_sequences_steps(self):
+        # A prompt of ~190 chunks: while it prefills, the streaming sequence keeps getting a step per chunk.
+        with harness.Server("--parallel", "2", "--prefill-chunk", "16", "--ctx", "200000",
+                            "--cache-mb", "0") as server:
+            stream = open_stream(server, endless(stream=True))
+            events = []
+
+            def count():
+                stream.settimeout(30)
+                while True:
+                    chunk = stream.recv(65536)
+                    if not chunk:
+                        return
+                    events.append((time.monotonic(), chunk.count(b"data: ")))
+
+            reader = threading.Thread(target=count, daemon=True)
+            reader.start()
+            self.assertTrue(harness.wait_for(lambda: sum(n for _, n in events) > 5))
+            long_prompt = body(max_tokens=1, messages=[{"role": "user", "content": "word " * 3000}])
+            sent = time.monotonic()
+            status, _, data = server.request("POST", CHAT, long_prompt, timeout=120)
+            answered = time.monotonic()
+            self.assertEqual(status, 200, data)
+            self.assertGreater(json.loads(data)["usage"]["prompt_tokens"], 2000)
+            during = sum(n for t, n in events if sent < t < answered)
+            self.assertGreater(during, 100)
+            stream.close()
+
     def test_time_limit(self):
         with harness.Server("--timeout", "1", "--ctx", "200000") as server:
             status, _, data = server.request("POST", CHAT, endless())
