@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "core/threads.h"
@@ -30,11 +31,51 @@ float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
+namespace {
+
+// Eight consecutive codes, starting at code k (a multiple of 8) of a packed row, widened to eight int32 lanes.
+// 4 bits: one word; 2 bits: half a word; 3 bits: three bytes (codes run on across words).
+template <int Bits>
+inline __m256i codes8(const uint8_t* row, int64_t k) {
+  uint32_t packed = 0;
+  std::memcpy(&packed, row + k * Bits / 8, Bits);  // Bits bytes hold eight Bits-wide codes
+  const __m256i shifts = _mm256_setr_epi32(0, Bits, 2 * Bits, 3 * Bits, 4 * Bits, 5 * Bits, 6 * Bits, 7 * Bits);
+  return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(int(packed)), shifts),
+                          _mm256_set1_epi32((1 << Bits) - 1));
+}
+
+// Eight weights w = scale·q + bias in registers.
+template <int Bits>
+inline __m256 weights8(const uint8_t* row, int64_t k, __m256 scale, __m256 bias) {
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(codes8<Bits>(row, k)), scale, bias);
+}
+
+template <int Bits>
+void dequantize_row_group64(const Matrix& w, int64_t row, float* out) {
+  const auto* codes = reinterpret_cast<const uint8_t*>(w.row(row));
+  const int64_t groups = w.cols / kQuantGroup;
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256 scale = _mm256_set1_ps(bf16_to_f32(w.scales[row * groups + g]));
+    __m256 bias = _mm256_set1_ps(bf16_to_f32(w.biases[row * groups + g]));
+    for (int64_t k = g * kQuantGroup; k < (g + 1) * kQuantGroup; k += 8)
+      _mm256_storeu_ps(out + k, weights8<Bits>(codes, k, scale, bias));
+  }
+}
+
+}  // namespace
+
 void matrix_row(const Matrix& w, int64_t row, float* out) {
-  if (w.quantized())
-    dequantize_row(w, row, out);
-  else
+  if (!w.quantized()) {
     to_f32(w.dtype, w.row(row), out, size_t(w.cols));
+  } else if (w.group != kQuantGroup || w.bits > 4) {  // MLX's other widths and groups: correct, not fast
+    dequantize_row(w, row, out);
+  } else if (w.bits == 4) {
+    dequantize_row_group64<4>(w, row, out);
+  } else if (w.bits == 3) {
+    dequantize_row_group64<3>(w, row, out);
+  } else {
+    dequantize_row_group64<2>(w, row, out);
+  }
 }
 
 namespace {
@@ -48,7 +89,8 @@ inline float horizontal_sum(__m256 v) {
 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const uint16_t* p) {  // bf16 → fp32 in registers
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
 }
 inline float load1(const float* p) { return *p; }
 inline float load1(const uint16_t* p) { return bf16_to_f32(*p); }
@@ -88,12 +130,75 @@ void row_times_inputs(const T* w, const float* x, int64_t rows, int64_t n, int64
     for (int i = 0; i < 4; ++i) y[(r + i) * out_dim + o] = out[i];
   }
   switch (rows - r) {
-    case 3: dot_rows<3>(w, x + r * n, n, n, out); break;
-    case 2: dot_rows<2>(w, x + r * n, n, n, out); break;
-    case 1: dot_rows<1>(w, x + r * n, n, n, out); break;
-    default: return;
+    case 3:
+      dot_rows<3>(w, x + r * n, n, n, out);
+      break;
+    case 2:
+      dot_rows<2>(w, x + r * n, n, n, out);
+      break;
+    case 1:
+      dot_rows<1>(w, x + r * n, n, n, out);
+      break;
+    default:
+      return;
   }
   for (int64_t i = 0; i < rows - r; ++i) y[(r + i) * out_dim + o] = out[i];
+}
+
+// Quantized weight row o (group kQuantGroup) against R input rows: codes are widened and scaled in registers and
+// each group of eight weights feeds R accumulators, so a decode step reads every packed weight exactly once.
+template <int R, int Bits>
+void quantized_dot_rows(const Matrix& w, int64_t o, const float* x, int64_t stride, float* out) {
+  const auto* codes = reinterpret_cast<const uint8_t*>(w.row(o));
+  const int64_t groups = w.cols / kQuantGroup;
+  __m256 acc[R], acc2[R];
+  for (int r = 0; r < R; ++r) acc[r] = acc2[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256 scale = _mm256_set1_ps(bf16_to_f32(w.scales[o * groups + g]));
+    __m256 bias = _mm256_set1_ps(bf16_to_f32(w.biases[o * groups + g]));
+    for (int64_t k = g * kQuantGroup; k < (g + 1) * kQuantGroup; k += 16) {
+      __m256 w0 = weights8<Bits>(codes, k, scale, bias), w1 = weights8<Bits>(codes, k + 8, scale, bias);
+      for (int r = 0; r < R; ++r) {
+        acc[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * stride + k), acc[r]);
+        acc2[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * stride + k + 8), acc2[r]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = horizontal_sum(_mm256_add_ps(acc[r], acc2[r]));
+}
+
+template <int Bits>
+void quantized_row_times_inputs(const Matrix& w, const float* x, int64_t rows, int64_t o, float* y) {
+  const int64_t n = w.cols, out_dim = w.rows;
+  float out[4];
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    quantized_dot_rows<4, Bits>(w, o, x + r * n, n, out);
+    for (int i = 0; i < 4; ++i) y[(r + i) * out_dim + o] = out[i];
+  }
+  switch (rows - r) {
+    case 3:
+      quantized_dot_rows<3, Bits>(w, o, x + r * n, n, out);
+      break;
+    case 2:
+      quantized_dot_rows<2, Bits>(w, o, x + r * n, n, out);
+      break;
+    case 1:
+      quantized_dot_rows<1, Bits>(w, o, x + r * n, n, out);
+      break;
+    default:
+      return;
+  }
+  for (int64_t i = 0; i < rows - r; ++i) y[(r + i) * out_dim + o] = out[i];
+}
+
+void quantized_row_times_inputs(const Matrix& w, const float* x, int64_t rows, int64_t o, float* y) {
+  if (w.bits == 4)
+    quantized_row_times_inputs<4>(w, x, rows, o, y);
+  else if (w.bits == 3)
+    quantized_row_times_inputs<3>(w, x, rows, o, y);
+  else
+    quantized_row_times_inputs<2>(w, x, rows, o, y);
 }
 
 }  // namespace
@@ -104,12 +209,17 @@ void matmul(const Matrix& w, const float* x, int64_t rows, float* y) {
   // microseconds, more than a small matrix takes on one core.
   size_t grain = std::max<size_t>(1, (256 << 10) / std::max<size_t>(1, w.row_bytes()));
   // bf16 weights are widened in registers while few rows reuse them; for many rows (prefill) a row is widened once.
-  const bool in_registers = !w.quantized() && (w.dtype == DType::F32 || (w.dtype == DType::BF16 && rows <= 4));
+  // Quantized weights (group 64) likewise: decoded in registers for decode and verify steps.
+  const bool quantized_in_registers = w.quantized() && w.bits <= 4 && w.group == kQuantGroup && rows <= 4;
+  const bool in_registers =
+      quantized_in_registers || (!w.quantized() && (w.dtype == DType::F32 || (w.dtype == DType::BF16 && rows <= 4)));
   parallel_for(size_t(out_dim), grain, [&](size_t begin, size_t end) {
     std::vector<float> converted(in_registers ? 0 : size_t(in_dim));
     for (size_t o = begin; o < end; ++o) {
       const std::byte* row = w.row(int64_t(o));
-      if (in_registers && w.dtype == DType::BF16) {
+      if (quantized_in_registers) {
+        quantized_row_times_inputs(w, x, rows, int64_t(o), y);
+      } else if (in_registers && w.dtype == DType::BF16) {
         row_times_inputs(reinterpret_cast<const uint16_t*>(row), x, rows, in_dim, out_dim, int64_t(o), y);
       } else if (in_registers) {
         row_times_inputs(reinterpret_cast<const float*>(row), x, rows, in_dim, out_dim, int64_t(o), y);

@@ -15,18 +15,20 @@
 namespace vavilov {
 
 // W [rows, cols], row-major, used as y = W x. Dense in a float dtype, or affine-quantized (`bits` 4/3/2): codes packed
-// least-significant first into little-endian uint32 words, and per group of kQuantGroup columns a bf16 scale and
-// bias, w = scale·q + bias (MLX's layout, so such checkpoints map onto it bit for bit).
+// least-significant first into little-endian uint32 words (3-bit codes run on across word boundaries), and per group
+// of `group` columns a bf16 scale and bias, w = scale·q + bias (MLX's layout, so such checkpoints map onto it bit for
+// bit). Matrix products need kQuantGroup; other groups (MLX's group-32 n-gram table) are only read row by row.
 constexpr int64_t kQuantGroup = 64;
 
 struct Matrix {
   std::string name;
   DType dtype = DType::F32;  // dense element type (quantized matrices: BF16, the type of scales and biases)
   int64_t rows = 0, cols = 0;
-  const std::byte* data = nullptr;  // dense rows, or packed codes
-  int bits = 0;                     // 0: dense
-  const uint16_t* scales = nullptr;  // [rows, cols / kQuantGroup] bf16
+  const std::byte* data = nullptr;   // dense rows, or packed codes
+  int bits = 0;                      // 0: dense
+  const uint16_t* scales = nullptr;  // [rows, cols / group] bf16
   const uint16_t* biases = nullptr;
+  int64_t group = kQuantGroup;  // columns per scale and bias
 
   bool empty() const { return rows == 0; }
   bool quantized() const { return bits != 0; }
@@ -80,8 +82,8 @@ struct PleWeights {
   Vector norm_key, norm_query, norm_conv;
   Vector conv;  // [S·H, kernel]
 
-  const std::byte* table_row(int64_t row) const;
-  DType table_dtype() const { return table_shards.front().dtype; }
+  // One table row as fp32 (dense shards converted, quantized ones dequantized).
+  void table_row(int64_t row, float* out) const;
   int64_t head_width() const { return table_shards.front().cols; }
 };
 
