@@ -33,12 +33,21 @@ float dot(const float* a, const float* b, int64_t n) {
 
 namespace {
 
-// Eight consecutive codes, starting at code k (a multiple of 8) of a packed row, widened to eight int32 lanes.
-// 4 bits: one word; 2 bits: half a word; 3 bits: three bytes (codes run on across words).
+// Codes chunk·8 … chunk·8 + 7 of a group of 64 (packed in 2·Bits whole words), widened to eight int32 lanes. Only
+// whole aligned words are read: a 3-bit chunk that straddles two words takes both (a 3-byte load stalls on store
+// forwarding). With `chunk` a constant after unrolling, the word indices and shifts are constants too.
 template <int Bits>
-inline __m256i codes8(const uint8_t* row, int64_t k) {
-  uint32_t packed = 0;
-  std::memcpy(&packed, row + k * Bits / 8, Bits);  // Bits bytes hold eight Bits-wide codes
+inline __m256i codes8(const uint8_t* group_codes, int chunk) {
+  const int bit = chunk * 8 * Bits;
+  uint32_t low;
+  std::memcpy(&low, group_codes + bit / 32 * 4, 4);
+  uint64_t window = low;
+  if (bit % 32 + 8 * Bits > 32) {
+    uint32_t high;
+    std::memcpy(&high, group_codes + bit / 32 * 4 + 4, 4);
+    window |= uint64_t(high) << 32;
+  }
+  const auto packed = uint32_t(window >> (bit % 32));
   const __m256i shifts = _mm256_setr_epi32(0, Bits, 2 * Bits, 3 * Bits, 4 * Bits, 5 * Bits, 6 * Bits, 7 * Bits);
   return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(int(packed)), shifts),
                           _mm256_set1_epi32((1 << Bits) - 1));
@@ -46,9 +55,11 @@ inline __m256i codes8(const uint8_t* row, int64_t k) {
 
 // Eight weights w = scale·q + bias in registers.
 template <int Bits>
-inline __m256 weights8(const uint8_t* row, int64_t k, __m256 scale, __m256 bias) {
-  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(codes8<Bits>(row, k)), scale, bias);
+inline __m256 weights8(const uint8_t* group_codes, int chunk, __m256 scale, __m256 bias) {
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(codes8<Bits>(group_codes, chunk)), scale, bias);
 }
+
+constexpr int kChunksPerGroup = int(kQuantGroup / 8);
 
 template <int Bits>
 void dequantize_row_group64(const Matrix& w, int64_t row, float* out) {
@@ -57,8 +68,9 @@ void dequantize_row_group64(const Matrix& w, int64_t row, float* out) {
   for (int64_t g = 0; g < groups; ++g) {
     __m256 scale = _mm256_set1_ps(bf16_to_f32(w.scales[row * groups + g]));
     __m256 bias = _mm256_set1_ps(bf16_to_f32(w.biases[row * groups + g]));
-    for (int64_t k = g * kQuantGroup; k < (g + 1) * kQuantGroup; k += 8)
-      _mm256_storeu_ps(out + k, weights8<Bits>(codes, k, scale, bias));
+    const uint8_t* group_codes = codes + g * kQuantGroup * Bits / 8;
+    for (int chunk = 0; chunk < kChunksPerGroup; ++chunk)
+      _mm256_storeu_ps(out + g * kQuantGroup + chunk * 8, weights8<Bits>(group_codes, chunk, scale, bias));
   }
 }
 
@@ -156,11 +168,14 @@ void quantized_dot_rows(const Matrix& w, int64_t o, const float* x, int64_t stri
   for (int64_t g = 0; g < groups; ++g) {
     __m256 scale = _mm256_set1_ps(bf16_to_f32(w.scales[o * groups + g]));
     __m256 bias = _mm256_set1_ps(bf16_to_f32(w.biases[o * groups + g]));
-    for (int64_t k = g * kQuantGroup; k < (g + 1) * kQuantGroup; k += 16) {
-      __m256 w0 = weights8<Bits>(codes, k, scale, bias), w1 = weights8<Bits>(codes, k + 8, scale, bias);
+    const uint8_t* group_codes = codes + g * kQuantGroup * Bits / 8;
+    const float* group_x = x + g * kQuantGroup;
+    for (int chunk = 0; chunk < kChunksPerGroup; chunk += 2) {
+      __m256 w0 = weights8<Bits>(group_codes, chunk, scale, bias);
+      __m256 w1 = weights8<Bits>(group_codes, chunk + 1, scale, bias);
       for (int r = 0; r < R; ++r) {
-        acc[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * stride + k), acc[r]);
-        acc2[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * stride + k + 8), acc2[r]);
+        acc[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(group_x + r * stride + chunk * 8), acc[r]);
+        acc2[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(group_x + r * stride + chunk * 8 + 8), acc2[r]);
       }
     }
   }
