@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cpu/forward.h"
+#include "cpu/linear.h"
 #include "engine/generate.h"
 #include "error_of.h"
 #include "fixture_paths.h"
@@ -122,6 +123,41 @@ TEST(MlxCheckpoint, ExpertsAtThreeAndTwoBitsMatchHf) {
     for (size_t chunk : {prompt.size(), size_t(1)})
       EXPECT_LE(relative_error(engine_logits(*model, prompt, chunk), want), kTolerance) << bits << " bits";
   }
+}
+
+// Dense fp32 copy of a matrix's values (dequantized when quantized), owned by `model`.
+Matrix dense_copy(Model& model, const Matrix& m) {
+  std::vector<std::byte> bytes(size_t(m.rows * m.cols) * sizeof(float));
+  auto* values = reinterpret_cast<float*>(bytes.data());
+  for (int64_t r = 0; r < m.rows; ++r) cpu::matrix_row(m, r, values + r * m.cols);
+  model.owned.push_back(std::move(bytes));
+  return Matrix{m.name, DType::F32, m.rows, m.cols, model.owned.back().data()};
+}
+
+// Precision chosen per expert inside one layer (2, 3 and 4 bits side by side, as the streaming work needs): the
+// quantized kernels give what dense fp32 products of the very same values give. 1e-5 of the largest logit: fp32
+// rounding order only.
+TEST(MlxCheckpoint, MixedPrecisionPerExpertEqualsDenseCopiesOfTheSameValues) {
+  auto ref = reference();
+  auto prompt = ref["prompt_ids"].get<std::vector<int32_t>>();
+  auto mixed = load_model(kFixture.string());
+  auto dense = load_model(kFixture.string());
+  for (size_t l = 0; l < mixed->layers.size(); ++l)
+    for (size_t e = 0; e < mixed->layers[l].moe.experts.size(); ++e) {
+      FeedForwardWeights& expert = mixed->layers[l].moe.experts[e];
+      FeedForwardWeights& copy = dense->layers[l].moe.experts[e];
+      int bits = e % 3 == 0 ? 2 : e % 3 == 1 ? 3 : 0;  // 0: keep the checkpoint's own precision
+      for (auto [m, d] : {std::pair{&expert.gate, &copy.gate}, {&expert.up, &copy.up}, {&expert.down, &copy.down}}) {
+        if (bits) *m = quantize_matrix(*mixed, *m, bits);
+        *d = dense_copy(*dense, *m);
+      }
+    }
+  EXPECT_EQ(mixed->layers[0].moe.experts[0].gate.bits, 2);
+  EXPECT_EQ(mixed->layers[0].moe.experts[1].gate.bits, 3);
+  EXPECT_EQ(mixed->layers[0].moe.experts[2].gate.bits, 4);
+  for (size_t chunk : {prompt.size(), size_t(1)})
+    EXPECT_LE(relative_error(engine_logits(*mixed, prompt, chunk), engine_logits(*dense, prompt, chunk)), 1e-5)
+        << "chunk " << chunk;
 }
 
 // A copy of the fixture with an edited safetensors header and/or config.json.
