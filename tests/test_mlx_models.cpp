@@ -17,6 +17,7 @@
 #include "model/mlx_quantization.h"
 #include "model/quantize.h"
 #include "model/weights.h"
+#include "run_command.h"
 
 namespace vavilov {
 namespace {
@@ -158,6 +159,30 @@ TEST(MlxCheckpoint, MixedPrecisionPerExpertEqualsDenseCopiesOfTheSameValues) {
   for (size_t chunk : {prompt.size(), size_t(1)})
     EXPECT_LE(relative_error(engine_logits(*mixed, prompt, chunk), engine_logits(*dense, prompt, chunk)), 1e-5)
         << "chunk " << chunk;
+}
+
+// The CLI wiring: `logits --experts 3` on the MLX checkpoint writes HF's logits for 3-bit experts; a precision
+// other than 4, 3 or 2 is refused before anything is loaded.
+TEST(MlxCheckpoint, LogitsCommandTakesExperts) {
+  auto ref = reference();
+  std::string ids;
+  for (const auto& id : ref["prompt_ids"]) {
+    if (!ids.empty()) ids += ',';
+    ids += std::to_string(id.get<int>());
+  }
+  fs::path out = fs::temp_directory_path() / ("vavilov_mlx_experts_" + std::to_string(::getpid()) + ".f32");
+  auto result =
+      test::run_vavilov("logits --model " + kFixture.string() + " --ids " + ids + " --experts 3 --out " + out.string());
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("to 3 bits"));
+  auto want = test::read_floats(kFixture / ref["experts_logits_files"]["3"].get<std::string>());
+  EXPECT_LE(relative_error(test::read_floats(out), want), kTolerance);
+  fs::remove(out);
+  auto refused =
+      test::run_vavilov("logits --model " + kFixture.string() + " --ids 1,2 --experts 5 --out " + out.string());
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_THAT(refused.output, HasSubstr("--experts"));
+  EXPECT_FALSE(fs::exists(out));
 }
 
 // A copy of the fixture with an edited safetensors header and/or config.json.
