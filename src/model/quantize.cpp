@@ -103,7 +103,27 @@ QuantizedRows quantize_rows(const float* weights, int64_t rows, int64_t cols, in
   return out;
 }
 
+namespace {
+
+// The eight non-negative e2m1 magnitudes; bit 3 of a code is the sign.
+constexpr float kE2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+
+void dequantize_nvfp4_row(const Matrix& w, int64_t row, float* out) {
+  const auto* codes = reinterpret_cast<const uint8_t*>(w.row(row));
+  const uint8_t* scales = w.block_scales + row * (w.cols / w.group);
+  for (int64_t g = 0; g < w.cols / w.group; ++g) {
+    const float scale = f8_e4m3_to_f32(scales[g]) * w.tensor_scale;
+    for (int64_t i = g * w.group; i < (g + 1) * w.group; ++i) {
+      const uint32_t code = (codes[i / 2] >> (4 * (i % 2))) & 0xfu;
+      out[i] = (code & 8u ? -kE2m1[code & 7u] : kE2m1[code & 7u]) * scale;
+    }
+  }
+}
+
+}  // namespace
+
 void dequantize_row(const Matrix& w, int64_t row, float* out) {
+  if (w.nvfp4()) return dequantize_nvfp4_row(w, row, out);
   const std::byte* codes = w.row(row);
   const int64_t groups = w.cols / w.group;
   const uint16_t* scales = w.scales + row * groups;
@@ -132,10 +152,13 @@ void dequantize_row(const Matrix& w, int64_t row, float* out) {
 Matrix quantize_matrix(Model& model, const Matrix& m, int bits) {
   std::vector<float> dense(size_t(m.rows * m.cols));
   for (int64_t r = 0; r < m.rows; ++r) {
-    if (m.quantized())
-      dequantize_row(m, r, dense.data() + r * m.cols);
-    else
-      to_f32(m.dtype, m.row(r), dense.data() + r * m.cols, size_t(m.cols));
+    float* values = dense.data() + r * m.cols;
+    if (m.quantized()) {
+      dequantize_row(m, r, values);
+    } else {
+      to_f32(m.dtype, m.row(r), values, size_t(m.cols));
+      for (int64_t i = 0; m.tensor_scale != 1.0f && i < m.cols; ++i) values[i] *= m.tensor_scale;
+    }
   }
   QuantizedRows q = quantize_rows(dense.data(), m.rows, m.cols, bits);
   Matrix out = m;
@@ -145,6 +168,8 @@ Matrix quantize_matrix(Model& model, const Matrix& m, int bits) {
   out.dtype = DType::BF16;
   out.bits = bits;
   out.group = kQuantGroup;
+  out.block_scales = nullptr;
+  out.tensor_scale = 1.0f;
   return out;
 }
 

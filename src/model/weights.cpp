@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
@@ -16,7 +17,9 @@ Matrix Matrix::slice_rows(int64_t begin, int64_t count, std::string slice_name) 
   slice.name = std::move(slice_name);
   slice.rows = count;
   slice.data = row(begin);
-  if (quantized()) {
+  if (nvfp4()) {
+    slice.block_scales += begin * (cols / group);
+  } else if (quantized()) {
     slice.scales += begin * (cols / group);
     slice.biases += begin * (cols / group);
   }
@@ -58,11 +61,15 @@ class Reader {
 
   // A weight of logical shape [rows, cols] (or [..., rows, cols], stacked): dense, or MLX-quantized.
   Matrix matrix(const std::string& name, const std::vector<int64_t>& shape) const {
+    if (has_modelopt_scale(name) && store_.get(prefix_ + name).dtype == DType::U8) return nvfp4_matrix(name, shape);
     if (is_mlx_quantized(name)) return mlx_matrix(name, shape);
     const TensorView& view = tensor(name, shape);
     int64_t rows = 1;
     for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
-    return Matrix{view.name, view.dtype, rows, shape.back(), view.data};
+    Matrix m{view.name, view.dtype, rows, shape.back(), view.data};
+    if (view.dtype == DType::F8_E4M3 && has_modelopt_scale(name))
+      m.tensor_scale = modelopt_scalar(name, ".weight_scale");
+    return m;
   }
   Matrix matrix(const std::string& name, int64_t rows, int64_t cols) const { return matrix(name, {rows, cols}); }
 
@@ -102,6 +109,52 @@ class Reader {
   }
 
  private:
+  // ModelOpt exports put a module's scales beside its weight: `.weight_scale` (NVFP4 block scales, or FP8's
+  // per-tensor scale) and, for NVFP4, `.weight_scale_2`.
+  bool has_modelopt_scale(const std::string& name) const {
+    return store_.contains(prefix_ + name) && store_.contains(prefix_ + module_of(name) + ".weight_scale");
+  }
+
+  float modelopt_scalar(const std::string& name, const char* suffix) const {
+    const std::string scale_name = prefix_ + module_of(name) + suffix;
+    const TensorView* view = store_.find(scale_name);
+    check(view != nullptr, "{}: missing tensor {} (the ModelOpt-quantized weight {}{} needs it)", store_.directory(),
+          scale_name, prefix_, name);
+    check(view->dtype == DType::F32 && view->numel() == 1, "{}: tensor {}: expected one F32 value, got {} {}",
+          view->file, view->name, dtype_name(view->dtype), view->shape_string());
+    float value;
+    std::memcpy(&value, view->data, 4);
+    check(std::isfinite(value) && value > 0, "{}: tensor {}: scale {} is not a positive number", view->file, view->name,
+          value);
+    return value;
+  }
+
+  // An NVFP4 weight of logical shape [..., rows, cols]: `.weight` U8 [..., rows, cols/2], `.weight_scale`
+  // F8_E4M3 [..., rows, cols/16], `.weight_scale_2` F32 (one value).
+  Matrix nvfp4_matrix(const std::string& name, const std::vector<int64_t>& shape) const {
+    constexpr int64_t kBlock = 16;
+    const TensorView& codes = store_.get(prefix_ + name);
+    const int64_t cols = shape.back();
+    check(cols % kBlock == 0, "{}: tensor {}: {} input columns do not split into NVFP4 blocks of {}", codes.file,
+          codes.name, cols, kBlock);
+    std::vector<int64_t> packed = shape, grouped = shape;
+    packed.back() = cols / 2;
+    grouped.back() = cols / kBlock;
+    check(codes.shape == packed, "{}: tensor {}: expected shape {} (two e2m1 codes a byte), got {}", codes.file,
+          codes.name, shape_string(packed), codes.shape_string());
+    const TensorView& scales = store_.get(prefix_ + module_of(name) + ".weight_scale");
+    check(scales.dtype == DType::F8_E4M3, "{}: tensor {}: expected F8_E4M3 block scales, got {}", scales.file,
+          scales.name, dtype_name(scales.dtype));
+    check(scales.shape == grouped, "{}: tensor {}: expected shape {} (one scale per {} columns), got {}", scales.file,
+          scales.name, shape_string(grouped), kBlock, scales.shape_string());
+    Matrix m{codes.name, DType::BF16, 1, cols, codes.data, 4};
+    for (size_t i = 0; i + 1 < shape.size(); ++i) m.rows *= shape[i];
+    m.group = kBlock;
+    m.block_scales = reinterpret_cast<const uint8_t*>(scales.data);
+    m.tensor_scale = modelopt_scalar(name, ".weight_scale_2");
+    return m;
+  }
+
   static std::string module_of(const std::string& name) {
     const std::string suffix = ".weight";
     bool has_suffix =

@@ -29,9 +29,14 @@ struct Matrix {
   const uint16_t* scales = nullptr;  // [rows, cols / group] bf16
   const uint16_t* biases = nullptr;
   int64_t group = kQuantGroup;  // columns per scale and bias
+  // NVIDIA NVFP4 (ModelOpt exports; bits 4, group 16): data holds e2m1 codes, two a byte with the even column in the
+  // low nibble, and block_scales an e4m3 scale per 16 columns [rows, cols/16]; w = e2m1 · block scale · tensor_scale.
+  const uint8_t* block_scales = nullptr;
+  float tensor_scale = 1.0f;  // NVFP4's weight_scale_2; dense F8_E4M3 weights' per-tensor weight_scale
 
   bool empty() const { return rows == 0; }
   bool quantized() const { return bits != 0; }
+  bool nvfp4() const { return block_scales != nullptr; }
   size_t row_bytes() const { return quantized() ? size_t(cols) * size_t(bits) / 8 : size_t(cols) * dtype_size(dtype); }
   const std::byte* row(int64_t r) const { return data + size_t(r) * row_bytes(); }
   // Rows [begin, begin + count) as a matrix of their own (fused expert tensors are split this way).
