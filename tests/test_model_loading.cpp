@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "error_of.h"
 #include "fixture_paths.h"
+#include "run_command.h"
 #include "model/weights.h"
 
 namespace vavilov {
@@ -74,19 +75,10 @@ TEST(ModelLoading, PleBufferWithWrongDtypeIsNamed) {
   EXPECT_THAT(load_error(dir), HasSubstr("model.layers.1.ple.ple_embedding.layer_multipliers"));
 }
 
-struct CommandResult {
-  int exit_code;
-  std::string output;
-};
+using test::CommandResult;
 
 CommandResult run(const std::string& arguments, bool with_stderr = true) {
-  std::string command = std::string(VAVILOV_BINARY) + " " + arguments + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* pipe = ::popen(command.c_str(), "r");
-  std::string output;
-  char buffer[512];
-  while (size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
-  int status = ::pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+  return test::run_vavilov(arguments, with_stderr);
 }
 
 TEST(Cli, BadCheckpointGivesOneLineErrorAndNoOutputFile) {

@@ -43,16 +43,29 @@ std::string default_model_dir() {
   fail("--model is required: there is no bundled model under models/");
 }
 
-void add_quantize_option(CLI::App* command, std::string& quantize) {
-  command->add_option("--quantize", quantize, "Quantize weights at load: none, q4, q3 or q2 (affine, group 64)")
+void add_quantize_option(CLI::App* command, QuantizeOptions& quantize) {
+  command->add_option("--quantize", quantize.weights, "Quantize weights at load: none, q4, q3 or q2 (affine, group 64)")
       ->check(CLI::IsMember({"none", "q4", "q3", "q2"}));
+  add_experts_option(command, quantize.experts);
 }
 
-std::unique_ptr<Model> load_model_quantized(const std::string& directory, const std::string& quantize) {
+void add_experts_option(CLI::App* command, int& experts) {
+  command
+      ->add_option("--experts", experts,
+                   "Routed experts at 4, 3 or 2 bits (affine, group 64; from BF16 weights or derived from a Q4 "
+                   "checkpoint's codes)")
+      ->check(CLI::IsMember({4, 3, 2}));
+}
+
+std::unique_ptr<Model> load_model_quantized(const std::string& directory, const QuantizeOptions& quantize) {
   auto model = load_model(directory);
-  if (quantize != "none") {
-    int count = quantize_model(*model, quantize[1] - '0');
-    fmt::print(stderr, "quantized {} weight matrices to {}\n", count, quantize);
+  if (quantize.weights != "none") {
+    int count = quantize_model(*model, quantize.weights[1] - '0');
+    fmt::print(stderr, "quantized {} weight matrices to {}\n", count, quantize.weights);
+  }
+  if (quantize.experts != 0) {
+    int count = quantize_experts(*model, quantize.experts);
+    fmt::print(stderr, "quantized {} expert matrices to {} bits\n", count, quantize.experts);
   }
   return model;
 }

@@ -24,7 +24,7 @@ namespace {
 struct GenerateArgs {
   std::string model, ids, prompt;
   bool raw = false;
-  std::string quantize = "none";
+  QuantizeOptions quantize;
   int64_t max_tokens = 64;
   int64_t chunk = 0;
   bool ignore_eos = false;

@@ -19,7 +19,7 @@ struct LogitsArgs {
   int64_t chunk = 0;
   int threads = 0;
   bool mtp = false;
-  std::string quantize = "none";
+  QuantizeOptions quantize;
 };
 
 // Row i: the MTP head's logits given the trunk stack at position i and the token ids[i + 1].

@@ -94,6 +94,7 @@ void register_serve(CLI::App& app) {
   command->add_option("--shutdown-grace", args->grace_s, "Seconds in-flight requests get to finish on SIGTERM")
       ->check(CLI::Range(0, 3600))
       ->capture_default_str();
+  add_experts_option(command, o.experts);
   command->add_option("--drafts", o.drafts, "MTP drafts per step, 0-3 (default: 2 with an MTP head, else 0)")
       ->check(CLI::Range(0, 3));
   add_threads_option(command, args->threads);

@@ -3,6 +3,8 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
+#include <cstring>
 #include <vector>
 
 #include "core/threads.h"
@@ -31,11 +33,99 @@ float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
+namespace {
+
+// Codes chunk·8 … chunk·8 + 7 of a group of 64 (packed in 2·Bits whole words), widened to eight int32 lanes. Only
+// whole aligned words are read: a 3-bit chunk that straddles two words takes both (a 3-byte load stalls on store
+// forwarding). With `chunk` a constant after unrolling, the word indices and shifts are constants too.
+template <int Bits>
+inline __m256i codes8(const uint8_t* group_codes, int chunk) {
+  const int bit = chunk * 8 * Bits;
+  uint32_t low;
+  std::memcpy(&low, group_codes + bit / 32 * 4, 4);
+  uint64_t window = low;
+  if (bit % 32 + 8 * Bits > 32) {
+    uint32_t high;
+    std::memcpy(&high, group_codes + bit / 32 * 4 + 4, 4);
+    window |= uint64_t(high) << 32;
+  }
+  const auto packed = uint32_t(window >> (bit % 32));
+  const __m256i shifts = _mm256_setr_epi32(0, Bits, 2 * Bits, 3 * Bits, 4 * Bits, 5 * Bits, 6 * Bits, 7 * Bits);
+  return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(int(packed)), shifts),
+                          _mm256_set1_epi32((1 << Bits) - 1));
+}
+
+// Eight weights w = scale·q + bias in registers.
+template <int Bits>
+inline __m256 weights8(const uint8_t* group_codes, int chunk, __m256 scale, __m256 bias) {
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(codes8<Bits>(group_codes, chunk)), scale, bias);
+}
+
+constexpr int kChunksPerGroup = int(kQuantGroup / 8);
+
+template <int Bits>
+void dequantize_row_group64(const Matrix& w, int64_t row, float* out) {
+  const auto* codes = reinterpret_cast<const uint8_t*>(w.row(row));
+  const int64_t groups = w.cols / kQuantGroup;
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256 scale = _mm256_set1_ps(bf16_to_f32(w.scales[row * groups + g]));
+    __m256 bias = _mm256_set1_ps(bf16_to_f32(w.biases[row * groups + g]));
+    const uint8_t* group_codes = codes + g * kQuantGroup * Bits / 8;
+    for (int chunk = 0; chunk < kChunksPerGroup; ++chunk)
+      _mm256_storeu_ps(out + g * kQuantGroup + chunk * 8, weights8<Bits>(group_codes, chunk, scale, bias));
+  }
+}
+
+// NVFP4: eight e2m1 codes of one little-endian word (column k in bits 4k..4k+3) as signed values.
+inline __m256 nvfp4_values8(uint32_t word) {
+  const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+  const __m256i codes =
+      _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(int(word)), shifts), _mm256_set1_epi32(15));
+  const __m256 magnitudes = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+  const __m256 magnitude = _mm256_permutevar8x32_ps(magnitudes, codes);  // uses the low three bits of each code
+  const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(codes, 3), 31);
+  return _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(magnitude), sign));
+}
+
+// e4m3 block scales through a table: one lookup per 16 weights.
+const float* e4m3_table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> values{};
+    for (int i = 0; i < 256; ++i) values[size_t(i)] = f8_e4m3_to_f32(uint8_t(i));
+    return values;
+  }();
+  return table.data();
+}
+
+void dequantize_nvfp4_row(const Matrix& w, int64_t row, float* out) {
+  const auto* words = reinterpret_cast<const uint32_t*>(w.row(row));
+  const uint8_t* block_scales = w.block_scales + row * (w.cols / 16);
+  const float* e4m3 = e4m3_table();
+  for (int64_t b = 0; b < w.cols / 16; ++b) {
+    const __m256 scale = _mm256_set1_ps(e4m3[block_scales[b]] * w.tensor_scale);
+    _mm256_storeu_ps(out + b * 16, _mm256_mul_ps(nvfp4_values8(words[2 * b]), scale));
+    _mm256_storeu_ps(out + b * 16 + 8, _mm256_mul_ps(nvfp4_values8(words[2 * b + 1]), scale));
+  }
+}
+
+}  // namespace
+
 void matrix_row(const Matrix& w, int64_t row, float* out) {
-  if (w.quantized())
-    dequantize_row(w, row, out);
-  else
+  if (!w.quantized()) {
     to_f32(w.dtype, w.row(row), out, size_t(w.cols));
+    if (w.tensor_scale != 1.0f)  // ModelOpt FP8: e4m3 values times a per-tensor scale
+      for (int64_t i = 0; i < w.cols; ++i) out[i] *= w.tensor_scale;
+  } else if (w.nvfp4()) {
+    dequantize_nvfp4_row(w, row, out);
+  } else if (w.group != kQuantGroup || w.bits > 4) {  // MLX's other widths and groups: correct, not fast
+    dequantize_row(w, row, out);
+  } else if (w.bits == 4) {
+    dequantize_row_group64<4>(w, row, out);
+  } else if (w.bits == 3) {
+    dequantize_row_group64<3>(w, row, out);
+  } else {
+    dequantize_row_group64<2>(w, row, out);
+  }
 }
 
 namespace {
@@ -103,6 +193,98 @@ void rows_times_inputs(const T* w, int64_t w_stride, int64_t o_begin, int64_t o_
   }
 }
 
+// Quantized weight row o (group kQuantGroup) against R input rows: codes are widened and scaled in registers and
+// each group of eight weights feeds R accumulators, so a decode step reads every packed weight exactly once.
+template <int R, int Bits>
+void quantized_dot_rows(const Matrix& w, int64_t o, const float* x, int64_t stride, float* out) {
+  const auto* codes = reinterpret_cast<const uint8_t*>(w.row(o));
+  const int64_t groups = w.cols / kQuantGroup;
+  __m256 acc[R], acc2[R];
+  for (int r = 0; r < R; ++r) acc[r] = acc2[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256 scale = _mm256_set1_ps(bf16_to_f32(w.scales[o * groups + g]));
+    __m256 bias = _mm256_set1_ps(bf16_to_f32(w.biases[o * groups + g]));
+    const uint8_t* group_codes = codes + g * kQuantGroup * Bits / 8;
+    const float* group_x = x + g * kQuantGroup;
+    for (int chunk = 0; chunk < kChunksPerGroup; chunk += 2) {
+      __m256 w0 = weights8<Bits>(group_codes, chunk, scale, bias);
+      __m256 w1 = weights8<Bits>(group_codes, chunk + 1, scale, bias);
+      for (int r = 0; r < R; ++r) {
+        acc[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(group_x + r * stride + chunk * 8), acc[r]);
+        acc2[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(group_x + r * stride + chunk * 8 + 8), acc2[r]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = horizontal_sum(_mm256_add_ps(acc[r], acc2[r]));
+}
+
+// NVFP4 weight row o against R input rows, decoded in registers like the affine rows (block scale × tensor scale).
+template <int R>
+void nvfp4_dot_rows(const Matrix& w, int64_t o, const float* x, int64_t stride, float* out) {
+  const auto* words = reinterpret_cast<const uint32_t*>(w.row(o));
+  const uint8_t* block_scales = w.block_scales + o * (w.cols / 16);
+  const float* e4m3 = e4m3_table();
+  const float tensor_scale = w.tensor_scale;
+  __m256 acc[R], acc2[R];
+  for (int r = 0; r < R; ++r) acc[r] = acc2[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < w.cols / 16; ++b) {
+    const __m256 scale = _mm256_set1_ps(e4m3[block_scales[b]] * tensor_scale);
+    const __m256 w0 = _mm256_mul_ps(nvfp4_values8(words[2 * b]), scale);
+    const __m256 w1 = _mm256_mul_ps(nvfp4_values8(words[2 * b + 1]), scale);
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * stride + b * 16), acc[r]);
+      acc2[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * stride + b * 16 + 8), acc2[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = horizontal_sum(_mm256_add_ps(acc[r], acc2[r]));
+}
+
+constexpr int kNvfp4 = 1;  // "Bits" of the NVFP4 kernels below
+
+template <int R, int Bits>
+void packed_dot_rows(const Matrix& w, int64_t o, const float* x, int64_t stride, float* out) {
+  if constexpr (Bits == kNvfp4)
+    nvfp4_dot_rows<R>(w, o, x, stride, out);
+  else
+    quantized_dot_rows<R, Bits>(w, o, x, stride, out);
+}
+
+template <int Bits>
+void quantized_row_times_inputs(const Matrix& w, const float* x, int64_t rows, int64_t o, float* y) {
+  const int64_t n = w.cols, out_dim = w.rows;
+  float out[4];
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    packed_dot_rows<4, Bits>(w, o, x + r * n, n, out);
+    for (int i = 0; i < 4; ++i) y[(r + i) * out_dim + o] = out[i];
+  }
+  switch (rows - r) {
+    case 3:
+      packed_dot_rows<3, Bits>(w, o, x + r * n, n, out);
+      break;
+    case 2:
+      packed_dot_rows<2, Bits>(w, o, x + r * n, n, out);
+      break;
+    case 1:
+      packed_dot_rows<1, Bits>(w, o, x + r * n, n, out);
+      break;
+    default:
+      return;
+  }
+  for (int64_t i = 0; i < rows - r; ++i) y[(r + i) * out_dim + o] = out[i];
+}
+
+void quantized_row_times_inputs(const Matrix& w, const float* x, int64_t rows, int64_t o, float* y) {
+  if (w.nvfp4())
+    quantized_row_times_inputs<kNvfp4>(w, x, rows, o, y);
+  else if (w.bits == 4)
+    quantized_row_times_inputs<4>(w, x, rows, o, y);
+  else if (w.bits == 3)
+    quantized_row_times_inputs<3>(w, x, rows, o, y);
+  else
+    quantized_row_times_inputs<2>(w, x, rows, o, y);
+}
+
 }  // namespace
 
 void matmul(const Matrix& w, const float* x, int64_t rows, float* y) {
@@ -111,8 +293,15 @@ void matmul(const Matrix& w, const float* x, int64_t rows, float* y) {
   // microseconds, more than a small matrix takes on one core.
   size_t grain = std::max<size_t>(1, (256 << 10) / std::max<size_t>(1, w.row_bytes()));
   // bf16 weights are widened in registers while few rows reuse them; for many rows (prefill) a row is widened once.
+  // Quantized weights (group 64) likewise: decoded in registers for decode and verify steps.
+  const bool quantized_in_registers =
+      w.quantized() && rows <= 4 && (w.nvfp4() || (w.bits <= 4 && w.group == kQuantGroup));
   const bool in_registers = !w.quantized() && (w.dtype == DType::F32 || (w.dtype == DType::BF16 && rows <= 4));
   parallel_for(size_t(out_dim), grain, [&](size_t begin, size_t end) {
+    if (quantized_in_registers) {
+      for (size_t o = begin; o < end; ++o) quantized_row_times_inputs(w, x, rows, int64_t(o), y);
+      return;
+    }
     if (in_registers && w.dtype == DType::BF16) {
       rows_times_inputs(reinterpret_cast<const uint16_t*>(w.data), in_dim, int64_t(begin), int64_t(end), x, rows,
                         in_dim, y, out_dim);

@@ -48,8 +48,7 @@ void segment_embeddings(const PleWeights& w, const ModelConfig& c, const Segment
   for (int64_t t = 0; t < seg.rows; ++t) {
     ngram_rows(w, c, history, size_t(t + context), table_rows.data());
     for (int head = 0; head < c.ngram_heads(); ++head)
-      to_f32(w.table_dtype(), w.table_row(table_rows[head]), embedding + t * e_dim + head * head_width,
-             size_t(head_width));
+      w.table_row(table_rows[head], embedding + t * e_dim + head * head_width);
   }
   if (seg.ple_rows) {
     shape_row_states(*seg.ple_rows, size_t(seg.rows - 1), state);

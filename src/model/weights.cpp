@@ -3,20 +3,37 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
+#include "model/mlx_quantization.h"
+#include "model/quantize.h"
 
 namespace vavilov {
 
 Matrix Matrix::slice_rows(int64_t begin, int64_t count, std::string slice_name) const {
-  return Matrix{std::move(slice_name), dtype, count, cols, row(begin)};
+  Matrix slice = *this;
+  slice.name = std::move(slice_name);
+  slice.rows = count;
+  slice.data = row(begin);
+  if (nvfp4()) {
+    slice.block_scales += begin * (cols / group);
+  } else if (quantized()) {
+    slice.scales += begin * (cols / group);
+    slice.biases += begin * (cols / group);
+  }
+  return slice;
 }
 
-const std::byte* PleWeights::table_row(int64_t row) const {
+void PleWeights::table_row(int64_t row, float* out) const {
   auto after = std::upper_bound(shard_first_row.begin(), shard_first_row.end(), row);
   size_t shard = size_t(after - shard_first_row.begin()) - 1;
-  return table_shards[shard].row(row - shard_first_row[shard]);
+  const Matrix& m = table_shards[shard];
+  if (m.quantized())
+    dequantize_row(m, row - shard_first_row[shard], out);
+  else
+    to_f32(m.dtype, m.row(row - shard_first_row[shard]), out, size_t(m.cols));
 }
 
 namespace {
@@ -30,7 +47,8 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 // Reads tensors of one checkpoint under a key prefix, checking each against the shape the config implies.
 class Reader {
  public:
-  Reader(const TensorStore& store, std::string prefix) : store_(store), prefix_(std::move(prefix)) {}
+  Reader(const TensorStore& store, std::string prefix, const MlxQuantization* mlx = nullptr)
+      : store_(store), prefix_(std::move(prefix)), mlx_(mlx) {}
 
   const TensorView& tensor(const std::string& name, const std::vector<int64_t>& shape, bool float_data = true) const {
     const TensorView& view = store_.get(prefix_ + name);
@@ -41,16 +59,33 @@ class Reader {
     return view;
   }
 
-  Matrix matrix(const std::string& name, int64_t rows, int64_t cols) const {
-    const TensorView& view = tensor(name, {rows, cols});
-    return Matrix{view.name, view.dtype, rows, cols, view.data};
+  // A weight of logical shape [rows, cols] (or [..., rows, cols], stacked): dense, or MLX-quantized.
+  Matrix matrix(const std::string& name, const std::vector<int64_t>& shape) const {
+    if (has_modelopt_scale(name) && store_.get(prefix_ + name).dtype == DType::U8) return nvfp4_matrix(name, shape);
+    if (is_mlx_quantized(name)) return mlx_matrix(name, shape);
+    const TensorView& view = tensor(name, shape);
+    int64_t rows = 1;
+    for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
+    Matrix m{view.name, view.dtype, rows, shape.back(), view.data};
+    if (view.dtype == DType::F8_E4M3 && has_modelopt_scale(name))
+      m.tensor_scale = modelopt_scalar(name, ".weight_scale");
+    return m;
   }
+  Matrix matrix(const std::string& name, int64_t rows, int64_t cols) const { return matrix(name, {rows, cols}); }
 
   Vector vector(const std::string& name, const std::vector<int64_t>& shape) const {
     const TensorView& view = tensor(name, shape);
     Vector out(size_t(view.numel()));
     to_f32(view.dtype, view.data, out.data(), out.size());
     return out;
+  }
+
+  // Depthwise conv taps [channels, 1, kernel] as HF saves them, or [channels, kernel, 1] as MLX conversions move
+  // them (the same bytes either way).
+  Vector conv_taps(const std::string& name, int64_t channels, int64_t kernel) const {
+    if (has(name) && store_.get(prefix_ + name).shape == std::vector<int64_t>{channels, kernel, 1})
+      return vector(name, {channels, kernel, 1});
+    return vector(name, {channels, 1, kernel});
   }
 
   std::vector<int64_t> int64s(const std::string& name, int64_t n) const {
@@ -63,13 +98,113 @@ class Reader {
   }
 
   bool has(const std::string& name) const { return store_.contains(prefix_ + name); }
-  Reader sub(const std::string& name) const { return Reader(store_, prefix_ + name); }
+  Reader sub(const std::string& name) const { return Reader(store_, prefix_ + name, mlx_); }
   const TensorStore& store() const { return store_; }
   const std::string& prefix() const { return prefix_; }
 
+  // MLX packs a quantized module's weight as uint32 codes beside `.scales` and `.biases`.
+  bool is_mlx_quantized(const std::string& name) const {
+    const TensorView* view = store_.find(prefix_ + name);
+    return view != nullptr && (view->dtype == DType::U32 || store_.contains(prefix_ + module_of(name) + ".scales"));
+  }
+
  private:
+  // ModelOpt exports put a module's scales beside its weight: `.weight_scale` (NVFP4 block scales, or FP8's
+  // per-tensor scale) and, for NVFP4, `.weight_scale_2`.
+  bool has_modelopt_scale(const std::string& name) const {
+    return store_.contains(prefix_ + name) && store_.contains(prefix_ + module_of(name) + ".weight_scale");
+  }
+
+  float modelopt_scalar(const std::string& name, const char* suffix) const {
+    const std::string scale_name = prefix_ + module_of(name) + suffix;
+    const TensorView* view = store_.find(scale_name);
+    check(view != nullptr, "{}: missing tensor {} (the ModelOpt-quantized weight {}{} needs it)", store_.directory(),
+          scale_name, prefix_, name);
+    check(view->dtype == DType::F32 && view->numel() == 1, "{}: tensor {}: expected one F32 value, got {} {}",
+          view->file, view->name, dtype_name(view->dtype), view->shape_string());
+    float value;
+    std::memcpy(&value, view->data, 4);
+    check(std::isfinite(value) && value > 0, "{}: tensor {}: scale {} is not a positive number", view->file, view->name,
+          value);
+    return value;
+  }
+
+  // An NVFP4 weight of logical shape [..., rows, cols]: `.weight` U8 [..., rows, cols/2], `.weight_scale`
+  // F8_E4M3 [..., rows, cols/16], `.weight_scale_2` F32 (one value).
+  Matrix nvfp4_matrix(const std::string& name, const std::vector<int64_t>& shape) const {
+    constexpr int64_t kBlock = 16;
+    const TensorView& codes = store_.get(prefix_ + name);
+    const int64_t cols = shape.back();
+    check(cols % kBlock == 0, "{}: tensor {}: {} input columns do not split into NVFP4 blocks of {}", codes.file,
+          codes.name, cols, kBlock);
+    std::vector<int64_t> packed = shape, grouped = shape;
+    packed.back() = cols / 2;
+    grouped.back() = cols / kBlock;
+    check(codes.shape == packed, "{}: tensor {}: expected shape {} (two e2m1 codes a byte), got {}", codes.file,
+          codes.name, shape_string(packed), codes.shape_string());
+    const TensorView& scales = store_.get(prefix_ + module_of(name) + ".weight_scale");
+    check(scales.dtype == DType::F8_E4M3, "{}: tensor {}: expected F8_E4M3 block scales, got {}", scales.file,
+          scales.name, dtype_name(scales.dtype));
+    check(scales.shape == grouped, "{}: tensor {}: expected shape {} (one scale per {} columns), got {}", scales.file,
+          scales.name, shape_string(grouped), kBlock, scales.shape_string());
+    Matrix m{codes.name, DType::BF16, 1, cols, codes.data, 4};
+    for (size_t i = 0; i + 1 < shape.size(); ++i) m.rows *= shape[i];
+    m.group = kBlock;
+    m.block_scales = reinterpret_cast<const uint8_t*>(scales.data);
+    m.tensor_scale = modelopt_scalar(name, ".weight_scale_2");
+    return m;
+  }
+
+  static std::string module_of(const std::string& name) {
+    const std::string suffix = ".weight";
+    bool has_suffix =
+        name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    return has_suffix ? name.substr(0, name.size() - suffix.size()) : name;
+  }
+
+  // An MLX affine-quantized weight of logical shape [..., rows, cols]: `.weight` uint32 [..., rows, cols·bits/32],
+  // `.scales` and `.biases` bf16 [..., rows, cols/group], bits and group from config.json's quantization section.
+  Matrix mlx_matrix(const std::string& name, const std::vector<int64_t>& shape) const {
+    const TensorView& codes = store_.get(prefix_ + name);
+    const std::string module = prefix_ + module_of(name);
+    check(mlx_ != nullptr,
+          "{}: tensor {}: MLX-quantized (uint32 codes or {}.scales), but config.json declares no "
+          "quantization",
+          codes.file, codes.name, module);
+    std::optional<QuantSpec> spec = mlx_->for_module(module);
+    check(spec.has_value(), "{}: tensor {}: quantized, but config.json's quantization marks {} as not quantized",
+          codes.file, codes.name, module);
+    const int64_t cols = shape.back();
+    check(cols % spec->group == 0 && cols * spec->bits % 32 == 0,
+          "{}: tensor {}: {} input columns do not split into groups of {} of {}-bit codes", codes.file, codes.name,
+          cols, spec->group, spec->bits);
+    std::vector<int64_t> packed = shape, grouped = shape;
+    packed.back() = cols * spec->bits / 32;
+    grouped.back() = cols / spec->group;
+    check(codes.dtype == DType::U32, "{}: tensor {}: expected U32 packed codes, got {}", codes.file, codes.name,
+          dtype_name(codes.dtype));
+    check(codes.shape == packed, "{}: tensor {}: expected shape {} ({}-bit codes of {} columns), got {}", codes.file,
+          codes.name, shape_string(packed), spec->bits, cols, codes.shape_string());
+    const uint16_t* params[2];
+    const char* suffixes[2] = {".scales", ".biases"};
+    for (int i = 0; i < 2; ++i) {
+      const TensorView* view = store_.find(module + suffixes[i]);
+      check(view != nullptr, "{}: missing tensor {}{} (the quantized weight {} needs scales and biases)",
+            store_.directory(), module, suffixes[i], codes.name);
+      check(view->dtype == DType::BF16, "{}: tensor {}: expected BF16, got {}", view->file, view->name,
+            dtype_name(view->dtype));
+      check(view->shape == grouped, "{}: tensor {}: expected shape {} (groups of {}), got {}", view->file, view->name,
+            shape_string(grouped), spec->group, view->shape_string());
+      params[i] = reinterpret_cast<const uint16_t*>(view->data);
+    }
+    int64_t rows = 1;
+    for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
+    return Matrix{codes.name, DType::BF16, rows, cols, codes.data, spec->bits, params[0], params[1], spec->group};
+  }
+
   const TensorStore& store_;
   std::string prefix_;
+  const MlxQuantization* mlx_;
 };
 
 GatedResidualWeights read_gated_residual(const Reader& r, const ModelConfig& c, bool with_inject) {
@@ -90,7 +225,7 @@ GatedDeltaNetWeights read_gated_deltanet(const Reader& r, const ModelConfig& c) 
   w.in_b = r.matrix("in_proj_b.weight", heads, h);
   w.in_a = r.matrix("in_proj_a.weight", heads, h);
   w.out = r.matrix("out_proj.weight", h, c.gdn_value_dim());
-  w.conv = r.vector("conv1d.weight", {c.gdn_conv_dim(), 1, c.linear_conv_kernel_dim});
+  w.conv = r.conv_taps("conv1d.weight", c.gdn_conv_dim(), c.linear_conv_kernel_dim);
   w.a_log = r.vector("A_log", {heads});
   w.dt_bias = r.vector("dt_bias", {heads});
   w.norm = r.vector("norm.weight", {c.linear_value_head_dim});
@@ -118,10 +253,27 @@ FeedForwardWeights read_feed_forward(const Reader& r, int64_t hidden, int64_t in
                             r.matrix("down_proj.weight", hidden, inner)};
 }
 
+// MLX conversions stack each projection of all experts in one tensor per layer (mlx-lm's SwitchGLU):
+// switch_mlp.{gate,up,down}_proj.weight [E, out, in], quantized or dense.
+std::vector<FeedForwardWeights> read_stacked_experts(const Reader& r, const ModelConfig& c) {
+  int64_t e_count = c.num_experts, h = c.hidden_size, inner = c.moe_intermediate_size;
+  Matrix gate = r.matrix("switch_mlp.gate_proj.weight", {e_count, inner, h});
+  Matrix up = r.matrix("switch_mlp.up_proj.weight", {e_count, inner, h});
+  Matrix down = r.matrix("switch_mlp.down_proj.weight", {e_count, h, inner});
+  std::vector<FeedForwardWeights> experts;
+  for (int64_t e = 0; e < e_count; ++e) {
+    std::string tag = fmt::format("[{}]", e);
+    experts.push_back({gate.slice_rows(e * inner, inner, gate.name + tag),
+                       up.slice_rows(e * inner, inner, up.name + tag), down.slice_rows(e * h, h, down.name + tag)});
+  }
+  return experts;
+}
+
 // Experts come one tensor per expert (as transformers saves them) or fused per layer.
 std::vector<FeedForwardWeights> read_experts(const Reader& r, const ModelConfig& c) {
   int64_t e_count = c.num_experts, h = c.hidden_size, inner = c.moe_intermediate_size;
   std::vector<FeedForwardWeights> experts;
+  if (r.has("switch_mlp.gate_proj.weight")) return read_stacked_experts(r, c);
   if (r.has("experts.gate_up_proj")) {
     const TensorView& gate_up = r.tensor("experts.gate_up_proj", {e_count, 2 * inner, h});
     const TensorView& down = r.tensor("experts.down_proj", {e_count, h, inner});
@@ -135,7 +287,8 @@ std::vector<FeedForwardWeights> read_experts(const Reader& r, const ModelConfig&
     }
     return experts;
   }
-  for (int64_t e = 0; e < e_count; ++e) experts.push_back(read_feed_forward(r.sub("experts." + std::to_string(e) + "."), h, inner));
+  for (int64_t e = 0; e < e_count; ++e)
+    experts.push_back(read_feed_forward(r.sub("experts." + std::to_string(e) + "."), h, inner));
   return experts;
 }
 
@@ -148,6 +301,18 @@ MoeWeights read_moe(const Reader& r, const ModelConfig& c) {
   return w;
 }
 
+// The table as one tensor, or row shards named shard_K (transformers) or shards.K (MLX conversions).
+std::vector<std::string> ngram_shard_names(const Reader& r) {
+  if (r.has("ple_embedding.ngram_embedding.weight")) return {"ple_embedding.ngram_embedding.weight"};
+  std::vector<std::string> names;
+  for (const char* spelling : {"ple_embedding.ngram_embedding.shard_", "ple_embedding.ngram_embedding.shards."}) {
+    for (int k = 0; r.has(spelling + std::to_string(k) + ".weight"); ++k)
+      names.push_back(spelling + std::to_string(k) + ".weight");
+    if (!names.empty()) return names;
+  }
+  fail("{}: missing tensor {}ple_embedding.ngram_embedding.shard_0.weight", r.store().directory(), r.prefix());
+}
+
 PleWeights read_ple(const Reader& r, const ModelConfig& c) {
   PleWeights w;
   int heads = c.ngram_heads();
@@ -156,24 +321,27 @@ PleWeights read_ple(const Reader& r, const ModelConfig& c) {
   w.head_sizes = r.int64s("ple_embedding.ngram_heads_vocab_sizes", heads);
   w.head_offsets = r.int64s("ple_embedding.ngram_heads_offsets", heads);
   // The table is saved as row shards; a single unsharded tensor is accepted too. It is never copied.
-  std::vector<std::string> names;
-  if (r.has("ple_embedding.ngram_embedding.weight")) {
-    names.push_back("ple_embedding.ngram_embedding.weight");
-  } else {
-    for (int k = 0; r.has("ple_embedding.ngram_embedding.shard_" + std::to_string(k) + ".weight"); ++k)
-      names.push_back("ple_embedding.ngram_embedding.shard_" + std::to_string(k) + ".weight");
-    check(!names.empty(), "{}: missing tensor {}ple_embedding.ngram_embedding.shard_0.weight",
-          r.store().directory(), r.prefix());
-  }
+  std::vector<std::string> names = ngram_shard_names(r);
   for (const auto& name : names) {
     const TensorView& view = r.store().get(r.prefix() + name);
-    check(is_float(view.dtype) && view.shape.size() == 2 && view.shape[1] == head_width,
-          "{}: tensor {}: expected a float [rows, {}] n-gram table shard, got {} {}", view.file, view.name,
-          head_width, dtype_name(view.dtype), view.shape_string());
-    check(view.dtype == (w.table_shards.empty() ? view.dtype : w.table_shards.front().dtype),
-          "{}: tensor {}: n-gram table shards differ in dtype", view.file, view.name);
+    Matrix shard;
+    if (r.is_mlx_quantized(name)) {  // MLX: affine rows, group 32 in the released conversion
+      check(view.shape.size() == 2, "{}: tensor {}: expected a 2-D n-gram table shard, got {}", view.file, view.name,
+            view.shape_string());
+      shard = r.matrix(name, view.shape[0], head_width);
+    } else {
+      check(is_float(view.dtype) && view.shape.size() == 2 && view.shape[1] == head_width,
+            "{}: tensor {}: expected a float [rows, {}] n-gram table shard, got {} {}", view.file, view.name,
+            head_width, dtype_name(view.dtype), view.shape_string());
+      shard = Matrix{view.name, view.dtype, view.shape[0], head_width, view.data};
+    }
+    if (!w.table_shards.empty()) {
+      const Matrix& first = w.table_shards.front();
+      check(shard.dtype == first.dtype && shard.bits == first.bits && shard.group == first.group,
+            "{}: tensor {}: n-gram table shards differ in dtype or quantization", view.file, view.name);
+    }
     w.shard_first_row.push_back(w.table_rows);
-    w.table_shards.push_back(Matrix{view.name, view.dtype, view.shape[0], head_width, view.data});
+    w.table_shards.push_back(shard);
     w.table_rows += view.shape[0];
   }
   for (int h = 0; h < heads; ++h) {
@@ -186,7 +354,7 @@ PleWeights read_ple(const Reader& r, const ModelConfig& c) {
   w.norm_key = r.vector("norm_key.weight", {sh});
   w.norm_query = r.vector("norm_query.weight", {sh});
   w.norm_conv = r.vector("norm_conv.weight", {sh});
-  w.conv = r.vector("conv1d.weight", {sh, 1, c.ple_conv_kernel_size});
+  w.conv = r.conv_taps("conv1d.weight", sh, c.ple_conv_kernel_size);
   return w;
 }
 
@@ -245,6 +413,37 @@ void visit_layer(LayerWeights& w, const std::function<void(Matrix&)>& visit) {
   }
 }
 
+// MLX conversions (mlx-lm / mlx-vlm naming) keep the trunk under language_model.model. and the head as
+// language_model.lm_head.
+constexpr const char* kMlxTrunkPrefix = "language_model.model.";
+
+void shift(Vector& weights, float offset) {
+  for (float& v : weights) v += offset;
+}
+
+void centre_gated_residual(GatedResidualWeights& w) { shift(w.norm, -1.0f); }
+
+void centre_layer(LayerWeights& w) {
+  centre_gated_residual(w.attn_hc);
+  centre_gated_residual(w.mlp_hc);
+  if (w.kind == LayerKind::SparseAttention)
+    for (Vector* v : {&w.attn.q_norm, &w.attn.k_norm, &w.attn.index_q_norm, &w.attn.index_k_norm}) shift(*v, -1.0f);
+  if (w.ple)
+    for (Vector* v : {&w.ple->norm_key, &w.ple->norm_query, &w.ple->norm_conv}) shift(*v, -1.0f);
+}
+
+// MLX conversions store the zero-centred RMSNorm weights already shifted (1 + w, so plain RMSNorm applies them), as
+// Cherenkov documents for the released 4-bit conversion; the MTP head's pre_fc_norm_embedding/hidden were left
+// unshifted and the GDN output norm is a plain weight in both conventions. The engine keeps HF's zero-centred form.
+void centre_mlx_norms(Model& model) {
+  for (auto& layer : model.layers) centre_layer(layer);
+  centre_gated_residual(model.final_mixer);
+  if (model.mtp) {
+    centre_layer(model.mtp->layer);
+    centre_gated_residual(model.mtp->final_mixer);
+  }
+}
+
 }  // namespace
 
 void for_each_matrix(Model& model, const std::function<void(Matrix&)>& visit) {
@@ -268,10 +467,15 @@ std::unique_ptr<Model> load_model(const std::string& directory) {
   const ModelConfig& c = model->config;
   const TensorStore& store = *model->store;
 
-  std::string prefix = store.contains("model.language_model.embed_tokens.weight") ? "model.language_model." : "model.";
-  Reader trunk(store, prefix);
+  const std::optional<MlxQuantization> mlx = load_mlx_quantization(directory);
+  const MlxQuantization* quantization = mlx ? &*mlx : nullptr;
+  const bool mlx_layout = store.contains(kMlxTrunkPrefix + std::string("embed_tokens.weight"));
+  std::string prefix = mlx_layout                                                   ? kMlxTrunkPrefix
+                       : store.contains("model.language_model.embed_tokens.weight") ? "model.language_model."
+                                                                                    : "model.";
+  Reader trunk(store, prefix, quantization);
   model->embed = trunk.matrix("embed_tokens.weight", c.vocab_size, c.hidden_size);
-  Reader top(store, "");
+  Reader top(store, mlx_layout ? "language_model." : "", quantization);
   if (top.has("lm_head.weight"))
     model->lm_head = top.matrix("lm_head.weight", c.vocab_size, c.hidden_size);
   else if (c.tie_word_embeddings)
@@ -284,10 +488,11 @@ std::unique_ptr<Model> load_model(const std::string& directory) {
   model->final_mixer = read_gated_residual(trunk.sub("hyper_connection_mixer."), c, false);
   for (const char* mtp_prefix : {"mtp.", "model.mtp."}) {
     if (store.contains(std::string(mtp_prefix) + "fc_embedding.weight")) {
-      model->mtp = read_mtp(Reader(store, mtp_prefix), c);
+      model->mtp = read_mtp(Reader(store, mtp_prefix, quantization), c);
       break;
     }
   }
+  if (mlx_layout) centre_mlx_norms(*model);
   return model;
 }
 

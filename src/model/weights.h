@@ -15,21 +15,28 @@
 namespace vavilov {
 
 // W [rows, cols], row-major, used as y = W x. Dense in a float dtype, or affine-quantized (`bits` 4/3/2): codes packed
-// least-significant first into little-endian uint32 words, and per group of kQuantGroup columns a bf16 scale and
-// bias, w = scale·q + bias (MLX's layout, so such checkpoints map onto it bit for bit).
+// least-significant first into little-endian uint32 words (3-bit codes run on across word boundaries), and per group
+// of `group` columns a bf16 scale and bias, w = scale·q + bias (MLX's layout, so such checkpoints map onto it bit for
+// bit). Matrix products need kQuantGroup; other groups (MLX's group-32 n-gram table) are only read row by row.
 constexpr int64_t kQuantGroup = 64;
 
 struct Matrix {
   std::string name;
   DType dtype = DType::F32;  // dense element type (quantized matrices: BF16, the type of scales and biases)
   int64_t rows = 0, cols = 0;
-  const std::byte* data = nullptr;  // dense rows, or packed codes
-  int bits = 0;                     // 0: dense
-  const uint16_t* scales = nullptr;  // [rows, cols / kQuantGroup] bf16
+  const std::byte* data = nullptr;   // dense rows, or packed codes
+  int bits = 0;                      // 0: dense
+  const uint16_t* scales = nullptr;  // [rows, cols / group] bf16
   const uint16_t* biases = nullptr;
+  int64_t group = kQuantGroup;  // columns per scale and bias
+  // NVIDIA NVFP4 (ModelOpt exports; bits 4, group 16): data holds e2m1 codes, two a byte with the even column in the
+  // low nibble, and block_scales an e4m3 scale per 16 columns [rows, cols/16]; w = e2m1 · block scale · tensor_scale.
+  const uint8_t* block_scales = nullptr;
+  float tensor_scale = 1.0f;  // NVFP4's weight_scale_2; dense F8_E4M3 weights' per-tensor weight_scale
 
   bool empty() const { return rows == 0; }
   bool quantized() const { return bits != 0; }
+  bool nvfp4() const { return block_scales != nullptr; }
   size_t row_bytes() const { return quantized() ? size_t(cols) * size_t(bits) / 8 : size_t(cols) * dtype_size(dtype); }
   const std::byte* row(int64_t r) const { return data + size_t(r) * row_bytes(); }
   // Rows [begin, begin + count) as a matrix of their own (fused expert tensors are split this way).
@@ -80,8 +87,8 @@ struct PleWeights {
   Vector norm_key, norm_query, norm_conv;
   Vector conv;  // [S·H, kernel]
 
-  const std::byte* table_row(int64_t row) const;
-  DType table_dtype() const { return table_shards.front().dtype; }
+  // One table row as fp32 (dense shards converted, quantized ones dequantized).
+  void table_row(int64_t row, float* out) const;
   int64_t head_width() const { return table_shards.front().cols; }
 };
 

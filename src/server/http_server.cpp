@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "engine/speculative.h"
+#include "model/quantize.h"
 #include "model/weights.h"
 #include "server/api_error.h"
 #include "server/client_connection.h"
@@ -143,6 +144,7 @@ void Server::Impl::routes() {
 
 void Server::Impl::load() {
   model = load_model(options.model_dir);
+  if (options.experts != 0) quantize_experts(*model, options.experts);
   cache = std::make_unique<PrefixCache>(options.cache_bytes);
   SchedulerOptions scheduling;
   scheduling.parallel = options.parallel;

@@ -24,6 +24,7 @@ struct ServerOptions {
   std::chrono::seconds timeout{600};
   std::chrono::seconds shutdown_grace{30};
   int drafts = -1;  // -1: 2 when the checkpoint has an MTP head, else 0
+  int experts = 0;  // routed experts re-quantized at load to 4, 3 or 2 bits; 0: as loaded
 };
 
 class Server {
