@@ -2,14 +2,17 @@
 // checkpoint computes exactly what the checkpoint computes; damaged stores, bad manifests, a full disk and an
 // interrupted pack fail with errors that name the file and field, and leave nothing behind.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/interrupt.h"
 #include "core/progress.h"
 #include "cpu/forward.h"
 #include "cpu/mtp.h"
@@ -370,6 +373,32 @@ TEST(PackFailures, InterruptedPackLeavesNothingBehind) {
     expect_contains(message, {"interrupted"});
     expect_nothing_left(scratch);
   }
+}
+
+// The real Ctrl-C path, in a child process so the handler and its flag stay out of this one: the signal only sets
+// the flag, the pack notices it at its next write and unwinds, removing the partial store.
+TEST(PackFailures, CtrlCStopsThePackAndRemovesThePartialStore) {
+  ScratchDir scratch;
+  const std::string out = scratch / "store";
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    install_interrupt_handlers();
+    std::raise(SIGINT);
+    PackOptions options = quiet({4});
+    options.interrupted = nullptr;  // the default: the signal flag
+    try {
+      pack_model(bundled_model().string(), out, options);
+    } catch (const Error& e) {
+      ::_exit(std::string(e.what()).find("interrupted") != std::string::npos ? 0 : 2);
+    }
+    ::_exit(3);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "2: another error, 3: the pack completed";
+  expect_nothing_left(scratch);
 }
 
 TEST(PackFailures, ExistingOutputIsNotTouched) {
