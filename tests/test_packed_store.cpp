@@ -1,15 +1,19 @@
 // The packed store (src/io/packed_store.*, src/model/pack.*, src/model/packed_model.*): a store packed from a
 // checkpoint computes exactly what the checkpoint computes; damaged stores, bad manifests, a full disk and an
 // interrupted pack fail with errors that name the file and field, and leave nothing behind.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "core/error.h"
 #include "core/interrupt.h"
@@ -442,6 +446,59 @@ TEST(Progress, TextShowsBytesRateAndEta) {
   EXPECT_EQ(progress_text("packing", 1'000'000'000, 3'000'000'000, 2.0),
             "packing  1.00 GB / 3.00 GB  500.0 MB/s  ETA 0:04");
   EXPECT_EQ(progress_text("packing", 3'000'000'000, 3'000'000'000, 6.0), "packing  3.00 GB / 3.00 GB  500.0 MB/s");
+}
+
+std::string read_all(std::FILE* file) {
+  std::fflush(file);
+  std::rewind(file);
+  std::string text;
+  for (int c; (c = std::fgetc(file)) != EOF;) text += char(c);
+  return text;
+}
+
+TEST(Progress, OutsideATerminalOnlyTheSummaryOrNothing) {
+  for (ProgressMode mode : {ProgressMode::Auto, ProgressMode::Terminal, ProgressMode::Quiet}) {
+    std::FILE* out = std::tmpfile();
+    ASSERT_NE(out, nullptr);
+    {
+      Progress progress("packing x", 3000, mode, out);
+      progress.add(1000);
+      progress.add(2000);
+      progress.finish();
+    }
+    std::string text = read_all(out);
+    std::fclose(out);
+    if (mode == ProgressMode::Auto)
+      expect_contains(text, {"packing x: 3.00 kB in ", " s (", "/s)\n"});
+    else
+      EXPECT_EQ(text, "") << int(mode);
+  }
+}
+
+// On a terminal (a pseudo-terminal here) the bar is redrawn in place, then replaced by the summary.
+TEST(Progress, OnATerminalABarRedrawnInPlace) {
+  int master = ::posix_openpt(O_RDWR | O_NOCTTY);
+  if (master < 0) GTEST_SKIP() << "no pseudo-terminals on this machine";
+  ASSERT_EQ(::grantpt(master), 0);
+  ASSERT_EQ(::unlockpt(master), 0);
+  std::FILE* terminal = std::fopen(::ptsname(master), "w");
+  ASSERT_NE(terminal, nullptr);
+  {
+    Progress progress("loading m", 4'000'000'000, ProgressMode::Terminal, terminal);
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));  // past the redraw interval
+    progress.add(1'000'000'000);
+    progress.finish();
+  }
+  std::fclose(terminal);
+  std::string text;
+  char buffer[512];
+  for (ssize_t n; (n = ::read(master, buffer, sizeof buffer)) > 0;) {
+    text.append(buffer, size_t(n));
+    if (text.find("/s)") != std::string::npos) break;
+  }
+  ::close(master);
+  expect_contains(text, {"\r[######..................] loading m  1.00 GB / 4.00 GB  ", "ETA ", "\x1b[K",
+                         "\rloading m: 1.00 GB in "});
 }
 
 }  // namespace
