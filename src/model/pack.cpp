@@ -7,10 +7,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <memory>
 #include <set>
-#include <sstream>
 
 #include "core/error.h"
 #include "core/interrupt.h"
