@@ -4,7 +4,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git python3 python3-pip
   nlohmann-json3-dev libfmt-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libpcre2-dev libutf8proc-dev libcpp-httplib-dev libopenblas-dev
+  libpcre2-dev libutf8proc-dev libcpp-httplib-dev libopenblas-dev libxxhash-dev
 )
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

@@ -149,7 +149,7 @@ void register_generate(CLI::App& app) {
   command->add_option("prompt", args->prompt, "Prompt text (same as --prompt)");
   command->add_option("--prompt", args->prompt, "Prompt text, chat-templated as one user message unless --raw");
   command->add_flag("--raw", args->raw, "Use the prompt text as it is, without the chat template");
-  command->add_option("--model", args->model, "Model directory (default: the bundled model under models/)");
+  command->add_option("--model", args->model, "Model directory or packed store (default: the bundled model under models/)");
   command->add_option("--ids", args->ids, "Prompt token ids, comma-separated (prints ids instead of text)");
   command->add_option("--max-tokens", args->max_tokens, "Tokens to generate")->check(CLI::PositiveNumber);
   command->add_option("--chunk", args->chunk, "Prefill in chunks of N tokens (0: all at once)")

@@ -59,7 +59,7 @@ void run_logits(const LogitsArgs& args) {
 void register_logits(CLI::App& app) {
   auto args = std::make_shared<LogitsArgs>();
   CLI::App* command = app.add_subcommand("logits", "Write the trunk's logits at every prompt position");
-  command->add_option("--model", args->model, "Model directory")->required();
+  command->add_option("--model", args->model, "Model directory or packed store")->required();
   command->add_option("--ids", args->ids, "Prompt token ids, comma-separated")->required();
   command->add_option("--out", args->out, "Output file: little-endian float32 [ids x vocab]")->required();
   command->add_option("--chunk", args->chunk, "Prefill in chunks of N tokens (0: all at once)")

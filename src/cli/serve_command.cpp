@@ -65,7 +65,7 @@ void register_serve(CLI::App& app) {
   auto args = std::make_shared<ServeArgs>();
   server::ServerOptions& o = args->options;
   CLI::App* command = app.add_subcommand("serve", "OpenAI-compatible HTTP server (docs/SERVER.md)");
-  command->add_option("--model", o.model_dir, "Model directory with tokenizer.json (default: the bundled model)");
+  command->add_option("--model", o.model_dir, "Model directory or packed store, with tokenizer.json (default: the bundled model)");
   command->add_option("--model-name", o.model_name, "Model id clients send (default: the directory's name)");
   command->add_option("--host", o.host, "Address to listen on")->capture_default_str();
   command->add_option("--port", o.port, "Port (0: any free port)")->check(CLI::Range(0, 65535))->capture_default_str();

@@ -55,6 +55,9 @@ class SafetensorsFile {
 class TensorStore {
  public:
   explicit TensorStore(const std::string& directory);
+  // Tensors whose memory someone else keeps mapped (a packed store); `directory` names them in errors.
+  TensorStore(std::string directory, std::map<std::string, TensorView> tensors)
+      : directory_(std::move(directory)), tensors_(std::move(tensors)) {}
 
   const TensorView* find(const std::string& name) const;
   const TensorView& get(const std::string& name) const;  // throws naming the tensor and directory

@@ -7,10 +7,24 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "io/packed_store.h"
 #include "model/mlx_quantization.h"
+#include "model/packed_model.h"
 #include "model/quantize.h"
 
 namespace vavilov {
+
+std::vector<std::span<const std::byte>> Matrix::storage() const {
+  std::vector<std::span<const std::byte>> ranges{{data, size_t(rows) * row_bytes()}};
+  if (nvfp4()) {
+    ranges.push_back({reinterpret_cast<const std::byte*>(block_scales), size_t(rows) * size_t(cols / group)});
+  } else if (quantized()) {
+    const size_t group_bytes = size_t(rows) * size_t(cols / group) * sizeof(uint16_t);
+    ranges.push_back({reinterpret_cast<const std::byte*>(scales), group_bytes});
+    ranges.push_back({reinterpret_cast<const std::byte*>(biases), group_bytes});
+  }
+  return ranges;
+}
 
 Matrix Matrix::slice_rows(int64_t begin, int64_t count, std::string slice_name) const {
   Matrix slice = *this;
@@ -47,8 +61,9 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 // Reads tensors of one checkpoint under a key prefix, checking each against the shape the config implies.
 class Reader {
  public:
-  Reader(const TensorStore& store, std::string prefix, const MlxQuantization* mlx = nullptr)
-      : store_(store), prefix_(std::move(prefix)), mlx_(mlx) {}
+  Reader(const TensorStore& store, std::string prefix, const MlxQuantization* mlx = nullptr,
+         bool routed_experts = true)
+      : store_(store), prefix_(std::move(prefix)), mlx_(mlx), routed_experts_(routed_experts) {}
 
   const TensorView& tensor(const std::string& name, const std::vector<int64_t>& shape, bool float_data = true) const {
     const TensorView& view = store_.get(prefix_ + name);
@@ -98,7 +113,9 @@ class Reader {
   }
 
   bool has(const std::string& name) const { return store_.contains(prefix_ + name); }
-  Reader sub(const std::string& name) const { return Reader(store_, prefix_ + name, mlx_); }
+  Reader sub(const std::string& name) const { return Reader(store_, prefix_ + name, mlx_, routed_experts_); }
+  // False when the routed experts come from elsewhere (a packed store's expert records).
+  bool routed_experts() const { return routed_experts_; }
   const TensorStore& store() const { return store_; }
   const std::string& prefix() const { return prefix_; }
 
@@ -205,6 +222,7 @@ class Reader {
   const TensorStore& store_;
   std::string prefix_;
   const MlxQuantization* mlx_;
+  bool routed_experts_ = true;
 };
 
 GatedResidualWeights read_gated_residual(const Reader& r, const ModelConfig& c, bool with_inject) {
@@ -295,7 +313,7 @@ std::vector<FeedForwardWeights> read_experts(const Reader& r, const ModelConfig&
 MoeWeights read_moe(const Reader& r, const ModelConfig& c) {
   MoeWeights w;
   w.router = r.matrix("gate.weight", c.num_experts, c.hidden_size);
-  w.experts = read_experts(r, c);
+  if (r.routed_experts()) w.experts = read_experts(r, c);
   w.shared = read_feed_forward(r.sub("shared_expert."), c.hidden_size, c.shared_expert_intermediate_size);
   w.shared_gate = r.matrix("shared_expert_gate.weight", 1, c.hidden_size);
   return w;
@@ -459,41 +477,51 @@ void for_each_matrix(Model& model, const std::function<void(Matrix&)>& visit) {
   }
 }
 
-std::unique_ptr<Model> load_model(const std::string& directory) {
+std::unique_ptr<Model> load_model(const std::string& path) {
+  auto model = is_packed_store(path) ? load_packed_model(path, ExpertPrecision{}) : load_checkpoint(path);
+  page_in_weights(*model, ProgressMode::Terminal);
+  return model;
+}
+
+std::unique_ptr<Model> load_checkpoint(const std::string& directory) {
   auto model = std::make_unique<Model>();
   model->directory = directory;
   model->config = load_model_config(directory);
   model->store = std::make_unique<TensorStore>(directory);
-  const ModelConfig& c = model->config;
-  const TensorStore& store = *model->store;
+  read_weights(*model, true);
+  return model;
+}
 
-  const std::optional<MlxQuantization> mlx = load_mlx_quantization(directory);
+void read_weights(Model& model, bool routed_experts) {
+  const ModelConfig& c = model.config;
+  const TensorStore& store = *model.store;
+
+  const std::optional<MlxQuantization> mlx = load_mlx_quantization(model.directory);
   const MlxQuantization* quantization = mlx ? &*mlx : nullptr;
   const bool mlx_layout = store.contains(kMlxTrunkPrefix + std::string("embed_tokens.weight"));
   std::string prefix = mlx_layout                                                   ? kMlxTrunkPrefix
                        : store.contains("model.language_model.embed_tokens.weight") ? "model.language_model."
                                                                                     : "model.";
-  Reader trunk(store, prefix, quantization);
-  model->embed = trunk.matrix("embed_tokens.weight", c.vocab_size, c.hidden_size);
+  Reader trunk(store, prefix, quantization, routed_experts);
+  model.embed = trunk.matrix("embed_tokens.weight", c.vocab_size, c.hidden_size);
   Reader top(store, mlx_layout ? "language_model." : "", quantization);
   if (top.has("lm_head.weight"))
-    model->lm_head = top.matrix("lm_head.weight", c.vocab_size, c.hidden_size);
+    model.lm_head = top.matrix("lm_head.weight", c.vocab_size, c.hidden_size);
   else if (c.tie_word_embeddings)
-    model->lm_head = model->embed;
+    model.lm_head = model.embed;
   else
     store.get("lm_head.weight");  // throws: missing tensor
   for (int i = 0; i < c.num_layers; ++i)
-    model->layers.push_back(
+    model.layers.push_back(
         read_layer(trunk.sub("layers." + std::to_string(i) + "."), c, c.layer_kinds[i], c.is_ple_layer(i)));
-  model->final_mixer = read_gated_residual(trunk.sub("hyper_connection_mixer."), c, false);
+  model.final_mixer = read_gated_residual(trunk.sub("hyper_connection_mixer."), c, false);
   for (const char* mtp_prefix : {"mtp.", "model.mtp."}) {
     if (store.contains(std::string(mtp_prefix) + "fc_embedding.weight")) {
-      model->mtp = read_mtp(Reader(store, mtp_prefix, quantization), c);
+      model.mtp = read_mtp(Reader(store, mtp_prefix, quantization, routed_experts), c);
       break;
     }
   }
-  if (mlx_layout) centre_mlx_norms(*model);
-  return model;
+  if (mlx_layout) centre_mlx_norms(model);
 }
 
 }  // namespace vavilov

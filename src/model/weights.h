@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,10 @@ struct Matrix {
   const std::byte* row(int64_t r) const { return data + size_t(r) * row_bytes(); }
   // Rows [begin, begin + count) as a matrix of their own (fused expert tensors are split this way).
   Matrix slice_rows(int64_t begin, int64_t count, std::string slice_name) const;
+  // Every byte range the matrix reads: rows or codes, then (quantized) scales and biases or NVFP4 block scales.
+  std::vector<std::span<const std::byte>> storage() const;
+  // Affine codes at group kQuantGroup with bf16 scales and biases: the layout the packed store's records hold.
+  bool group64_affine() const { return quantized() && !nvfp4() && group == kQuantGroup; }
 };
 
 using Vector = std::vector<float>;
@@ -109,10 +114,13 @@ struct MtpWeights {
   GatedResidualWeights final_mixer;
 };
 
+class PackedStore;
+
 struct Model {
   ModelConfig config;
   std::string directory;
   std::unique_ptr<TensorStore> store;
+  std::shared_ptr<const PackedStore> packed;  // maps the expert records when loaded from a packed store
   std::vector<std::vector<std::byte>> owned;  // weights made at load (quantized copies)
   Matrix embed, lm_head;
   std::vector<LayerWeights> layers;
@@ -120,9 +128,17 @@ struct Model {
   std::optional<MtpWeights> mtp;
 };
 
+// Loads a checkpoint directory or a packed store (recognised by its manifest.json; its experts at the most
+// precise precision it holds), then reads every weight into memory, with progress on a terminal.
+std::unique_ptr<Model> load_model(const std::string& path);
+
 // Loads config.json and the safetensors of a model directory; every tensor's presence, dtype and shape is
-// checked against the config, and errors name the file and the tensor.
-std::unique_ptr<Model> load_model(const std::string& directory);
+// checked against the config, and errors name the file and the tensor. Weights stay mapped, unread.
+std::unique_ptr<Model> load_checkpoint(const std::string& directory);
+
+// Fills the model's weights from model.store and model.config; routed experts only when `routed_experts`
+// (a packed store keeps them in records of their own).
+void read_weights(Model& model, bool routed_experts);
 
 // Every weight matrix of the model (trunk, MTP head, embeddings, lm_head; not the PLE table).
 void for_each_matrix(Model& model, const std::function<void(Matrix&)>& visit);
