@@ -5,7 +5,6 @@
 
 #include "core/error.h"
 #include "cpu/forward.h"
-#include "cpu/mtp.h"
 
 namespace vavilov {
 
@@ -28,12 +27,13 @@ void SpeculativeStats::add(const SpeculativeStats& other) {
   emitted += other.emitted;
 }
 
-Decoder::Decoder(const Model& model, const GenerateOptions& options, const SpeculativeOptions& speculative)
+Decoder::Decoder(const Model& model, const GenerateOptions& options, const SpeculativeOptions& speculative,
+                 const SequenceFactory& device)
     : model_(model),
       c_(model.config),
       options_(options),
       spec_(speculative),
-      state_(new_sequence_state(model)),
+      sequence_(device ? device() : cpu_sequence(model)),
       stops_(stop_token_ids(model)),
       rng_(options.sampling.seed),
       drafts_wanted_(speculative.drafts) {
@@ -41,9 +41,16 @@ Decoder::Decoder(const Model& model, const GenerateOptions& options, const Specu
   check(spec_.drafts >= 0 && spec_.drafts <= 3, "--drafts must be 0..3, got {}", spec_.drafts);
   check(spec_.drafts == 0 || model.mtp.has_value(), "{}: speculative decoding needs the MTP head (mtp.* tensors)",
         model.directory);
+  check(!spec_.on_step || sequence_->cpu_state(), "the on_step hook needs the CPU backend");
   stops_.insert(stops_.end(), options.stop_ids.begin(), options.stop_ids.end());
   stats_.proposed.assign(size_t(spec_.drafts), 0);
   stats_.accepted.assign(size_t(spec_.drafts), 0);
+}
+
+SequenceState& Decoder::state() {
+  SequenceState* state = sequence_->cpu_state();
+  check(state != nullptr, "this decoder's state lives on a device, not in the CPU engine");
+  return *state;
 }
 
 bool Decoder::is_stop(int32_t token) const {
@@ -56,19 +63,19 @@ int32_t Decoder::start(std::span<const int32_t> prompt, const SequenceState* pre
   if (prefix) {
     check(prefix->position < int64_t(prompt.size()) && (spec_.drafts == 0 || prefix->mtp_position == prefix->position),
           "prefix state at position {} cannot start a {}-token prompt", prefix->position, prompt.size());
-    state_ = *prefix;
+    state() = *prefix;
   }
   history_.add_prompt(prompt);
   const int64_t sh = c_.hc_hidden(), vocab = c_.vocab_size, n = int64_t(prompt.size());
   const int64_t chunk = options_.prefill_chunk > 0 ? options_.prefill_chunk : n;
   std::vector<float> logits(static_cast<size_t>(vocab)), stacks;
   int32_t next = -1;
-  for (int64_t begin = state_.position; begin < n; begin += chunk) {
+  for (int64_t begin = sequence_->position(); begin < n; begin += chunk) {
     const int64_t count = std::min(chunk, n - begin);
     const bool last = begin + count == n;
     stacks.resize(spec_.drafts ? size_t(count * sh) : 0);
-    cpu::forward(model_, state_, prompt.subspan(size_t(begin), size_t(count)),
-                 {false, last ? logits.data() : nullptr, spec_.drafts ? stacks.data() : nullptr});
+    sequence_->forward(prompt.subspan(size_t(begin), size_t(count)),
+                       {false, last ? logits.data() : nullptr, spec_.drafts ? stacks.data() : nullptr, false});
     if (last) {
       next = choose(logits.data(), vocab, options_.sampling, history_, rng_);
       history_.push(next);
@@ -80,7 +87,7 @@ int32_t Decoder::start(std::span<const int32_t> prompt, const SequenceState* pre
       next_ids.push_back(last ? next : prompt[size_t(begin + count)]);
       fold_head(stacks.data(), next_ids, last);
     }
-    if (!last && on_chunk) on_chunk(state_);
+    if (!last && on_chunk) on_chunk(state());
   }
   return next;
 }
@@ -104,9 +111,9 @@ int32_t Decoder::verify_row(const float* logits, int64_t row) {
   return draw(residual > 0 ? std::span<const double>(q) : std::span<const double>(p), rng_);
 }
 
-std::vector<int32_t> Decoder::accept(const float* logits, const float* stacks, const RowStates& row_states) {
+std::vector<int32_t> Decoder::accept(const float* logits, const float* stacks) {
   const int64_t count = int64_t(rows_.size()), proposed = count - 1, vocab = c_.vocab_size;
-  const int64_t first = state_.position - count;
+  const int64_t first = sequence_->position() - count;
   std::vector<int32_t> emitted;
   for (int64_t r = 0; r < count; ++r) {
     const int32_t token = verify_row(logits + r * vocab, r);
@@ -115,7 +122,7 @@ std::vector<int32_t> Decoder::accept(const float* logits, const float* stacks, c
     if (r == proposed || token != rows_[size_t(r) + 1] || is_stop(token)) break;
   }
   const int64_t accepted = int64_t(emitted.size()) - 1;
-  keep_rows(state_, row_states, first, accepted + 1, c_);
+  sequence_->keep_rows(first, accepted + 1);
 
   ++stats_.verify_steps;
   for (int64_t j = 0; j < proposed; ++j) {
@@ -128,7 +135,7 @@ std::vector<int32_t> Decoder::accept(const float* logits, const float* stacks, c
   std::vector<int32_t> committed(rows_.begin(), rows_.begin() + accepted + 1);
   rows_ = {emitted.back()};
   if (spec_.drafts) fold_head(stacks, emitted);
-  if (spec_.on_step) spec_.on_step(state_, committed);
+  if (spec_.on_step) spec_.on_step(state(), committed);
   return emitted;
 }
 
@@ -141,20 +148,20 @@ std::vector<int32_t> Decoder::step() {
 // row and chained drafts from the head's own stacks. Chained entries leave the head's cache afterwards.
 void Decoder::fold_head(const float* trunk_stacks, std::span<const int32_t> next_ids, bool draft) {
   const int64_t rows = int64_t(next_ids.size()), sh = c_.hc_hidden(), vocab = c_.vocab_size;
-  truncate_head(state_.position - rows);
+  const int64_t committed = sequence_->position();  // the head covers every committed position afterwards
+  truncate_head(committed - rows);
   std::vector<float> head(size_t(rows * sh)), logits(static_cast<size_t>(vocab));
-  cpu::mtp_forward(model_, state_, trunk_stacks, next_ids, head.data());
-  const int64_t committed = state_.mtp_position;
+  sequence_->mtp_forward(trunk_stacks, next_ids, head.data());
   std::vector<float> chain(head.end() - sh, head.end());
   draft_q_.clear();
   for (int j = 0; draft && j < drafts_wanted_; ++j) {
     if (j > 0) {
       std::vector<float> chained(static_cast<size_t>(sh));
-      cpu::mtp_forward(model_, state_, chain.data(), std::span<const int32_t>(&rows_.back(), 1), chained.data());
+      sequence_->mtp_forward(chain.data(), std::span<const int32_t>(&rows_.back(), 1), chained.data());
       chain.swap(chained);
     }
-    cpu::mtp_logits(model_, chain.data(), 1, logits.data());
-    add_draft(logits.data(), state_.position + j + 1);
+    sequence_->mtp_logits(chain.data(), 1, logits.data());
+    add_draft(logits.data(), committed + j + 1);
   }
   // The drafts were pushed so that later drafts saw them; verification pushes what it emits.
   for (size_t j = 1; j < rows_.size(); ++j) history_.pop(rows_[j]);
@@ -186,27 +193,35 @@ void Decoder::add_draft(const float* head_logits, int64_t position) {
   draft_q_.push_back(std::move(q));
 }
 
-void Decoder::truncate_head(int64_t position) {
-  truncate_attention(state_.mtp.attn, position, c_);
-  state_.mtp_position = position;
+void Decoder::truncate_head(int64_t position) { sequence_->truncate_head(position); }
+
+std::vector<int32_t> Decoder::step_alone() {
+  const size_t rows = rows_.size();
+  std::vector<float> logits(rows * size_t(c_.vocab_size)), stacks(rows * size_t(c_.hc_hidden()));
+  sequence_->forward(rows_, {true, logits.data(), stacks.data(), true});
+  return accept(logits.data(), stacks.data());
 }
 
+// CPU decoders share one batched trunk pass; decoders on other devices step on their own.
 std::vector<std::vector<int32_t>> step_batch(const Model& model, std::span<Decoder* const> decoders) {
   const size_t vocab = size_t(model.config.vocab_size), sh = size_t(model.config.hc_hidden());
   std::vector<std::vector<float>> logits(decoders.size()), stacks(decoders.size());
-  std::vector<RowStates> row_states(decoders.size());
   std::vector<cpu::SequenceChunk> chunks;
   for (size_t i = 0; i < decoders.size(); ++i) {
+    SequenceBackend& sequence = decoders[i]->backend();
+    if (!sequence.cpu_state()) continue;
     size_t rows = decoders[i]->rows().size();
     logits[i].resize(rows * vocab);
     stacks[i].resize(rows * sh);
-    chunks.push_back(
-        {&decoders[i]->state(), decoders[i]->rows(), {true, logits[i].data(), stacks[i].data(), &row_states[i]}});
+    chunks.push_back({sequence.cpu_state(),
+                      decoders[i]->rows(),
+                      {true, logits[i].data(), stacks[i].data(), sequence.cpu_row_states()}});
   }
-  cpu::forward_batch(model, chunks);
+  if (!chunks.empty()) cpu::forward_batch(model, chunks);
   std::vector<std::vector<int32_t>> emitted;
   for (size_t i = 0; i < decoders.size(); ++i)
-    emitted.push_back(decoders[i]->accept(logits[i].data(), stacks[i].data(), row_states[i]));
+    emitted.push_back(decoders[i]->backend().cpu_state() ? decoders[i]->accept(logits[i].data(), stacks[i].data())
+                                                         : decoders[i]->step_alone());
   return emitted;
 }
 
@@ -219,8 +234,8 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 std::vector<int32_t> generate_speculative(const Model& model, std::span<const int32_t> prompt,
                                           const GenerateOptions& options, const SpeculativeOptions& speculative,
                                           GenerateStats& stats, SpeculativeStats& spec_stats,
-                                          const std::function<void(int32_t)>& on_token) {
-  Decoder decoder(model, options, speculative);
+                                          const std::function<void(int32_t)>& on_token, const SequenceFactory& device) {
+  Decoder decoder(model, options, speculative, device);
   auto start = std::chrono::steady_clock::now();
   std::vector<int32_t> pending{decoder.start(prompt)};
   stats.prompt_tokens = int64_t(prompt.size());

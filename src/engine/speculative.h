@@ -16,6 +16,7 @@
 #include <span>
 #include <vector>
 
+#include "engine/backend.h"
 #include "engine/generate.h"
 #include "engine/sampling.h"
 #include "engine/state.h"
@@ -52,7 +53,9 @@ struct SpeculativeStats {
 
 class Decoder {
  public:
-  Decoder(const Model& model, const GenerateOptions& options, const SpeculativeOptions& speculative);
+  // `device` makes the sequence's backend (default: the CPU engine).
+  Decoder(const Model& model, const GenerateOptions& options, const SpeculativeOptions& speculative,
+          const SequenceFactory& device = {});
 
   // Prefills the prompt (in chunks of options.prefill_chunk) and chooses the first token; returns it. With `prefix`,
   // starts from that state (a copy of an earlier decoder's state after a prefix of this prompt: prefix caching).
@@ -61,14 +64,18 @@ class Decoder {
                 const std::function<void(const SequenceState&)>& on_chunk = {});
   // The rows the next verify step runs through the trunk: the last token, then the drafts.
   std::span<const int32_t> rows() const { return rows_; }
-  // Takes the trunk's outputs for rows(): logits [rows, vocab], stacks [rows, S·H], per-row states. Keeps the
-  // accepted prefix, drafts the next step, and returns the tokens it emits (1 + accepted drafts).
-  std::vector<int32_t> accept(const float* logits, const float* stacks, const RowStates& row_states);
+  // Takes the trunk's outputs for rows() (a pass that recorded its rows): logits [rows, vocab], stacks [rows, S·H].
+  // Keeps the accepted prefix, drafts the next step, and returns the tokens it emits (1 + accepted drafts).
+  std::vector<int32_t> accept(const float* logits, const float* stacks);
   // One verify step on its own.
   std::vector<int32_t> step();
+  // One verify step through this decoder's own backend (step_batch's path for non-CPU decoders).
+  std::vector<int32_t> step_alone();
 
   bool is_stop(int32_t token) const;
-  SequenceState& state() { return state_; }
+  // The CPU engine's state (prefix caching, tests); an error on other devices.
+  SequenceState& state();
+  SequenceBackend& backend() { return *sequence_; }
   const SpeculativeStats& stats() const { return stats_; }
 
  private:
@@ -82,7 +89,7 @@ class Decoder {
   GenerateOptions options_;
   SpeculativeOptions spec_;
   SpeculativeStats stats_;
-  SequenceState state_;
+  std::unique_ptr<SequenceBackend> sequence_;
   std::vector<int64_t> stops_;
   std::vector<int32_t> rows_;                 // [last, drafts...]
   std::vector<std::vector<double>> draft_q_;  // when sampling: the distribution each draft was drawn from
@@ -97,6 +104,7 @@ std::vector<std::vector<int32_t>> step_batch(const Model& model, std::span<Decod
 std::vector<int32_t> generate_speculative(const Model& model, std::span<const int32_t> prompt,
                                           const GenerateOptions& options, const SpeculativeOptions& speculative,
                                           GenerateStats& stats, SpeculativeStats& spec_stats,
-                                          const std::function<void(int32_t)>& on_token = {});
+                                          const std::function<void(int32_t)>& on_token = {},
+                                          const SequenceFactory& device = {});
 
 }  // namespace vavilov
