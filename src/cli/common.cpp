@@ -9,6 +9,9 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "model/quantize.h"
+#ifdef VAVILOV_HAVE_CUDA
+#include "cuda/backend.h"
+#endif
 
 namespace vavilov::cli {
 
@@ -55,6 +58,34 @@ std::unique_ptr<Model> load_model_quantized(const std::string& directory, const 
     fmt::print(stderr, "quantized {} weight matrices to {}\n", count, quantize);
   }
   return model;
+}
+
+void add_device_option(CLI::App* command, std::string& device) {
+  command
+      ->add_option("--device", device, "auto, cpu or cuda (auto: the GPU when one is present and the binary has CUDA)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+}
+
+bool cuda_selected(const std::string& device, const std::string& quantize) {
+#ifdef VAVILOV_HAVE_CUDA
+  const bool gpu_weights = quantize == "none" || quantize == "q4";
+  if (device == "auto") return gpu_weights && cuda::device_count() > 0;
+  if (device == "cpu") return false;
+  check(cuda::device_count() > 0, "--device cuda: no CUDA device is available");
+  check(gpu_weights, "--device cuda: --quantize {} is not supported on the GPU (none or q4)", quantize);
+  return true;
+#else
+  check(device != "cuda", "--device cuda: this binary was built without CUDA");
+  (void)quantize;
+  return false;
+#endif
+}
+
+SequenceFactory device_sequences(const Model& model, bool cuda) {
+#ifdef VAVILOV_HAVE_CUDA
+  if (cuda) return cuda::sequence_factory(model);
+#endif
+  return [&model] { return cpu_sequence(model); };
 }
 
 void add_threads_option(CLI::App* command, int& threads) {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend.h"
 #include "model/weights.h"
 
 namespace vavilov::cli {
@@ -21,6 +22,14 @@ std::string default_model_dir();
 void add_quantize_option(CLI::App* command, std::string& quantize);
 // load_model, then the quantization --quantize asks for.
 std::unique_ptr<Model> load_model_quantized(const std::string& directory, const std::string& quantize);
+
+// --device auto|cpu|cuda. auto: the GPU when the binary has CUDA, a GPU is present and the weights suit it
+// (--quantize none or q4), else the CPU.
+void add_device_option(CLI::App* command, std::string& device);
+// Whether --device (with --quantize) selects the GPU; a clear error when cuda is asked for but unavailable.
+bool cuda_selected(const std::string& device, const std::string& quantize);
+// Sequences on the selected device (the GPU one uploads the weights now, once).
+SequenceFactory device_sequences(const Model& model, bool cuda);
 
 // --threads N (0: all hardware threads); applied before the engine starts.
 void add_threads_option(CLI::App* command, int& threads);
