@@ -9,7 +9,11 @@
 
 namespace vavilov::test {
 
-inline std::filesystem::path source_dir() { return VAVILOV_SOURCE_DIR; }
+// The source tree the binary was built from, or $VAVILOV_SOURCE_DIR (binaries run from a copy, e.g. on the GPU machine).
+inline std::filesystem::path source_dir() {
+  const char* moved = std::getenv("VAVILOV_SOURCE_DIR");
+  return moved && *moved ? moved : VAVILOV_SOURCE_DIR;
+}
 inline std::filesystem::path model_fixtures() { return source_dir() / "tests" / "fixtures" / "models"; }
 
 inline std::filesystem::path mtp_fixtures() { return source_dir() / "tests" / "fixtures" / "models_mtp"; }

@@ -103,6 +103,33 @@ TEST(Cli, MalformedIdsAreRejected) {
   EXPECT_THAT(result.output, HasSubstr("--ids"));
 }
 
+// --device cuda runs on a GPU when there is one; without one (CI) it is a one-line error and writes nothing.
+TEST(Cli, DeviceCudaRunsOrNamesWhyNot) {
+  fs::path out = fs::temp_directory_path() / "vavilov_device_cuda_logits.f32";
+  fs::remove(out);
+  CommandResult result =
+      run("logits --device cuda --model " + kFixture.string() + " --ids 1,2,3 --out " + out.string());
+  if (result.exit_code == 0) {
+    EXPECT_TRUE(fs::exists(out));
+  } else {
+    EXPECT_THAT(result.output, HasSubstr("vavilov: error: --device cuda: "));
+    EXPECT_EQ(std::count(result.output.begin(), result.output.end(), '\n'), 1);
+    EXPECT_FALSE(fs::exists(out));
+  }
+  fs::remove(out);
+}
+
+TEST(Cli, DeviceCpuAndUnknownDevice) {
+  fs::path out = fs::temp_directory_path() / "vavilov_device_cpu_logits.f32";
+  EXPECT_EQ(run("logits --device cpu --model " + kFixture.string() + " --ids 1,2,3 --out " + out.string()).exit_code,
+            0);
+  EXPECT_TRUE(fs::exists(out));
+  fs::remove(out);
+  EXPECT_NE(run("logits --device tpu --model " + kFixture.string() + " --ids 1,2,3 --out " + out.string()).exit_code,
+            0);
+  EXPECT_FALSE(fs::exists(out));
+}
+
 TEST(Cli, GenerateMatchesHfGreedy) {
   std::ifstream in(kFixture / "reference.json");
   auto reference = nlohmann::json::parse(in);

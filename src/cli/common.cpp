@@ -9,6 +9,9 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "model/quantize.h"
+#ifdef VAVILOV_HAVE_CUDA
+#include "cuda/backend.h"
+#endif
 
 namespace vavilov::cli {
 
@@ -68,6 +71,56 @@ std::unique_ptr<Model> load_model_quantized(const std::string& directory, const 
     fmt::print(stderr, "quantized {} expert matrices to {} bits\n", count, quantize.experts);
   }
   return model;
+}
+
+void add_device_option(CLI::App* command, std::string& device) {
+  command
+      ->add_option("--device", device, "auto, cpu or cuda (auto: the GPU when one is present and the binary has CUDA)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+}
+
+namespace {
+
+// The weight formats the GPU backend runs: dense (no per-tensor scale) and 4-bit affine at group 64. Returns the
+// first matrix it cannot run, or an empty string.
+std::string first_matrix_off_gpu(Model& model) {
+  std::string name;
+  const auto visit = [&](const Matrix& m) {
+    const bool dense = !m.quantized() && m.tensor_scale == 1.0f;
+    if (name.empty() && !m.empty() && !dense && !(m.bits == 4 && m.group64_affine())) name = m.name;
+  };
+  for_each_matrix(model, visit);
+  for (const LayerWeights& layer : model.layers)
+    if (layer.ple)
+      for (const Matrix& shard : layer.ple->table_shards) visit(shard);
+  return name;
+}
+
+}  // namespace
+
+bool cuda_selected(const std::string& device, Model& model) {
+#ifdef VAVILOV_HAVE_CUDA
+  const std::string unsupported = first_matrix_off_gpu(model);
+  if (device == "auto") return unsupported.empty() && cuda::device_count() > 0;
+  if (device == "cpu") return false;
+  check(cuda::device_count() > 0, "--device cuda: no CUDA device is available");
+  check(unsupported.empty(),
+        "--device cuda: tensor {} is in a format the GPU backend does not run yet (it runs dense weights and 4-bit "
+        "group-64 affine ones: --quantize none|q4, --experts 4)",
+        unsupported);
+  return true;
+#else
+  check(device != "cuda", "--device cuda: this binary was built without CUDA");
+  (void)model;
+  return false;
+#endif
+}
+
+SequenceFactory device_sequences(const Model& model, bool cuda) {
+#ifdef VAVILOV_HAVE_CUDA
+  if (cuda) return cuda::sequence_factory(model);
+#endif
+  return [&model] { return cpu_sequence(model); };
 }
 
 void add_threads_option(CLI::App* command, int& threads) {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend.h"
 #include "model/weights.h"
 
 namespace vavilov::cli {
@@ -28,6 +29,14 @@ void add_quantize_option(CLI::App* command, QuantizeOptions& quantize);
 void add_experts_option(CLI::App* command, int& experts);
 // load_model, then the conversions the options ask for.
 std::unique_ptr<Model> load_model_quantized(const std::string& directory, const QuantizeOptions& quantize);
+
+// --device auto|cpu|cuda. auto: the GPU when the binary has CUDA, a GPU is present and every weight is in a format
+// it runs (dense, or 4-bit affine at group 64: --quantize none|q4), else the CPU.
+void add_device_option(CLI::App* command, std::string& device);
+// Whether --device selects the GPU for this loaded model; a clear error when cuda is asked for but unavailable.
+bool cuda_selected(const std::string& device, Model& model);
+// Sequences on the selected device (the GPU one uploads the weights now, once).
+SequenceFactory device_sequences(const Model& model, bool cuda);
 
 // --threads N (0: all hardware threads); applied before the engine starts.
 void add_threads_option(CLI::App* command, int& threads);

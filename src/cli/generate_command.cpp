@@ -25,6 +25,7 @@ struct GenerateArgs {
   std::string model, ids, prompt;
   bool raw = false;
   QuantizeOptions quantize;
+  std::string device = "auto";
   int64_t max_tokens = 64;
   int64_t chunk = 0;
   bool ignore_eos = false;
@@ -108,6 +109,7 @@ void run_generate(const GenerateArgs& args) {
     for (uint32_t id : text->encode_prompt(args.prompt, args.raw)) prompt.push_back(int32_t(id));
   }
   auto model = load_model_quantized(model_dir, args.quantize);
+  const bool cuda = cuda_selected(args.device, *model);
   GenerateOptions options;
   options.max_tokens = args.max_tokens;
   options.prefill_chunk = args.chunk;
@@ -127,7 +129,12 @@ void run_generate(const GenerateArgs& args) {
   };
   std::vector<int32_t> generated;
   SpeculativeStats spec_stats;
-  if (speculative.drafts > 0)
+  // The GPU always decodes through the Decoder (with 0 drafts it is plain decoding); the CPU's plain path stays the
+  // independent reference.
+  if (cuda)
+    generated = generate_speculative(*model, prompt, options, speculative, stats, spec_stats, on_token,
+                                     device_sequences(*model, true));
+  else if (speculative.drafts > 0)
     generated = generate_speculative(*model, prompt, options, speculative, stats, spec_stats, on_token);
   else
     generated = generate_plain(*model, prompt, options, stats, on_token);
@@ -164,6 +171,7 @@ void register_generate(CLI::App& app) {
       ->check(CLI::IsMember({"fixed", "adaptive"}));
   add_sampling_options(command, *args);
   add_quantize_option(command, args->quantize);
+  add_device_option(command, args->device);
   add_threads_option(command, args->threads);
   command->callback([args] { run_generate(*args); });
 }

@@ -6,8 +6,6 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/error.h"
-#include "cpu/forward.h"
-#include "cpu/mtp.h"
 #include "io/atomic_file.h"
 #include "model/weights.h"
 
@@ -20,17 +18,18 @@ struct LogitsArgs {
   int threads = 0;
   bool mtp = false;
   QuantizeOptions quantize;
+  std::string device = "auto";
 };
 
 // Row i: the MTP head's logits given the trunk stack at position i and the token ids[i + 1].
-std::vector<float> mtp_logits(const Model& model, const std::vector<int32_t>& ids) {
+std::vector<float> mtp_logits(const Model& model, SequenceBackend& sequence, const std::vector<int32_t>& ids) {
   const size_t vocab = size_t(model.config.vocab_size), sh = size_t(model.config.hc_hidden()), n = ids.size();
   check(n >= 2, "--mtp needs at least two ids");
-  SequenceState state = new_sequence_state(model);
+  check(model.mtp.has_value(), "{}: the checkpoint has no MTP head (mtp.* tensors)", model.directory);
   std::vector<float> stacks(n * sh), head((n - 1) * sh), logits((n - 1) * vocab);
-  cpu::forward(model, state, ids, {false, nullptr, stacks.data()});
-  cpu::mtp_forward(model, state, stacks.data(), std::span<const int32_t>(ids).subspan(1), head.data());
-  cpu::mtp_logits(model, head.data(), int64_t(n - 1), logits.data());
+  sequence.forward(ids, {false, nullptr, stacks.data(), false});
+  sequence.mtp_forward(stacks.data(), std::span<const int32_t>(ids).subspan(1), head.data(), MtpRows::All);
+  sequence.mtp_logits(head.data(), int64_t(n - 1), logits.data());
   return logits;
 }
 
@@ -38,19 +37,20 @@ void run_logits(const LogitsArgs& args) {
   apply_threads(args.threads);
   std::vector<int32_t> ids = parse_ids(args.ids);
   auto model = load_model_quantized(args.model, args.quantize);
+  const bool cuda = cuda_selected(args.device, *model);
+  std::unique_ptr<SequenceBackend> sequence = device_sequences(*model, cuda)();
   if (args.mtp) {
-    std::vector<float> logits = mtp_logits(*model, ids);
+    std::vector<float> logits = mtp_logits(*model, *sequence, ids);
     write_file_atomically(args.out, logits.data(), logits.size() * sizeof(float));
     return;
   }
   const int64_t vocab = model->config.vocab_size;
-  SequenceState state = new_sequence_state(*model);
   std::vector<float> logits(ids.size() * size_t(vocab));
   size_t step = args.chunk > 0 ? size_t(args.chunk) : ids.size();
   for (size_t begin = 0; begin < ids.size(); begin += step) {
     size_t count = std::min(step, ids.size() - begin);
-    cpu::forward(*model, state, std::span<const int32_t>(ids).subspan(begin, count),
-                 {true, logits.data() + begin * size_t(vocab), nullptr});
+    sequence->forward(std::span<const int32_t>(ids).subspan(begin, count),
+                      {true, logits.data() + begin * size_t(vocab), nullptr, false});
   }
   write_file_atomically(args.out, logits.data(), logits.size() * sizeof(float));
 }
@@ -67,6 +67,7 @@ void register_logits(CLI::App& app) {
   command->add_flag("--mtp", args->mtp,
                     "Write the MTP head's logits instead: row i given the trunk at i and ids[i+1], [(ids-1) x vocab]");
   add_quantize_option(command, args->quantize);
+  add_device_option(command, args->device);
   add_threads_option(command, args->threads);
   command->callback([args] { run_logits(*args); });
 }

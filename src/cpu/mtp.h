@@ -4,14 +4,11 @@
 #include <cstdint>
 #include <span>
 
+#include "engine/backend.h"
 #include "engine/state.h"
 #include "model/weights.h"
 
 namespace vavilov::cpu {
-
-// Which head rows the caller reads: all (the logits command), or only the last (decoding, where earlier rows only
-// extend the head's attention caches and skip the rest of the layer).
-enum class MtpRows { All, Last };
 
 // `rows` head rows at positions state.mtp_position, +1, ...: row r pairs stacks[r] (the trunk's pre-mixer stack,
 // or the head's own for a chained draft) with next_ids[r]. Writes the head's pre-mixer stacks [rows, S·H] (MtpRows::Last:

@@ -5,7 +5,6 @@
 
 #include "core/error.h"
 #include "cpu/forward.h"
-#include "cpu/mtp.h"
 
 namespace vavilov {
 
@@ -28,12 +27,13 @@ void SpeculativeStats::add(const SpeculativeStats& other) {
   emitted += other.emitted;
 }
 
-Decoder::Decoder(const Model& model, const GenerateOptions& options, const SpeculativeOptions& speculative)
+Decoder::Decoder(const Model& model, const GenerateOptions& options, const SpeculativeOptions& speculative,
+                 const SequenceFactory& device)
     : model_(model),
       c_(model.config),
       options_(options),
       spec_(speculative),
-      state_(new_sequence_state(model)),
+      sequence_(device ? device() : cpu_sequence(model)),
       stops_(stop_token_ids(model)),
       rng_(options.sampling.seed),
       drafts_wanted_(speculative.drafts) {
@@ -41,9 +41,16 @@ Decoder::Decoder(const Model& model, const GenerateOptions& options, const Specu
   check(spec_.drafts >= 0 && spec_.drafts <= 3, "--drafts must be 0..3, got {}", spec_.drafts);
   check(spec_.drafts == 0 || model.mtp.has_value(), "{}: speculative decoding needs the MTP head (mtp.* tensors)",
         model.directory);
+  check(!spec_.on_step || sequence_->cpu_state(), "the on_step hook needs the CPU backend");
   stops_.insert(stops_.end(), options.stop_ids.begin(), options.stop_ids.end());
   stats_.proposed.assign(size_t(spec_.drafts), 0);
   stats_.accepted.assign(size_t(spec_.drafts), 0);
+}
+
+SequenceState& Decoder::state() {
+  SequenceState* state = sequence_->cpu_state();
+  check(state != nullptr, "this decoder's state lives on a device, not in the CPU engine");
+  return *state;
 }
 
 bool Decoder::is_stop(int32_t token) const {
@@ -62,7 +69,7 @@ void Decoder::begin(std::span<const int32_t> prompt, const SequenceState* prefix
   if (prefix) {
     check(prefix->position < int64_t(prompt.size()) && (spec_.drafts == 0 || prefix->mtp_position == prefix->position),
           "prefix state at position {} cannot start a {}-token prompt", prefix->position, prompt.size());
-    state_ = *prefix;
+    state() = *prefix;
   }
   history_.add_prompt(prompt);
   prompt_.assign(prompt.begin(), prompt.end());
@@ -70,14 +77,14 @@ void Decoder::begin(std::span<const int32_t> prompt, const SequenceState* prefix
 
 int32_t Decoder::prefill_next(const std::function<void(const SequenceState&)>& on_chunk) {
   const int64_t sh = c_.hc_hidden(), vocab = c_.vocab_size, n = int64_t(prompt_.size());
-  check(state_.position < n, "prefill_next: the prompt is already prefilled");
-  const int64_t begin = state_.position;
+  const int64_t begin = sequence_->position();
+  check(begin < n, "prefill_next: the prompt is already prefilled");
   const int64_t count = std::min(options_.prefill_chunk > 0 ? options_.prefill_chunk : n, n - begin);
   const bool last = begin + count == n;
   const std::span<const int32_t> prompt(prompt_);
   std::vector<float> logits(last ? size_t(vocab) : 0), stacks(spec_.drafts ? size_t(count * sh) : 0);
-  cpu::forward(model_, state_, prompt.subspan(size_t(begin), size_t(count)),
-               {false, last ? logits.data() : nullptr, spec_.drafts ? stacks.data() : nullptr});
+  sequence_->forward(prompt.subspan(size_t(begin), size_t(count)),
+                     {false, last ? logits.data() : nullptr, spec_.drafts ? stacks.data() : nullptr, false});
   int32_t next = -1;
   if (last) {
     next = choose(logits.data(), vocab, options_.sampling, history_, rng_);
@@ -90,7 +97,7 @@ int32_t Decoder::prefill_next(const std::function<void(const SequenceState&)>& o
     next_ids.push_back(last ? next : prompt[size_t(begin + count)]);
     fold_head(stacks.data(), next_ids, last);
   }
-  if (!last && on_chunk) on_chunk(state_);
+  if (!last && on_chunk) on_chunk(state());
   if (last) prompt_.clear();
   return next;
 }
@@ -114,16 +121,9 @@ int32_t Decoder::verify_row(const float* logits, int64_t row) {
   return draw(residual > 0 ? std::span<const double>(q) : std::span<const double>(p), rng_);
 }
 
-cpu::SequenceChunk Decoder::verify_chunk() {
-  verify_logits_.resize(rows_.size() * size_t(c_.vocab_size));
-  verify_stacks_.resize(rows_.size() * size_t(c_.hc_hidden()));
-  return {&state_, rows_, {true, verify_logits_.data(), verify_stacks_.data(), &verify_row_states_}};
-}
-
-std::vector<int32_t> Decoder::accept() {
-  const float* logits = verify_logits_.data();
+std::vector<int32_t> Decoder::accept(const float* logits, const float* stacks) {
   const int64_t count = int64_t(rows_.size()), proposed = count - 1, vocab = c_.vocab_size;
-  const int64_t first = state_.position - count;
+  const int64_t first = sequence_->position() - count;
   std::vector<int32_t> emitted;
   for (int64_t r = 0; r < count; ++r) {
     const int32_t token = verify_row(logits + r * vocab, r);
@@ -132,7 +132,7 @@ std::vector<int32_t> Decoder::accept() {
     if (r == proposed || token != rows_[size_t(r) + 1] || is_stop(token)) break;
   }
   const int64_t accepted = int64_t(emitted.size()) - 1;
-  keep_rows(state_, verify_row_states_, first, accepted + 1, c_);
+  sequence_->keep_rows(first, accepted + 1);
 
   ++stats_.verify_steps;
   for (int64_t j = 0; j < proposed; ++j) {
@@ -144,8 +144,8 @@ std::vector<int32_t> Decoder::accept() {
   stats_.emitted += int64_t(emitted.size());
   std::vector<int32_t> committed(rows_.begin(), rows_.begin() + accepted + 1);
   rows_ = {emitted.back()};
-  if (spec_.drafts) fold_head(verify_stacks_.data(), emitted);
-  if (spec_.on_step) spec_.on_step(state_, committed);
+  if (spec_.drafts) fold_head(stacks, emitted);
+  if (spec_.on_step) spec_.on_step(state(), committed);
   return emitted;
 }
 
@@ -158,19 +158,19 @@ std::vector<int32_t> Decoder::step() {
 // row and chained drafts from the head's own stacks. Chained entries leave the head's cache afterwards.
 void Decoder::fold_head(const float* trunk_stacks, std::span<const int32_t> next_ids, bool draft) {
   const int64_t rows = int64_t(next_ids.size()), sh = c_.hc_hidden(), vocab = c_.vocab_size;
-  truncate_head(state_.position - rows);
+  const int64_t committed = sequence_->position();  // the head covers every committed position afterwards
+  truncate_head(committed - rows);
   std::vector<float> chain(static_cast<size_t>(sh)), logits(static_cast<size_t>(vocab));
-  cpu::mtp_forward(model_, state_, trunk_stacks, next_ids, chain.data(), cpu::MtpRows::Last);
-  const int64_t committed = state_.mtp_position;
+  sequence_->mtp_forward(trunk_stacks, next_ids, chain.data(), MtpRows::Last);
   draft_q_.clear();
   for (int j = 0; draft && j < drafts_wanted_; ++j) {
     if (j > 0) {
       std::vector<float> chained(static_cast<size_t>(sh));
-      cpu::mtp_forward(model_, state_, chain.data(), std::span<const int32_t>(&rows_.back(), 1), chained.data());
+      sequence_->mtp_forward(chain.data(), std::span<const int32_t>(&rows_.back(), 1), chained.data(), MtpRows::Last);
       chain.swap(chained);
     }
-    cpu::mtp_logits(model_, chain.data(), 1, logits.data());
-    add_draft(logits.data(), state_.position + j + 1);
+    sequence_->mtp_logits(chain.data(), 1, logits.data());
+    add_draft(logits.data(), committed + j + 1);
   }
   // The drafts were pushed so that later drafts saw them; verification pushes what it emits.
   for (size_t j = 1; j < rows_.size(); ++j) history_.pop(rows_[j]);
@@ -202,17 +202,39 @@ void Decoder::add_draft(const float* head_logits, int64_t position) {
   draft_q_.push_back(std::move(q));
 }
 
-void Decoder::truncate_head(int64_t position) {
-  truncate_attention(state_.mtp.attn, position, c_);
-  state_.mtp_position = position;
+void Decoder::truncate_head(int64_t position) { sequence_->truncate_head(position); }
+
+float* Decoder::verify_logits() {
+  verify_logits_.resize(rows_.size() * size_t(c_.vocab_size));
+  return verify_logits_.data();
 }
 
+float* Decoder::verify_stacks() {
+  verify_stacks_.resize(rows_.size() * size_t(c_.hc_hidden()));
+  return verify_stacks_.data();
+}
+
+std::vector<int32_t> Decoder::step_alone() {
+  float *logits = verify_logits(), *stacks = verify_stacks();
+  sequence_->forward(rows_, {true, logits, stacks, true});
+  return accept(logits, stacks);
+}
+
+// CPU decoders share one batched trunk pass; decoders on other devices step on their own.
 std::vector<std::vector<int32_t>> step_batch(const Model& model, std::span<Decoder* const> decoders) {
   std::vector<cpu::SequenceChunk> chunks;
-  for (Decoder* decoder : decoders) chunks.push_back(decoder->verify_chunk());
-  cpu::forward_batch(model, chunks);
+  for (Decoder* decoder : decoders) {
+    SequenceBackend& sequence = decoder->backend();
+    if (!sequence.cpu_state()) continue;
+    chunks.push_back({sequence.cpu_state(),
+                      decoder->rows(),
+                      {true, decoder->verify_logits(), decoder->verify_stacks(), sequence.cpu_row_states()}});
+  }
+  if (!chunks.empty()) cpu::forward_batch(model, chunks);
   std::vector<std::vector<int32_t>> emitted;
-  for (Decoder* decoder : decoders) emitted.push_back(decoder->accept());
+  for (Decoder* decoder : decoders)
+    emitted.push_back(decoder->backend().cpu_state() ? decoder->accept(decoder->verify_logits(), decoder->verify_stacks())
+                                                     : decoder->step_alone());
   return emitted;
 }
 
@@ -225,8 +247,8 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 std::vector<int32_t> generate_speculative(const Model& model, std::span<const int32_t> prompt,
                                           const GenerateOptions& options, const SpeculativeOptions& speculative,
                                           GenerateStats& stats, SpeculativeStats& spec_stats,
-                                          const std::function<void(int32_t)>& on_token) {
-  Decoder decoder(model, options, speculative);
+                                          const std::function<void(int32_t)>& on_token, const SequenceFactory& device) {
+  Decoder decoder(model, options, speculative, device);
   auto start = std::chrono::steady_clock::now();
   std::vector<int32_t> pending{decoder.start(prompt)};
   stats.prompt_tokens = int64_t(prompt.size());

@@ -16,7 +16,7 @@
 #include <span>
 #include <vector>
 
-#include "cpu/forward.h"
+#include "engine/backend.h"
 #include "engine/generate.h"
 #include "engine/sampling.h"
 #include "engine/state.h"
@@ -53,7 +53,9 @@ struct SpeculativeStats {
 
 class Decoder {
  public:
-  Decoder(const Model& model, const GenerateOptions& options, const SpeculativeOptions& speculative);
+  // `device` makes the sequence's backend (default: the CPU engine).
+  Decoder(const Model& model, const GenerateOptions& options, const SpeculativeOptions& speculative,
+          const SequenceFactory& device = {});
 
   // Prefills the prompt (in chunks of options.prefill_chunk) and chooses the first token; returns it. With `prefix`,
   // starts from that state (a copy of an earlier decoder's state after a prefix of this prompt: prefix caching).
@@ -66,17 +68,21 @@ class Decoder {
   int32_t prefill_next(const std::function<void(const SequenceState&)>& on_chunk = {});
   // The rows the next verify step runs through the trunk: the last token, then the drafts.
   std::span<const int32_t> rows() const { return rows_; }
-  // The trunk pass of the next verify step: rows() continuing state(), with logits, stacks and per-row states going
-  // to this decoder's own buffers (reused from step to step).
-  cpu::SequenceChunk verify_chunk();
-  // After the trunk ran verify_chunk(): keeps the accepted prefix, drafts the next step, and returns the tokens it
-  // emits (1 + accepted drafts).
-  std::vector<int32_t> accept();
+  // Takes the trunk's outputs for rows() (a pass that recorded its rows): logits [rows, vocab], stacks [rows, S·H].
+  // Keeps the accepted prefix, drafts the next step, and returns the tokens it emits (1 + accepted drafts).
+  std::vector<int32_t> accept(const float* logits, const float* stacks);
   // One verify step on its own.
   std::vector<int32_t> step();
+  // One verify step through this decoder's own backend (step_batch's path for non-CPU decoders).
+  std::vector<int32_t> step_alone();
+  // Buffers sized for the next verify pass (step_batch fills them for CPU decoders).
+  float* verify_logits();
+  float* verify_stacks();
 
   bool is_stop(int32_t token) const;
-  SequenceState& state() { return state_; }
+  // The CPU engine's state (prefix caching, tests); an error on other devices.
+  SequenceState& state();
+  SequenceBackend& backend() { return *sequence_; }
   const SpeculativeStats& stats() const { return stats_; }
 
  private:
@@ -90,12 +96,12 @@ class Decoder {
   GenerateOptions options_;
   SpeculativeOptions spec_;
   SpeculativeStats stats_;
-  SequenceState state_;
+  std::unique_ptr<SequenceBackend> sequence_;
   std::vector<int64_t> stops_;
   std::vector<int32_t> prompt_;               // while prefilling
   std::vector<int32_t> rows_;                 // [last, drafts...]
-  std::vector<float> verify_logits_, verify_stacks_;  // [rows, vocab], [rows, S·H]
-  RowStates verify_row_states_;
+  // The verify pass's outputs, kept from step to step: [rows, vocab] and [rows, S·H].
+  std::vector<float> verify_logits_, verify_stacks_;
   std::vector<std::vector<double>> draft_q_;  // when sampling: the distribution each draft was drawn from
   TokenHistory history_;                      // prompt and emitted tokens (the penalties' input)
   Rng rng_;                                   // this sequence's own stream: batching cannot change it
@@ -108,6 +114,7 @@ std::vector<std::vector<int32_t>> step_batch(const Model& model, std::span<Decod
 std::vector<int32_t> generate_speculative(const Model& model, std::span<const int32_t> prompt,
                                           const GenerateOptions& options, const SpeculativeOptions& speculative,
                                           GenerateStats& stats, SpeculativeStats& spec_stats,
-                                          const std::function<void(int32_t)>& on_token = {});
+                                          const std::function<void(int32_t)>& on_token = {},
+                                          const SequenceFactory& device = {});
 
 }  // namespace vavilov

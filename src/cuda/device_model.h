@@ -1,0 +1,93 @@
+#pragma once
+// The model's weights on the GPU, uploaded once from a loaded Model: dense F32/BF16 matrices stay in their dtype
+// (F16 and F8 become F32), 4-bit quantized matrices keep their codes, scales and biases; vectors become fp32.
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "cuda/device_matrix.h"
+#include "model/weights.h"
+
+namespace vavilov::cuda {
+
+// Throws vavilov::Error naming `what` when a CUDA call failed.
+void cuda_check(cudaError_t status, const char* what);
+
+struct CudaFree {
+  void operator()(void* p) const { cudaFree(p); }
+};
+using DeviceAllocation = std::unique_ptr<void, CudaFree>;
+DeviceAllocation device_alloc(size_t bytes, const char* what);
+
+struct DeviceGatedResidual {
+  const float* norm = nullptr;
+  DeviceMatrix mix_down, mix_up, inject;
+  bool has_inject = false;
+};
+
+struct DeviceGatedDeltaNet {
+  DeviceMatrix in_qkv, in_z, in_b, in_a, out;
+  const float *conv = nullptr, *a_log = nullptr, *dt_bias = nullptr, *norm = nullptr;
+};
+
+struct DeviceAttention {
+  DeviceMatrix q, k, v, o, index_qk;
+  const float *q_norm = nullptr, *k_norm = nullptr, *index_q_norm = nullptr, *index_k_norm = nullptr;
+};
+
+struct DeviceFeedForward {
+  DeviceMatrix gate, up, down;
+};
+
+struct DeviceMoe {
+  DeviceMatrix router, shared_gate;
+  DeviceFeedForward shared;
+  // Device arrays of num_experts matrices each; gate and up share a format, down has its own.
+  const DeviceMatrix *expert_gate = nullptr, *expert_up = nullptr, *expert_down = nullptr;
+  WeightFormat gate_up_format = WeightFormat::F32, down_format = WeightFormat::F32;
+};
+
+struct DevicePle {
+  DeviceMatrix table;  // every shard, concatenated: [table_rows, head_width]
+  const int64_t *multipliers = nullptr, *head_sizes = nullptr, *head_offsets = nullptr;
+  DeviceMatrix key_proj, value_proj;
+  const float *norm_key = nullptr, *norm_query = nullptr, *norm_conv = nullptr, *conv = nullptr;
+};
+
+struct DeviceLayer {
+  LayerKind kind = LayerKind::GatedDeltaNet;
+  DeviceGatedResidual attn_hc, mlp_hc;
+  DeviceGatedDeltaNet gdn;
+  DeviceAttention attn;
+  DeviceMoe moe;
+  std::optional<DevicePle> ple;
+};
+
+struct DeviceMtp {
+  const float *pre_fc_norm_embedding = nullptr, *pre_fc_norm_hidden = nullptr;
+  DeviceMatrix fc_embedding, fc_hidden;
+  DeviceLayer layer;
+  DeviceGatedResidual final_mixer;
+};
+
+struct DeviceModel {
+  ModelConfig config;
+  std::string name;  // the model directory, for errors
+  DeviceMatrix embed, lm_head;
+  std::vector<DeviceLayer> layers;
+  DeviceGatedResidual final_mixer;
+  std::optional<DeviceMtp> mtp;
+  const float* inv_freq = nullptr;  // RoPE inverse frequencies [rotary_dim / 2], as the CPU computes them
+  std::vector<DeviceAllocation> memory;
+  size_t bytes = 0;  // device memory held by the weights
+};
+
+// The geometry limits the kernels were written for (ops.cu); an error naming the config field otherwise.
+void check_supported(const ModelConfig& config, const std::string& name);
+
+// Uploads every weight; 2- and 3-bit matrices are refused (the GPU runs Q4).
+std::unique_ptr<DeviceModel> upload_model(const Model& model);
+
+}  // namespace vavilov::cuda

@@ -1,0 +1,185 @@
+#include <cuda_bf16.h>
+
+#include "cuda/linear.cuh"
+
+namespace vavilov::cuda {
+
+namespace {
+
+constexpr int kWarps = 8;        // output rows per block
+constexpr int kRowsPerPass = 4;  // activation rows sharing each weight read
+
+__device__ inline float bf16_value(uint16_t bits) { return __uint_as_float(uint32_t(bits) << 16); }
+
+__device__ inline float warp_sum(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// The eight weights of columns [8·chunk, 8·chunk + 8) of one row, as fp32.
+template <WeightFormat F>
+__device__ inline void load_chunk(const DeviceMatrix& w, int row, int chunk, float* out) {
+  if constexpr (F == WeightFormat::Q4) {
+    const uint32_t word = __ldg(static_cast<const uint32_t*>(w.data) + size_t(row) * (w.cols / 8) + chunk);
+    const size_t group = size_t(row) * (w.cols / 64) + chunk / 8;
+    const float scale = bf16_value(w.scales[group]), bias = bf16_value(w.biases[group]);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) out[i] = scale * float((word >> (4 * i)) & 0xfu) + bias;
+  } else if constexpr (F == WeightFormat::BF16) {
+    const uint4 packed =
+        __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(w.data) + size_t(row) * w.cols) + chunk);
+    const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      out[2 * i] = __uint_as_float(words[i] << 16);
+      out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+    }
+  } else {
+    const float4* p =
+        reinterpret_cast<const float4*>(static_cast<const float*>(w.data) + size_t(row) * w.cols) + 2 * chunk;
+    const float4 lo = __ldg(p), hi = __ldg(p + 1);
+    out[0] = lo.x, out[1] = lo.y, out[2] = lo.z, out[3] = lo.w, out[4] = hi.x, out[5] = hi.y, out[6] = hi.z,
+    out[7] = hi.w;
+  }
+}
+
+template <WeightFormat F>
+__device__ inline float load_one(const DeviceMatrix& w, int row, int col) {
+  if constexpr (F == WeightFormat::Q4) {
+    const uint32_t word = static_cast<const uint32_t*>(w.data)[size_t(row) * (w.cols / 8) + col / 8];
+    const size_t group = size_t(row) * (w.cols / 64) + col / 64;
+    return bf16_value(w.scales[group]) * float((word >> (4 * (col % 8))) & 0xfu) + bf16_value(w.biases[group]);
+  } else if constexpr (F == WeightFormat::BF16) {
+    return bf16_value(static_cast<const uint16_t*>(w.data)[size_t(row) * w.cols + col]);
+  } else {
+    return static_cast<const float*>(w.data)[size_t(row) * w.cols + col];
+  }
+}
+
+// Σ_k W[row, k]·x[b, k] for b < batch, summed over the warp; lane 0 holds the results.
+template <WeightFormat F>
+__device__ inline void row_products(const DeviceMatrix& w, int row, const float* x, int batch,
+                                    float (&acc)[kRowsPerPass]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int b = 0; b < kRowsPerPass; ++b) acc[b] = 0.0f;
+  if (w.cols % 8 == 0) {
+    for (int chunk = lane; chunk < w.cols / 8; chunk += 32) {
+      float weights[8];
+      load_chunk<F>(w, row, chunk, weights);
+#pragma unroll
+      for (int b = 0; b < kRowsPerPass; ++b) {
+        if (b >= batch) break;
+        const float* xs = x + size_t(b) * w.cols + chunk * 8;
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) sum += weights[i] * xs[i];
+        acc[b] += sum;
+      }
+    }
+  } else {
+    for (int col = lane; col < w.cols; col += 32) {
+      const float weight = load_one<F>(w, row, col);
+#pragma unroll
+      for (int b = 0; b < kRowsPerPass; ++b)
+        if (b < batch) acc[b] += weight * x[size_t(b) * w.cols + col];
+    }
+  }
+#pragma unroll
+  for (int b = 0; b < kRowsPerPass; ++b) acc[b] = warp_sum(acc[b]);
+}
+
+template <WeightFormat F>
+__global__ void __launch_bounds__(kWarps * 32) linear_kernel(DeviceMatrix w, const float* x, int x_rows, float* y) {
+  const int row = blockIdx.x * kWarps + threadIdx.x / 32;
+  const int first = blockIdx.y * kRowsPerPass, batch = min(kRowsPerPass, x_rows - first);
+  if (row >= w.rows) return;
+  float acc[kRowsPerPass];
+  row_products<F>(w, row, x + size_t(first) * w.cols, batch, acc);
+  if (threadIdx.x % 32 == 0)
+    for (int b = 0; b < batch; ++b) y[size_t(first + b) * w.rows + row] = acc[b];
+}
+
+template <WeightFormat F>
+__global__ void __launch_bounds__(kWarps * 32)
+    expert_kernel(const DeviceMatrix* experts, const int* ids, const float* x, int x_divisor, float* y) {
+  const int slot = blockIdx.y;
+  const DeviceMatrix w = experts[ids[slot]];
+  const int row = blockIdx.x * kWarps + threadIdx.x / 32;
+  if (row >= w.rows) return;
+  float acc[kRowsPerPass];
+  row_products<F>(w, row, x + size_t(slot / x_divisor) * w.cols, 1, acc);
+  if (threadIdx.x % 32 == 0) y[size_t(slot) * w.rows + row] = acc[0];
+}
+
+template <WeightFormat F, typename Index>
+__global__ void gather_kernel(DeviceMatrix table, const Index* ids, int rows, int copies, float* out) {
+  const int r = blockIdx.y;
+  const int64_t id = int64_t(ids[r]);
+  for (int col = blockIdx.x * blockDim.x + threadIdx.x; col < table.cols; col += gridDim.x * blockDim.x) {
+    const float value = load_one<F>(table, int(id), col);
+    for (int c = 0; c < copies; ++c) out[(size_t(r) * copies + c) * table.cols + col] = value;
+  }
+}
+
+template <typename Index>
+void gather(const DeviceMatrix& table, const Index* ids, int rows, int copies, float* out, cudaStream_t stream) {
+  if (rows == 0) return;
+  const dim3 grid((table.cols + 255) / 256, rows);
+  switch (table.format) {
+    case WeightFormat::F32:
+      gather_kernel<WeightFormat::F32><<<grid, 256, 0, stream>>>(table, ids, rows, copies, out);
+      break;
+    case WeightFormat::BF16:
+      gather_kernel<WeightFormat::BF16><<<grid, 256, 0, stream>>>(table, ids, rows, copies, out);
+      break;
+    case WeightFormat::Q4:
+      gather_kernel<WeightFormat::Q4><<<grid, 256, 0, stream>>>(table, ids, rows, copies, out);
+      break;
+  }
+}
+
+}  // namespace
+
+void linear(const DeviceMatrix& w, const float* x, int x_rows, float* y, cudaStream_t stream) {
+  if (x_rows == 0 || w.rows == 0) return;
+  const dim3 grid((w.rows + kWarps - 1) / kWarps, (x_rows + kRowsPerPass - 1) / kRowsPerPass);
+  switch (w.format) {
+    case WeightFormat::F32:
+      linear_kernel<WeightFormat::F32><<<grid, kWarps * 32, 0, stream>>>(w, x, x_rows, y);
+      break;
+    case WeightFormat::BF16:
+      linear_kernel<WeightFormat::BF16><<<grid, kWarps * 32, 0, stream>>>(w, x, x_rows, y);
+      break;
+    case WeightFormat::Q4:
+      linear_kernel<WeightFormat::Q4><<<grid, kWarps * 32, 0, stream>>>(w, x, x_rows, y);
+      break;
+  }
+}
+
+void expert_linear(const DeviceMatrix* experts, WeightFormat format, int rows_out, int cols, const int* ids, int slots,
+                   const float* x, int x_divisor, float* y, cudaStream_t stream) {
+  if (slots == 0) return;
+  const dim3 grid((rows_out + kWarps - 1) / kWarps, slots);
+  switch (format) {
+    case WeightFormat::F32:
+      expert_kernel<WeightFormat::F32><<<grid, kWarps * 32, 0, stream>>>(experts, ids, x, x_divisor, y);
+      break;
+    case WeightFormat::BF16:
+      expert_kernel<WeightFormat::BF16><<<grid, kWarps * 32, 0, stream>>>(experts, ids, x, x_divisor, y);
+      break;
+    case WeightFormat::Q4:
+      expert_kernel<WeightFormat::Q4><<<grid, kWarps * 32, 0, stream>>>(experts, ids, x, x_divisor, y);
+      break;
+  }
+}
+
+void gather_rows(const DeviceMatrix& table, const int32_t* ids, int rows, int copies, float* out, cudaStream_t stream) {
+  gather(table, ids, rows, copies, out, stream);
+}
+
+void gather_rows(const DeviceMatrix& table, const int64_t* ids, int rows, int copies, float* out, cudaStream_t stream) {
+  gather(table, ids, rows, copies, out, stream);
+}
+
+}  // namespace vavilov::cuda

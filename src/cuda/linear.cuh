@@ -1,0 +1,25 @@
+#pragma once
+// Matrix products on the GPU for any number of activation rows and any stored format (F32, BF16, Q4): one warp per
+// output row reads each weight once for up to four activation rows. Also the expert variant, whose matrices are
+// chosen per row by expert ids that live in device memory (no host round trip for routing).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/device_matrix.h"
+
+namespace vavilov::cuda {
+
+// y[r, :] = W · x[r, :] for r < x_rows; x is [x_rows, W.cols], y is [x_rows, W.rows].
+void linear(const DeviceMatrix& w, const float* x, int x_rows, float* y, cudaStream_t stream);
+
+// For each slot s < slots: y[s, :] = E[ids[s]] · x[s / x_divisor, :], with `experts` a device array of matrices that
+// share format and shape (rows_out × cols).
+void expert_linear(const DeviceMatrix* experts, WeightFormat format, int rows_out, int cols, const int* ids, int slots,
+                   const float* x, int x_divisor, float* y, cudaStream_t stream);
+
+// out[r, c·row_width + :] = row ids[r] of `table` as fp32, for `copies` copies (c < copies) of each row.
+void gather_rows(const DeviceMatrix& table, const int32_t* ids, int rows, int copies, float* out, cudaStream_t stream);
+void gather_rows(const DeviceMatrix& table, const int64_t* ids, int rows, int copies, float* out, cudaStream_t stream);
+
+}  // namespace vavilov::cuda

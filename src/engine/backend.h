@@ -1,0 +1,52 @@
+#pragma once
+// The seam between the Decoder and a device: the few operations a decoding step needs on one sequence's state. The
+// CPU engine and the CUDA backend implement it, so every decoding rule (verification, drafting, rollback) is written
+// once, in the Decoder.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+
+#include "engine/state.h"
+#include "model/weights.h"
+
+namespace vavilov {
+
+// Which MTP head rows the caller reads: all (the logits command), or only the last (decoding, where earlier rows only
+// have to extend the head's attention caches).
+enum class MtpRows { All, Last };
+
+struct TrunkOutputs {
+  bool all_rows = false;     // logits for every row, or only the last
+  float* logits = nullptr;   // host [all_rows ? rows : 1, vocab]; null to skip lm_head
+  float* stacks = nullptr;   // host [rows, S·H]: residual stacks before the final mixer (the MTP head's input)
+  bool record_rows = false;  // keep the recurrent state after every row so keep_rows can roll back
+};
+
+class SequenceBackend {
+ public:
+  virtual ~SequenceBackend() = default;
+  virtual int64_t position() const = 0;
+  // Runs the trunk over `ids`, continuing the sequence.
+  virtual void forward(std::span<const int32_t> ids, const TrunkOutputs& outputs) = 0;
+  // Keeps the first `kept` rows of the last forward pass (which recorded its rows and started at first_position).
+  virtual void keep_rows(int64_t first_position, int64_t kept) = 0;
+  // The MTP head over host stacks [rows, S·H] paired with next_ids (cpu/mtp.h); writes its stacks to head_stacks
+  // ([rows, S·H], or the last row's [S·H] with MtpRows::Last).
+  virtual void mtp_forward(const float* stacks, std::span<const int32_t> next_ids, float* head_stacks,
+                           MtpRows output) = 0;
+  virtual void mtp_logits(const float* head_stacks, int64_t rows, float* logits) = 0;
+  // Drops the head's cache entries from `position` on.
+  virtual void truncate_head(int64_t position) = 0;
+  // The state as the CPU engine holds it; null on other devices (prefix caching and batched CPU steps use it).
+  virtual SequenceState* cpu_state() { return nullptr; }
+  virtual RowStates* cpu_row_states() { return nullptr; }
+};
+
+// The CPU engine's sequence (cpu/forward.h, cpu/mtp.h).
+std::unique_ptr<SequenceBackend> cpu_sequence(const Model& model);
+
+// Makes one sequence's backend for a model; the Decoder asks for one per sequence.
+using SequenceFactory = std::function<std::unique_ptr<SequenceBackend>()>;
+
+}  // namespace vavilov

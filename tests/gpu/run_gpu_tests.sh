@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Builds (unless BUILD_DIR already holds them) and runs the GPU tests, then compute-sanitizer's memcheck over a subset
+# when the tool is there. Run from the repository root on a machine with a CUDA GPU:
+#   tests/gpu/run_gpu_tests.sh [BUILD_DIR]        (default: build)
+# Binaries built elsewhere can be run from a copy of the tree: VAVILOV_SOURCE_DIR points the tests at its fixtures.
+set -euo pipefail
+build=${1:-build}
+tests=$build/vavilov_gpu_tests
+if [[ ! -x $tests ]]; then
+  cmake -S . -B "$build" -G Ninja
+  ninja -C "$build" vavilov vavilov_gpu_tests
+fi
+export VAVILOV_SOURCE_DIR=${VAVILOV_SOURCE_DIR:-$PWD}
+status=0
+"$tests" --gtest_brief=1 || status=1
+if command -v compute-sanitizer > /dev/null; then
+  # One F32 fixture with PLE and one with the MTP head cover every kernel; memcheck slows them ~100x.
+  compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 "$tests" --gtest_brief=1 \
+    --gtest_filter='*tiny_f32_hc4_ple1:*mtp_f32_hc4' || status=1
+else
+  echo "compute-sanitizer not found: memcheck skipped"
+fi
+exit $status

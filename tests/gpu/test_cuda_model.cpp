@@ -1,0 +1,176 @@
+// The CUDA backend against HF transformers' fixtures and the CPU engine (ctest label `gpu`; run on the device
+// machine by tests/gpu/run_gpu_tests.sh).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cpu/forward.h"
+#include "cpu/mtp.h"
+#include "cuda/backend.h"
+#include "engine/generate.h"
+#include "engine/speculative.h"
+#include "fixture_paths.h"
+#include "model/quantize.h"
+#include "model/weights.h"
+
+namespace vavilov {
+namespace {
+
+// fp32 arithmetic on the same weights as the reference (F32 checkpoints, or bf16 ones that HF also ran in fp32):
+// only the order of fp32 roundings differs (the bound).
+constexpr double kFp32Tolerance = 1e-3;
+// Q4 weights: GPU and CPU dequantize the same codes, scales and biases with the same formula, so the bound is the
+// fp32 one; against unquantized references Q4 makes no promise beyond what the CPU path shows.
+constexpr double kQ4Tolerance = 1e-3;
+constexpr int64_t kTokens = 16;
+
+struct Fixture {
+  std::filesystem::path dir;
+  nlohmann::json reference;
+  std::vector<int32_t> prompt, greedy;
+  std::vector<float> logits;
+
+  explicit Fixture(const std::filesystem::path& d) : dir(d) {
+    std::ifstream in(dir / "reference.json");
+    reference = nlohmann::json::parse(in);
+    prompt = reference["prompt_ids"].get<std::vector<int32_t>>();
+    greedy = reference["greedy_ids"].get<std::vector<int32_t>>();
+    logits = test::read_floats(dir / reference["logits_file"].get<std::string>());
+  }
+};
+
+double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double max_diff = 0, max_ref = 0;
+  for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
+    max_diff = std::max(max_diff, std::fabs(double(got[i]) - double(want[i])));
+    max_ref = std::max(max_ref, std::fabs(double(want[i])));
+  }
+  return max_diff / max_ref;
+}
+
+std::vector<float> logits_of(const Model& model, SequenceBackend& sequence, const std::vector<int32_t>& prompt,
+                             size_t chunk) {
+  const size_t vocab = size_t(model.config.vocab_size);
+  std::vector<float> logits(prompt.size() * vocab);
+  for (size_t begin = 0; begin < prompt.size(); begin += chunk) {
+    size_t count = std::min(chunk, prompt.size() - begin);
+    sequence.forward(std::span<const int32_t>(prompt).subspan(begin, count),
+                     {true, logits.data() + begin * vocab, nullptr, false});
+  }
+  return logits;
+}
+
+std::vector<float> cpu_logits(const Model& model, const std::vector<int32_t>& prompt) {
+  auto sequence = cpu_sequence(model);
+  return logits_of(model, *sequence, prompt, prompt.size());
+}
+
+class GpuModel : public ::testing::TestWithParam<std::filesystem::path> {
+ protected:
+  void SetUp() override { ASSERT_GT(cuda::device_count(), 0) << "the GPU tests need a CUDA device"; }
+};
+
+TEST_P(GpuModel, LogitsMatchHfAndCpuOneShotChunkedAndTokenByToken) {
+  Fixture fixture(GetParam());
+  auto model = load_model(fixture.dir.string());
+  auto gpu = cuda::sequence_factory(*model);
+  const std::vector<float> cpu = cpu_logits(*model, fixture.prompt);
+  for (size_t chunk : {fixture.prompt.size(), size_t(5), size_t(1)}) {
+    auto sequence = gpu();
+    const std::vector<float> logits = logits_of(*model, *sequence, fixture.prompt, chunk);
+    EXPECT_LE(relative_error(logits, fixture.logits), kFp32Tolerance) << "vs HF, chunk " << chunk;
+    EXPECT_LE(relative_error(logits, cpu), kFp32Tolerance) << "vs CPU, chunk " << chunk;
+  }
+}
+
+TEST_P(GpuModel, Q4LogitsMatchCpuQ4) {
+  Fixture fixture(GetParam());
+  auto model = load_model(fixture.dir.string());
+  if (quantize_model(*model, 4) == 0) GTEST_SKIP() << "no matrix of this fixture has a multiple of 64 columns";
+  auto sequence = cuda::sequence_factory(*model)();
+  EXPECT_LE(relative_error(logits_of(*model, *sequence, fixture.prompt, 7), cpu_logits(*model, fixture.prompt)),
+            kQ4Tolerance);
+}
+
+TEST_P(GpuModel, GreedyMatchesHfAndCpu) {
+  Fixture fixture(GetParam());
+  auto model = load_model(fixture.dir.string());
+  GenerateOptions options;
+  options.max_tokens = int64_t(fixture.greedy.size());
+  options.ignore_eos = true;
+  GenerateStats stats;
+  SpeculativeStats spec_stats;
+  SpeculativeOptions plain;
+  plain.drafts = 0;
+  const auto gpu = generate_speculative(*model, fixture.prompt, options, plain, stats, spec_stats, {},
+                                        cuda::sequence_factory(*model));
+  EXPECT_EQ(gpu, fixture.greedy);
+  EXPECT_EQ(gpu, generate_greedy(*model, fixture.prompt, options, stats));
+}
+
+TEST_P(GpuModel, MtpLogitsMatchReferenceAndCpu) {
+  Fixture fixture(GetParam());
+  if (!fixture.reference.contains("mtp_logits_file")) GTEST_SKIP() << "no MTP head in this fixture";
+  auto model = load_model(fixture.dir.string());
+  const size_t n = fixture.prompt.size(), sh = size_t(model->config.hc_hidden());
+  const size_t vocab = size_t(model->config.vocab_size);
+  auto run = [&](SequenceBackend& sequence) {
+    std::vector<float> stacks(n * sh), head((n - 1) * sh), logits((n - 1) * vocab);
+    sequence.forward(fixture.prompt, {false, nullptr, stacks.data(), false});
+    sequence.mtp_forward(stacks.data(), std::span<const int32_t>(fixture.prompt).subspan(1), head.data(), MtpRows::All);
+    sequence.mtp_logits(head.data(), int64_t(n - 1), logits.data());
+    return logits;
+  };
+  auto gpu = cuda::sequence_factory(*model)();
+  auto cpu = cpu_sequence(*model);
+  const std::vector<float> logits = run(*gpu);
+  EXPECT_LE(
+      relative_error(logits, test::read_floats(fixture.dir / fixture.reference["mtp_logits_file"].get<std::string>())),
+      kFp32Tolerance);
+  EXPECT_LE(relative_error(logits, run(*cpu)), kFp32Tolerance);
+}
+
+// Speculative decoding on the GPU (drafts, verification, rollback on the device) gives exactly plain greedy, for every
+// draft count, with the head's own drafts and with oracle drafts (every fifth one wrong) that force long accepted runs
+// and rollbacks at chosen rows.
+TEST_P(GpuModel, SpeculativeEqualsPlainGreedy) {
+  Fixture fixture(GetParam());
+  auto model = load_model(fixture.dir.string());
+  if (!model->mtp) GTEST_SKIP() << "no MTP head in this fixture";
+  GenerateOptions options;
+  options.max_tokens = kTokens;
+  options.ignore_eos = true;
+  GenerateStats stats;
+  const std::vector<int32_t> plain = generate_greedy(*model, fixture.prompt, options, stats);
+  std::vector<int32_t> tokens = fixture.prompt;
+  tokens.insert(tokens.end(), plain.begin(), plain.end());
+  auto gpu = cuda::sequence_factory(*model);
+  for (int drafts = 0; drafts <= 3; ++drafts)
+    for (bool adaptive : {false, true})
+      for (bool oracle : {false, true}) {
+        SpeculativeOptions speculative;
+        speculative.drafts = drafts;
+        speculative.adaptive = adaptive;
+        if (oracle)
+          speculative.draft_override = [&](int64_t position, int32_t head_draft) {
+            if (position >= int64_t(tokens.size())) return head_draft;
+            const int32_t truth = tokens[size_t(position)];
+            return position % 5 == 0 ? (truth + 1) % int32_t(model->config.vocab_size) : truth;
+          };
+        SpeculativeStats spec_stats;
+        EXPECT_EQ(generate_speculative(*model, fixture.prompt, options, speculative, stats, spec_stats, {}, gpu), plain)
+            << "drafts " << drafts << (adaptive ? " adaptive" : " fixed") << (oracle ? " oracle" : "");
+        if (oracle && drafts > 0) {
+          EXPECT_GT(spec_stats.mean_accepted(), 0.5) << "drafts " << drafts;
+        }
+      }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GpuModel, ::testing::ValuesIn(test::model_fixture_dirs()),
+                         [](const auto& info) { return info.param.filename().string(); });
+
+}  // namespace
+}  // namespace vavilov
