@@ -8,5 +8,6 @@ void register_logits(CLI::App& app);
 void register_generate(CLI::App& app);
 void register_tokenizer_commands(CLI::App& app);  // tokenize, detokenize, template
 void register_serve(CLI::App& app);
+void register_bench(CLI::App& app);  // GPU benchmark
 
 }  // namespace vavilov::cli

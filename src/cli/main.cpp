@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   vavilov::cli::register_generate(app);
   vavilov::cli::register_tokenizer_commands(app);
   vavilov::cli::register_serve(app);
+  vavilov::cli::register_bench(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
