@@ -9,5 +9,6 @@ void register_generate(CLI::App& app);
 void register_tokenizer_commands(CLI::App& app);  // tokenize, detokenize, template
 void register_serve(CLI::App& app);
 void register_pack(CLI::App& app);
+void register_bench(CLI::App& app);  // GPU benchmark
 
 }  // namespace vavilov::cli

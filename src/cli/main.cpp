@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   vavilov::cli::register_tokenizer_commands(app);
   vavilov::cli::register_serve(app);
   vavilov::cli::register_pack(app);
+  vavilov::cli::register_bench(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -56,6 +56,22 @@ __device__ inline float load_one(const DeviceMatrix& w, int row, int col) {
   }
 }
 
+// acc[b] += Σ_i weights[i]·x[b, 8·chunk + i] for b < batch.
+__device__ inline void accumulate_chunk(const float (&weights)[8], const float* x, int cols, int chunk, int batch,
+                                        float (&acc)[kRowsPerPass]) {
+#pragma unroll
+  for (int b = 0; b < kRowsPerPass; ++b) {
+    if (b >= batch) break;
+    const float* xs = x + size_t(b) * cols + chunk * 8;
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sum += weights[i] * xs[i];
+    acc[b] += sum;
+  }
+}
+
+constexpr int kChunksInFlight = 4;  // weight loads each lane issues before using them (memory-level parallelism)
+
 // Σ_k W[row, k]·x[b, k] for b < batch, summed over the warp; lane 0 holds the results.
 template <WeightFormat F>
 __device__ inline void row_products(const DeviceMatrix& w, int row, const float* x, int batch,
@@ -64,18 +80,19 @@ __device__ inline void row_products(const DeviceMatrix& w, int row, const float*
 #pragma unroll
   for (int b = 0; b < kRowsPerPass; ++b) acc[b] = 0.0f;
   if (w.cols % 8 == 0) {
-    for (int chunk = lane; chunk < w.cols / 8; chunk += 32) {
+    const int chunks = w.cols / 8;
+    int chunk = lane;
+    for (; chunk + 32 * (kChunksInFlight - 1) < chunks; chunk += 32 * kChunksInFlight) {
+      float weights[kChunksInFlight][8];
+#pragma unroll
+      for (int u = 0; u < kChunksInFlight; ++u) load_chunk<F>(w, row, chunk + 32 * u, weights[u]);
+#pragma unroll
+      for (int u = 0; u < kChunksInFlight; ++u) accumulate_chunk(weights[u], x, w.cols, chunk + 32 * u, batch, acc);
+    }
+    for (; chunk < chunks; chunk += 32) {
       float weights[8];
       load_chunk<F>(w, row, chunk, weights);
-#pragma unroll
-      for (int b = 0; b < kRowsPerPass; ++b) {
-        if (b >= batch) break;
-        const float* xs = x + size_t(b) * w.cols + chunk * 8;
-        float sum = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) sum += weights[i] * xs[i];
-        acc[b] += sum;
-      }
+      accumulate_chunk(weights, x, w.cols, chunk, batch, acc);
     }
   } else {
     for (int col = lane; col < w.cols; col += 32) {

@@ -346,6 +346,8 @@ __global__ void moe_route_kernel(float* logits, int experts, int top_k, bool nor
       for (int w = 1; w < int(blockDim.x + 31) / 32; ++w)
         if (best_value[w] > best_value[0] || (best_value[w] == best_value[0] && best_index[w] < best_index[0]))
           best_value[0] = best_value[w], best_index[0] = best_index[w];
+      if (best_index[0] >= experts)  // every remaining probability is NaN: take the lowest free expert
+        for (best_index[0] = 0; taken[best_index[0]];) ++best_index[0];
       taken[best_index[0]] = 1;
       ids[blockIdx.x * top_k + j] = best_index[0];
       chosen[j] = prob[best_index[0]];

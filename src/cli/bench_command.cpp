@@ -1,0 +1,142 @@
+// vavilov bench: decode and prefill speed on the GPU, as JSON (bench/results/). Needs the CUDA backend.
+#include <fmt/chrono.h>
+#include <fmt/core.h>
+
+#include <chrono>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "core/error.h"
+#include "io/atomic_file.h"
+#include "model/weights.h"
+#ifdef VAVILOV_HAVE_CUDA
+#include "cuda/backend.h"
+#include "cuda/bench.h"
+#include "cuda/synthetic.h"
+#endif
+
+namespace vavilov::cli {
+
+namespace {
+struct BenchArgs {
+  std::string synthetic, model, weights = "q4", out, commit = "unknown", prefill = "512,8192";
+  int layers = 0;
+  uint64_t seed = 1;
+  int64_t context = 64;
+  int steps = 20;
+};
+
+#ifdef VAVILOV_HAVE_CUDA
+// The weights to measure: synthetic at a config's geometry (optionally its first N layers), or a checkpoint.
+std::shared_ptr<const cuda::DeviceModel> bench_weights(const BenchArgs& args, nlohmann::json& geometry) {
+  check(args.synthetic.empty() != args.model.empty(), "bench: give either --synthetic CONFIG.json or --model DIR");
+  if (!args.model.empty()) {
+    auto model = load_model_quantized(args.model, QuantizeOptions{args.weights == "q4" ? "q4" : "none", 0});
+    geometry["model"] = args.model;
+    return cuda::upload_model(*model);
+  }
+  ModelConfig c = load_model_config(args.synthetic);
+  if (args.layers > 0) {
+    check(args.layers <= c.num_layers, "--layers {}: the config has {} layers", args.layers, c.num_layers);
+    c.num_layers = args.layers;
+    c.layer_kinds.resize(size_t(args.layers));
+    std::erase_if(c.ple_layers, [&](int layer) { return layer >= args.layers; });
+  }
+  cuda::check_supported(c, args.synthetic);
+  cuda::SyntheticOptions options;
+  options.seed = args.seed;
+  options.format = args.weights == "q4" ? cuda::WeightFormat::Q4 : cuda::WeightFormat::BF16;
+  geometry["synthetic_config"] = args.synthetic;
+  geometry["seed"] = args.seed;
+  geometry["ngram_head_rows"] = options.ngram_head_rows;
+  return cuda::synthetic_model(c, options);
+}
+
+void run_bench(const BenchArgs& args) {
+  check(cuda::device_count() > 0, "bench: no CUDA device is available");
+  nlohmann::json geometry;
+  auto weights = bench_weights(args, geometry);
+  const ModelConfig& c = weights->config;
+  geometry["layers"] = c.num_layers;
+  geometry["hidden_size"] = c.hidden_size;
+  geometry["vocab_size"] = c.vocab_size;
+  geometry["experts"] = c.num_experts;
+  geometry["experts_per_token"] = c.num_experts_per_tok;
+  geometry["mtp"] = weights->mtp.has_value();
+  geometry["context"] = args.context;
+
+  cuda::BenchOptions options;
+  options.context = args.context;
+  options.decode_steps = args.steps;
+  options.seed = args.seed;
+  options.prefill_lengths.clear();
+  for (int32_t length : parse_ids(args.prefill)) options.prefill_lengths.push_back(length);
+  const cuda::BenchResult r = cuda::run_bench(weights, options);
+
+  nlohmann::json out;
+  out["date"] =
+      fmt::format("{:%Y-%m-%dT%H:%M:%SZ}", std::chrono::floor<std::chrono::seconds>(std::chrono::system_clock::now()));
+  out["gpu"] = r.gpu;
+  out["commit"] = args.commit;
+  out["geometry"] = geometry;
+  out["weights"] = {{"format", args.weights}, {"device_bytes", r.weight_bytes}};
+  out["copy_bandwidth_gbs"] = r.copy_bandwidth_gbs;
+  nlohmann::json tok_s, step_ms, bytes, fraction;
+  for (const cuda::DecodeMeasurement& m : r.decode) {
+    const std::string key = std::to_string(m.drafts);
+    tok_s[key] = m.tokens_per_second;
+    step_ms[key] = m.step_ms;
+    bytes[key] = m.bytes;
+    fraction[key] = m.bytes / (m.step_ms * 1e-3) / (r.copy_bandwidth_gbs * 1e9);
+  }
+  out["decode_tok_s"] = tok_s;
+  out["step_ms"] = step_ms;
+  out["bytes_per_step"] = bytes;
+  out["roofline_fraction_per_drafts"] = fraction;
+  out["roofline_fraction"] = fraction["0"];
+  if (r.decode.size() == 4) {
+    out["verify3_roofline_fraction"] = fraction["3"];
+    out["verify3_over_single"] = r.decode[3].step_ms / r.decode[0].step_ms;
+    out["chained_pass_ms"] = r.chained_pass_ms;
+  }
+  nlohmann::json prefill;
+  for (const auto& [length, speed] : r.prefill_tokens_per_second) prefill[std::to_string(length)] = speed;
+  out["prefill_tok_s"] = prefill;
+  out["notes"] =
+      "decode steps at full acceptance (forced: every draft counts as accepted), wall time of the backend calls a "
+      "Decoder step makes, host argmax and logits download included; bytes: weights the step must read (dense once, "
+      "the expected union of uniformly routed experts, every MTP pass)";
+  const std::string text = out.dump(2) + "\n";
+  if (args.out.empty())
+    fmt::print("{}", text);
+  else
+    write_file_atomically(args.out, text.data(), text.size());
+}
+#else
+void run_bench(const BenchArgs&) { fail("bench: this binary was built without CUDA"); }
+#endif
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  auto args = std::make_shared<BenchArgs>();
+  CLI::App* command =
+      app.add_subcommand("bench", "GPU decode and prefill speed against the memory-bandwidth limit (JSON)");
+  command->add_option("--synthetic", args->synthetic,
+                      "Seeded random weights made on the GPU at this config's geometry");
+  command->add_option("--model", args->model, "Or a model directory (uploaded to the GPU)");
+  command->add_option("--layers", args->layers, "Synthetic: only the first N layers (default: all)")
+      ->check(CLI::PositiveNumber);
+  command->add_option("--seed", args->seed, "Synthetic weights' and token ids' seed");
+  command->add_option("--weights", args->weights, "q4 or bf16")->check(CLI::IsMember({"q4", "bf16"}));
+  command->add_option("--context", args->context, "Prompt tokens before the decode steps")->check(CLI::PositiveNumber);
+  command->add_option("--steps", args->steps, "Timed decode steps per draft count")->check(CLI::PositiveNumber);
+  command->add_option("--prefill", args->prefill, "Prefill lengths, comma-separated");
+  command->add_option("--commit", args->commit, "The commit measured (recorded in the JSON)");
+  command->add_option("--out", args->out, "JSON output file (default: stdout)");
+  command->callback([args] { run_bench(*args); });
+}
+
+}  // namespace vavilov::cli

@@ -1,0 +1,208 @@
+#include "cuda/bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "core/error.h"
+#include "cuda/backend.h"
+
+namespace vavilov::cuda {
+
+namespace {
+
+double matrix_bytes(const DeviceMatrix& m) {
+  const double n = double(m.rows) * double(m.cols);
+  switch (m.format) {
+    case WeightFormat::Q4:
+      return n / 2 + n / 64 * 4;  // codes, bf16 scale and bias per 64
+    case WeightFormat::BF16:
+      return n * 2;
+    case WeightFormat::F32:
+      return n * 4;
+  }
+  return 0;
+}
+
+double residual_bytes(const DeviceGatedResidual& g) {
+  return matrix_bytes(g.mix_down) + matrix_bytes(g.mix_up) + (g.has_inject ? matrix_bytes(g.inject) : 0.0);
+}
+
+// Every weight of a layer but the routed experts.
+double dense_layer_bytes(const DeviceLayer& l) {
+  double bytes = residual_bytes(l.attn_hc) + residual_bytes(l.mlp_hc);
+  if (l.kind == LayerKind::GatedDeltaNet)
+    for (const DeviceMatrix* m : {&l.gdn.in_qkv, &l.gdn.in_z, &l.gdn.in_b, &l.gdn.in_a, &l.gdn.out})
+      bytes += matrix_bytes(*m);
+  else
+    for (const DeviceMatrix* m : {&l.attn.q, &l.attn.k, &l.attn.v, &l.attn.o, &l.attn.index_qk})
+      bytes += matrix_bytes(*m);
+  bytes += matrix_bytes(l.moe.router) + matrix_bytes(l.moe.shared_gate);
+  bytes += matrix_bytes(l.moe.shared.gate) + matrix_bytes(l.moe.shared.up) + matrix_bytes(l.moe.shared.down);
+  if (l.ple) bytes += matrix_bytes(l.ple->key_proj) + matrix_bytes(l.ple->value_proj);
+  return bytes;
+}
+
+class ByteModel {
+ public:
+  explicit ByteModel(const DeviceModel& m) : m_(m), c_(m.config) {
+    const DeviceMatrix gate{m.layers.front().moe.gate_up_format, int(c_.moe_intermediate_size), int(c_.hidden_size)};
+    const DeviceMatrix down{m.layers.front().moe.down_format, int(c_.hidden_size), int(c_.moe_intermediate_size)};
+    expert_ = 2 * matrix_bytes(gate) + matrix_bytes(down);
+  }
+  // Expected distinct experts of `rows` rows under uniform random routing.
+  double experts(int rows) const {
+    const double e = c_.num_experts, k = c_.num_experts_per_tok;
+    return e * (1 - std::pow(1 - k / e, rows));
+  }
+  double trunk(int rows) const {
+    double bytes = residual_bytes(m_.final_mixer) + matrix_bytes(m_.lm_head);
+    for (const DeviceLayer& l : m_.layers) bytes += dense_layer_bytes(l) + experts(rows) * expert_;
+    return bytes;
+  }
+  double head(int rows) const {
+    const DeviceMtp& h = *m_.mtp;
+    return matrix_bytes(h.fc_embedding) + matrix_bytes(h.fc_hidden) + dense_layer_bytes(h.layer) +
+           experts(rows) * expert_ + residual_bytes(h.final_mixer) + matrix_bytes(m_.lm_head);
+  }
+  // A verify step with d drafts at full acceptance: the trunk over 1 + d rows, the head folded over them, d − 1 chains.
+  double step(int drafts) const {
+    return drafts == 0 ? trunk(1) : trunk(drafts + 1) + head(drafts + 1) + (drafts - 1) * head(1);
+  }
+
+ private:
+  const DeviceModel& m_;
+  const ModelConfig& c_;
+  double expert_ = 0;
+};
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint64_t& state) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (auto& id : ids) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    id = int32_t((state >> 33) % uint64_t(vocab));
+  }
+  return ids;
+}
+
+}  // namespace
+
+// The backend calls of one Decoder verify step at full acceptance (engine/speculative.cpp), with argmax on the host.
+void verify_step(SequenceBackend& seq, const ModelConfig& c, int drafts, uint64_t& rng, StepBuffers& buffers) {
+  std::vector<float>&logits = buffers.logits, &stacks = buffers.stacks, &head_stacks = buffers.head;
+  const bool head = drafts > 0;
+  const int64_t rows = drafts + 1, sh = c.hc_hidden(), vocab = c.vocab_size;
+  const std::vector<int32_t> ids = random_ids(rows, vocab, rng);
+  const int64_t first = seq.position();
+  seq.forward(ids, {true, logits.data(), stacks.data(), true});
+  int32_t best = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto row = logits.begin() + r * vocab;
+    best = int32_t(std::max_element(row, row + vocab) - row);
+  }
+  seq.keep_rows(first, rows);
+  if (!head) return;
+  const int64_t committed = seq.position();
+  seq.truncate_head(committed - rows);
+  std::vector<int32_t> next(ids.begin() + 1, ids.end());
+  next.push_back(best);
+  seq.mtp_forward(stacks.data(), next, head_stacks.data(), MtpRows::Last);
+  std::vector<float> chain(head_stacks.begin(), head_stacks.begin() + sh), chained(static_cast<size_t>(sh));
+  for (int j = 0; j < drafts; ++j) {
+    if (j > 0) {
+      seq.mtp_forward(chain.data(), std::span<const int32_t>(&next.back(), 1), chained.data(), MtpRows::Last);
+      chain.swap(chained);
+    }
+    seq.mtp_logits(chain.data(), 1, logits.data());
+  }
+  seq.truncate_head(committed);
+}
+
+void start_sequence(SequenceBackend& seq, const ModelConfig& c, int64_t context, bool head, uint64_t& rng,
+                    StepBuffers& buffers) {
+  std::vector<int32_t> prompt = random_ids(context, c.vocab_size, rng);
+  seq.forward(prompt, {false, buffers.logits.data(), buffers.stacks.data(), false});
+  if (!head) return;
+  // As Decoder::start: head rows pair each stack with the token after it, the last one with the first generated.
+  std::vector<int32_t> next(prompt.begin() + 1, prompt.end());
+  next.push_back(prompt.front());
+  seq.mtp_forward(buffers.stacks.data(), next, buffers.head.data(), MtpRows::Last);
+}
+
+double measure_copy_bandwidth_gbs() {
+  const size_t bytes = size_t(2) << 30;
+  DeviceAllocation a = device_alloc(bytes, "copy bandwidth"), b = device_alloc(bytes, "copy bandwidth");
+  cuda_check(cudaMemset(a.get(), 1, bytes), "copy bandwidth");
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  for (int i = 0; i < 3; ++i) cudaMemcpy(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice);
+  constexpr int kIterations = 20;
+  cudaEventRecord(start);
+  for (int i = 0; i < kIterations; ++i) cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice);
+  cudaEventRecord(stop);
+  cuda_check(cudaEventSynchronize(stop), "copy bandwidth");
+  float ms = 0;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return 2.0 * double(bytes) * kIterations / (double(ms) * 1e-3) / 1e9;
+}
+
+BenchResult run_bench(std::shared_ptr<const DeviceModel> model, const BenchOptions& options) {
+  const ModelConfig& c = model->config;
+  BenchResult result;
+  cudaDeviceProp properties{};
+  cuda_check(cudaGetDeviceProperties(&properties, 0), "device properties");
+  result.gpu = properties.name;
+  result.copy_bandwidth_gbs = measure_copy_bandwidth_gbs();
+  result.weight_bytes = double(model->bytes);
+  const ByteModel bytes(*model);
+  SequenceFactory sequences = sequence_factory(model);
+  uint64_t rng = options.seed;
+  const int64_t sh = c.hc_hidden(), vocab = c.vocab_size;
+  StepBuffers buffers(c, options.context);
+
+  const bool has_head = model->mtp.has_value();
+  for (int drafts = 0; drafts <= (has_head ? 3 : 0); ++drafts) {
+    auto seq = sequences();
+    start_sequence(*seq, c, options.context, has_head, rng, buffers);
+    for (int i = 0; i < 3; ++i) verify_step(*seq, c, drafts, rng, buffers);  // warm-up
+    const double start = now_ms();
+    for (int i = 0; i < options.decode_steps; ++i) verify_step(*seq, c, drafts, rng, buffers);
+    DecodeMeasurement m;
+    m.drafts = drafts;
+    m.step_ms = (now_ms() - start) / options.decode_steps;
+    m.tokens_per_second = (drafts + 1) / (m.step_ms * 1e-3);
+    m.bytes = bytes.step(drafts);
+    result.decode.push_back(m);
+  }
+  if (has_head) {
+    auto seq = sequences();
+    start_sequence(*seq, c, options.context, true, rng, buffers);
+    std::vector<float> chained(static_cast<size_t>(sh));
+    const int32_t id = 0;
+    const double start = now_ms();
+    for (int i = 0; i < options.decode_steps; ++i) {
+      seq->mtp_forward(buffers.head.data(), std::span<const int32_t>(&id, 1), chained.data(), MtpRows::Last);
+      seq->mtp_logits(chained.data(), 1, buffers.logits.data());
+      seq->truncate_head(options.context);
+    }
+    result.chained_pass_ms = (now_ms() - start) / options.decode_steps;
+  }
+  for (int64_t length : options.prefill_lengths) {
+    auto seq = sequences();
+    const std::vector<int32_t> prompt = random_ids(length, vocab, rng);
+    cuda_check(cudaDeviceSynchronize(), "prefill");
+    const double start = now_ms();
+    seq->forward(prompt, {false, buffers.logits.data(), nullptr, false});
+    result.prefill_tokens_per_second.push_back({length, double(length) / ((now_ms() - start) * 1e-3)});
+  }
+  return result;
+}
+
+}  // namespace vavilov::cuda

@@ -1,0 +1,52 @@
+#pragma once
+// `vavilov bench`: decode and prefill speed of a model on the GPU against the bytes each step must read and the
+// device's measured copy bandwidth.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda/device_model.h"
+#include "engine/backend.h"
+
+namespace vavilov::cuda {
+
+struct BenchOptions {
+  int64_t context = 64;  // prompt tokens before the decode steps
+  int decode_steps = 20;
+  std::vector<int64_t> prefill_lengths{512, 8192};
+  uint64_t seed = 1;
+};
+
+struct DecodeMeasurement {
+  int drafts = 0;
+  double step_ms = 0;  // one verify step at full acceptance: trunk over 1 + drafts rows, rollback, head passes
+  double tokens_per_second = 0;  // (1 + drafts) / step
+  double bytes = 0;              // weight bytes the step must read (dense once, the expected union of routed experts)
+};
+
+struct BenchResult {
+  std::string gpu;
+  double copy_bandwidth_gbs = 0;  // device-to-device copy, bytes read + written per second
+  double weight_bytes = 0;
+  std::vector<DecodeMeasurement> decode;  // drafts 0..3 (1..3 only with an MTP head)
+  double chained_pass_ms = 0;             // one chained MTP draft pass (head layer + lm_head, one row)
+  std::vector<std::pair<int64_t, double>> prefill_tokens_per_second;
+};
+
+// Host buffers of one sequence's steps: logits of up to 4 rows, stacks and head stacks of `context` rows.
+struct StepBuffers {
+  std::vector<float> logits, stacks, head;
+  StepBuffers(const ModelConfig& c, int64_t context)
+      : logits(size_t(4 * c.vocab_size)), stacks(size_t(context * c.hc_hidden())), head(stacks.size()) {}
+};
+// A fresh sequence's random prompt through the trunk and, with `head`, the MTP head (as Decoder::start leaves it).
+void start_sequence(SequenceBackend& seq, const ModelConfig& c, int64_t context, bool head, uint64_t& rng,
+                    StepBuffers& buffers);
+// The backend calls of one Decoder verify step with `drafts` drafts at full acceptance, argmax on the host.
+void verify_step(SequenceBackend& seq, const ModelConfig& c, int drafts, uint64_t& rng, StepBuffers& buffers);
+
+double measure_copy_bandwidth_gbs();
+BenchResult run_bench(std::shared_ptr<const DeviceModel> model, const BenchOptions& options);
+
+}  // namespace vavilov::cuda
