@@ -1,5 +1,8 @@
 #include <cuda_bf16.h>
 
+#include <cstdint>
+
+#include "cuda/gemv.cuh"
 #include "cuda/linear.cuh"
 
 namespace vavilov::cuda {
@@ -156,10 +159,49 @@ void gather(const DeviceMatrix& table, const Index* ids, int rows, int copies, f
   }
 }
 
+__global__ void set_gemv_matrix(GemvMatrix* slot, GemvMatrix matrix) { *slot = matrix; }
+
+// Decode-sized products (1–4 rows) of Q4 and BF16 matrices go to the bandwidth-bound GEMV kernels of gemv.cuh when
+// the matrix meets their layout needs (Q4: whole groups, 8-byte aligned codes, activations fitting shared memory;
+// BF16: 16-byte aligned rows). Their descriptor is written into a device slot by a one-thread kernel on the same
+// stream, so the write is ordered before the product that reads it.
+bool gemv_fast_path(const DeviceMatrix& w, const float* x, int x_rows, float* y, cudaStream_t stream) {
+  constexpr int kMaxStagedCols = 12288;  // 4.125 · 4 rows · cols bytes of shared memory must fit (gemv.cuh)
+  const auto address = reinterpret_cast<uintptr_t>(w.data);
+  const bool q4 = w.format == WeightFormat::Q4 && w.cols % kQuantGroup == 0 && w.cols <= kMaxStagedCols &&
+                  address % 8 == 0;
+  const bool bf16 = w.format == WeightFormat::BF16 && w.cols % 8 == 0 && address % 16 == 0;
+  if (x_rows > kMaxGemvRows || !(q4 || bf16)) return false;
+  thread_local GemvMatrix* slot = [] {
+    GemvMatrix* p = nullptr;
+    return cudaMalloc(&p, sizeof(GemvMatrix)) == cudaSuccess ? p : nullptr;
+  }();
+  if (!slot) return false;
+  GemvMatrix m;
+  m.rows = w.rows;
+  m.cols = w.cols;
+  m.x = x;
+  m.y = y;
+  if (q4) {
+    m.codes = static_cast<const uint32_t*>(w.data);
+    m.scales = reinterpret_cast<const __nv_bfloat16*>(w.scales);
+    m.biases = reinterpret_cast<const __nv_bfloat16*>(w.biases);
+  } else {
+    m.dense = static_cast<const __nv_bfloat16*>(w.data);
+  }
+  set_gemv_matrix<<<1, 1, 0, stream>>>(slot, m);
+  const cudaError_t error =
+      q4 ? gemv_q4(slot, 1, w.rows, w.cols, x_rows, stream) : gemv_bf16(slot, 1, w.rows, x_rows, stream);
+  if (error == cudaSuccess) return true;
+  cudaGetLastError();  // a refused launch is not sticky; clear it so the fallback's checks do not see it
+  return false;
+}
+
 }  // namespace
 
 void linear(const DeviceMatrix& w, const float* x, int x_rows, float* y, cudaStream_t stream) {
   if (x_rows == 0 || w.rows == 0) return;
+  if (gemv_fast_path(w, x, x_rows, y, stream)) return;
   const dim3 grid((w.rows + kWarps - 1) / kWarps, (x_rows + kRowsPerPass - 1) / kRowsPerPass);
   switch (w.format) {
     case WeightFormat::F32:
