@@ -17,6 +17,7 @@
 #include "model/mlx_quantization.h"
 #include "model/quantize.h"
 #include "model/weights.h"
+#include "reference_logits.h"
 #include "run_command.h"
 
 namespace vavilov {
@@ -39,27 +40,6 @@ nlohmann::json reference() {
   return nlohmann::json::parse(in);
 }
 
-double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
-  double max_diff = 0, max_ref = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    max_diff = std::max(max_diff, std::fabs(double(got[i]) - double(want[i])));
-    max_ref = std::max(max_ref, std::fabs(double(want[i])));
-  }
-  return max_diff / max_ref;
-}
-
-std::vector<float> engine_logits(const Model& model, const std::vector<int32_t>& prompt, size_t chunk) {
-  const size_t vocab = size_t(model.config.vocab_size);
-  SequenceState state = new_sequence_state(model);
-  std::vector<float> logits(prompt.size() * vocab);
-  for (size_t begin = 0; begin < prompt.size(); begin += chunk) {
-    size_t count = std::min(chunk, prompt.size() - begin);
-    cpu::forward(model, state, std::span<const int32_t>(prompt).subspan(begin, count),
-                 {true, logits.data() + begin * vocab, nullptr});
-  }
-  return logits;
-}
-
 // One-shot (quantized rows widened once per matrix), chunks of 5 and token by token (codes decoded in registers).
 TEST(MlxCheckpoint, LogitsMatchHfOnTheDequantizedWeights) {
   auto ref = reference();
@@ -68,7 +48,7 @@ TEST(MlxCheckpoint, LogitsMatchHfOnTheDequantizedWeights) {
   auto model = load_model(kFixture.string());
   ASSERT_EQ(want.size(), prompt.size() * size_t(model->config.vocab_size));
   for (size_t chunk : {prompt.size(), size_t(5), size_t(1)})
-    EXPECT_LE(relative_error(engine_logits(*model, prompt, chunk), want), kTolerance) << "chunk " << chunk;
+    EXPECT_LE(test::relative_error(test::engine_logits(*model, prompt, chunk), want), kTolerance) << "chunk " << chunk;
 }
 
 TEST(MlxCheckpoint, GreedyContinuationMatchesHf) {
@@ -122,7 +102,7 @@ TEST(MlxCheckpoint, ExpertsAtThreeAndTwoBitsMatchHf) {
         for (const Matrix* m : {&expert.gate, &expert.up, &expert.down}) EXPECT_EQ(m->bits, bits) << m->name;
     auto want = test::read_floats(kFixture / ref["experts_logits_files"][std::to_string(bits)].get<std::string>());
     for (size_t chunk : {prompt.size(), size_t(1)})
-      EXPECT_LE(relative_error(engine_logits(*model, prompt, chunk), want), kTolerance) << bits << " bits";
+      EXPECT_LE(test::relative_error(test::engine_logits(*model, prompt, chunk), want), kTolerance) << bits << " bits";
   }
 }
 
@@ -157,7 +137,9 @@ TEST(MlxCheckpoint, MixedPrecisionPerExpertEqualsDenseCopiesOfTheSameValues) {
   EXPECT_EQ(mixed->layers[0].moe.experts[1].gate.bits, 3);
   EXPECT_EQ(mixed->layers[0].moe.experts[2].gate.bits, 4);
   for (size_t chunk : {prompt.size(), size_t(1)})
-    EXPECT_LE(relative_error(engine_logits(*mixed, prompt, chunk), engine_logits(*dense, prompt, chunk)), 1e-5)
+    EXPECT_LE(
+        test::relative_error(test::engine_logits(*mixed, prompt, chunk), test::engine_logits(*dense, prompt, chunk)),
+        1e-5)
         << "chunk " << chunk;
 }
 
@@ -176,7 +158,7 @@ TEST(MlxCheckpoint, LogitsCommandTakesExperts) {
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_THAT(result.output, HasSubstr("to 3 bits"));
   auto want = test::read_floats(kFixture / ref["experts_logits_files"]["3"].get<std::string>());
-  EXPECT_LE(relative_error(test::read_floats(out), want), kTolerance);
+  EXPECT_LE(test::relative_error(test::read_floats(out), want), kTolerance);
   fs::remove(out);
   auto refused =
       test::run_vavilov("logits --model " + kFixture.string() + " --ids 1,2 --experts 5 --out " + out.string());

@@ -17,6 +17,7 @@
 #include "fixture_paths.h"
 #include "model/quantize.h"
 #include "model/weights.h"
+#include "reference_logits.h"
 
 namespace vavilov {
 namespace {
@@ -37,27 +38,6 @@ nlohmann::json reference() {
   return nlohmann::json::parse(in);
 }
 
-double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
-  double max_diff = 0, max_ref = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    max_diff = std::max(max_diff, std::fabs(double(got[i]) - double(want[i])));
-    max_ref = std::max(max_ref, std::fabs(double(want[i])));
-  }
-  return max_diff / max_ref;
-}
-
-std::vector<float> engine_logits(const Model& model, const std::vector<int32_t>& prompt, size_t chunk) {
-  const size_t vocab = size_t(model.config.vocab_size);
-  SequenceState state = new_sequence_state(model);
-  std::vector<float> logits(prompt.size() * vocab);
-  for (size_t begin = 0; begin < prompt.size(); begin += chunk) {
-    size_t count = std::min(chunk, prompt.size() - begin);
-    cpu::forward(model, state, std::span<const int32_t>(prompt).subspan(begin, count),
-                 {true, logits.data() + begin * vocab, nullptr});
-  }
-  return logits;
-}
-
 TEST(Nvfp4Checkpoint, LogitsMatchHfOnTheDequantizedWeights) {
   auto ref = reference();
   auto prompt = ref["prompt_ids"].get<std::vector<int32_t>>();
@@ -65,7 +45,7 @@ TEST(Nvfp4Checkpoint, LogitsMatchHfOnTheDequantizedWeights) {
   auto model = load_model(kFixture.string());
   ASSERT_EQ(want.size(), prompt.size() * size_t(model->config.vocab_size));
   for (size_t chunk : {prompt.size(), size_t(1)})
-    EXPECT_LE(relative_error(engine_logits(*model, prompt, chunk), want), kTolerance) << "chunk " << chunk;
+    EXPECT_LE(test::relative_error(test::engine_logits(*model, prompt, chunk), want), kTolerance) << "chunk " << chunk;
 }
 
 TEST(Nvfp4Checkpoint, GreedyContinuationMatchesHf) {
@@ -106,7 +86,7 @@ TEST(Nvfp4Checkpoint, ExpertsCanBeRequantizedToAffine) {
   EXPECT_EQ(quantize_experts(*model, 4), matrices);
   EXPECT_FALSE(model->layers[2].moe.experts[5].down.nvfp4());
   auto want = test::read_floats(kFixture / ref["logits_file"].get<std::string>());
-  EXPECT_LE(relative_error(engine_logits(*model, prompt, prompt.size()), want), 0.2);
+  EXPECT_LE(test::relative_error(test::engine_logits(*model, prompt, prompt.size()), want), 0.2);
 }
 
 // The AVX2 NVFP4 products (codes decoded in registers for 1-4 rows, rows widened once for more) against float64

@@ -11,6 +11,7 @@
 #include "engine/generate.h"
 #include "fixture_paths.h"
 #include "model/weights.h"
+#include "reference_logits.h"
 
 namespace vavilov {
 namespace {
@@ -21,61 +22,25 @@ constexpr double kFp32Tolerance = 1e-4;
 // (observed 2.8e-2 on tiny_bf16_hc4).
 constexpr double kNativeBf16Tolerance = 6e-2;
 
-struct Fixture {
-  std::filesystem::path dir;
-  nlohmann::json reference;
-  std::vector<int32_t> prompt, greedy;
-  std::vector<float> logits;
-
-  explicit Fixture(const std::filesystem::path& d) : dir(d) {
-    std::ifstream in(dir / "reference.json");
-    reference = nlohmann::json::parse(in);
-    prompt = reference["prompt_ids"].get<std::vector<int32_t>>();
-    greedy = reference["greedy_ids"].get<std::vector<int32_t>>();
-    logits = test::read_floats(dir / reference["logits_file"].get<std::string>());
-  }
-};
-
-double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
-  double max_diff = 0, max_ref = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    max_diff = std::max(max_diff, std::fabs(double(got[i]) - double(want[i])));
-    max_ref = std::max(max_ref, std::fabs(double(want[i])));
-  }
-  return max_diff / max_ref;
-}
-
-std::vector<float> engine_logits(const Model& model, const std::vector<int32_t>& prompt, size_t chunk) {
-  const size_t vocab = size_t(model.config.vocab_size);
-  SequenceState state = new_sequence_state(model);
-  std::vector<float> logits(prompt.size() * vocab);
-  for (size_t begin = 0; begin < prompt.size(); begin += chunk) {
-    size_t count = std::min(chunk, prompt.size() - begin);
-    cpu::forward(model, state, std::span<const int32_t>(prompt).subspan(begin, count),
-                 {true, logits.data() + begin * vocab, nullptr});
-  }
-  return logits;
-}
-
 class ReferenceModel : public ::testing::TestWithParam<std::filesystem::path> {};
 
 TEST_P(ReferenceModel, LogitsMatchOneShotChunkedAndTokenByToken) {
-  Fixture fixture(GetParam());
+  test::ReferenceFixture fixture(GetParam());
   auto model = load_model(fixture.dir.string());
   ASSERT_EQ(fixture.logits.size(), fixture.prompt.size() * size_t(model->config.vocab_size));
   for (size_t chunk : {fixture.prompt.size(), size_t(5), size_t(1)}) {
-    double error = relative_error(engine_logits(*model, fixture.prompt, chunk), fixture.logits);
+    double error = test::relative_error(test::engine_logits(*model, fixture.prompt, chunk), fixture.logits);
     EXPECT_LE(error, kFp32Tolerance) << fixture.dir.filename() << " chunk " << chunk;
   }
   if (fixture.reference.contains("logits_native_file")) {
     auto native = test::read_floats(fixture.dir / fixture.reference["logits_native_file"].get<std::string>());
-    EXPECT_LE(relative_error(engine_logits(*model, fixture.prompt, fixture.prompt.size()), native),
+    EXPECT_LE(test::relative_error(test::engine_logits(*model, fixture.prompt, fixture.prompt.size()), native),
               kNativeBf16Tolerance);
   }
 }
 
 TEST_P(ReferenceModel, GreedyContinuationIsIdentical) {
-  Fixture fixture(GetParam());
+  test::ReferenceFixture fixture(GetParam());
   auto model = load_model(fixture.dir.string());
   GenerateOptions options;
   options.max_tokens = int64_t(fixture.greedy.size());
@@ -90,7 +55,7 @@ TEST_P(ReferenceModel, GreedyContinuationIsIdentical) {
 
 // Snapshots taken mid-sequence restore every part of the state: decoding after a restore repeats exactly.
 TEST_P(ReferenceModel, SnapshotRestoreRepeatsDecoding) {
-  Fixture fixture(GetParam());
+  test::ReferenceFixture fixture(GetParam());
   auto model = load_model(fixture.dir.string());
   const size_t vocab = size_t(model->config.vocab_size);
   SequenceState state = new_sequence_state(*model);
@@ -104,14 +69,14 @@ TEST_P(ReferenceModel, SnapshotRestoreRepeatsDecoding) {
   EXPECT_EQ(state.position, int64_t(half));
   for (size_t i = 0; i < rest.size(); ++i)
     cpu::forward(*model, state, rest.subspan(i, 1), {true, second.data() + i * vocab, nullptr});
-  EXPECT_LE(relative_error(second, first), 1e-5);
+  EXPECT_LE(test::relative_error(second, first), 1e-5);
   std::vector<float> want(fixture.logits.begin() + half * vocab, fixture.logits.end());
-  EXPECT_LE(relative_error(second, want), kFp32Tolerance);
+  EXPECT_LE(test::relative_error(second, want), kFp32Tolerance);
 }
 
 // Several sequences at different positions in one batched forward give what each gives alone.
 TEST_P(ReferenceModel, BatchedSequencesMatchSeparateRuns) {
-  Fixture fixture(GetParam());
+  test::ReferenceFixture fixture(GetParam());
   auto model = load_model(fixture.dir.string());
   const size_t vocab = size_t(model->config.vocab_size);
   std::span<const int32_t> prompt(fixture.prompt);
@@ -135,14 +100,14 @@ TEST_P(ReferenceModel, BatchedSequencesMatchSeparateRuns) {
   cpu::forward_batch(*model, chunks);
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(batched[i].position, alone[i].position);
-    EXPECT_LE(relative_error(batched_logits[i], alone_logits[i]), 1e-6) << "sequence " << i;
+    EXPECT_LE(test::relative_error(batched_logits[i], alone_logits[i]), 1e-6) << "sequence " << i;
   }
 }
 
 // The MTP head against the PyTorch reference assembled from transformers' modules (tools/mtp_reference.py):
 // row i is the head's logits given the trunk stack at i and token i + 1.
 TEST_P(ReferenceModel, MtpLogitsMatchReference) {
-  Fixture fixture(GetParam());
+  test::ReferenceFixture fixture(GetParam());
   if (!fixture.reference.contains("mtp_logits_file")) GTEST_SKIP() << "no MTP head in this fixture";
   auto model = load_model(fixture.dir.string());
   ASSERT_TRUE(model->mtp.has_value());
@@ -154,7 +119,7 @@ TEST_P(ReferenceModel, MtpLogitsMatchReference) {
   cpu::mtp_logits(*model, head.data(), int64_t(n - 1), logits.data());
   auto want = test::read_floats(fixture.dir / fixture.reference["mtp_logits_file"].get<std::string>());
   ASSERT_EQ(logits.size(), want.size());
-  EXPECT_LE(relative_error(logits, want), kFp32Tolerance);
+  EXPECT_LE(test::relative_error(logits, want), kFp32Tolerance);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ReferenceModel, ::testing::ValuesIn(test::model_fixture_dirs()),

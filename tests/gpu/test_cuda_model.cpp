@@ -14,6 +14,7 @@
 #include "fixture_paths.h"
 #include "model/quantize.h"
 #include "model/weights.h"
+#include "reference_logits.h"
 
 namespace vavilov {
 namespace {
@@ -25,31 +26,6 @@ constexpr double kFp32Tolerance = 1e-3;
 // fp32 one; against unquantized references Q4 makes no promise beyond what the CPU path shows.
 constexpr double kQ4Tolerance = 1e-3;
 constexpr int64_t kTokens = 16;
-
-struct Fixture {
-  std::filesystem::path dir;
-  nlohmann::json reference;
-  std::vector<int32_t> prompt, greedy;
-  std::vector<float> logits;
-
-  explicit Fixture(const std::filesystem::path& d) : dir(d) {
-    std::ifstream in(dir / "reference.json");
-    reference = nlohmann::json::parse(in);
-    prompt = reference["prompt_ids"].get<std::vector<int32_t>>();
-    greedy = reference["greedy_ids"].get<std::vector<int32_t>>();
-    logits = test::read_floats(dir / reference["logits_file"].get<std::string>());
-  }
-};
-
-double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
-  EXPECT_EQ(got.size(), want.size());
-  double max_diff = 0, max_ref = 0;
-  for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
-    max_diff = std::max(max_diff, std::fabs(double(got[i]) - double(want[i])));
-    max_ref = std::max(max_ref, std::fabs(double(want[i])));
-  }
-  return max_diff / max_ref;
-}
 
 std::vector<float> logits_of(const Model& model, SequenceBackend& sequence, const std::vector<int32_t>& prompt,
                              size_t chunk) {
@@ -74,29 +50,29 @@ class GpuModel : public ::testing::TestWithParam<std::filesystem::path> {
 };
 
 TEST_P(GpuModel, LogitsMatchHfAndCpuOneShotChunkedAndTokenByToken) {
-  Fixture fixture(GetParam());
+  test::ReferenceFixture fixture(GetParam());
   auto model = load_model(fixture.dir.string());
   auto gpu = cuda::sequence_factory(*model);
   const std::vector<float> cpu = cpu_logits(*model, fixture.prompt);
   for (size_t chunk : {fixture.prompt.size(), size_t(5), size_t(1)}) {
     auto sequence = gpu();
     const std::vector<float> logits = logits_of(*model, *sequence, fixture.prompt, chunk);
-    EXPECT_LE(relative_error(logits, fixture.logits), kFp32Tolerance) << "vs HF, chunk " << chunk;
-    EXPECT_LE(relative_error(logits, cpu), kFp32Tolerance) << "vs CPU, chunk " << chunk;
+    EXPECT_LE(test::relative_error(logits, fixture.logits), kFp32Tolerance) << "vs HF, chunk " << chunk;
+    EXPECT_LE(test::relative_error(logits, cpu), kFp32Tolerance) << "vs CPU, chunk " << chunk;
   }
 }
 
 TEST_P(GpuModel, Q4LogitsMatchCpuQ4) {
-  Fixture fixture(GetParam());
+  test::ReferenceFixture fixture(GetParam());
   auto model = load_model(fixture.dir.string());
   if (quantize_model(*model, 4) == 0) GTEST_SKIP() << "no matrix of this fixture has a multiple of 64 columns";
   auto sequence = cuda::sequence_factory(*model)();
-  EXPECT_LE(relative_error(logits_of(*model, *sequence, fixture.prompt, 7), cpu_logits(*model, fixture.prompt)),
+  EXPECT_LE(test::relative_error(logits_of(*model, *sequence, fixture.prompt, 7), cpu_logits(*model, fixture.prompt)),
             kQ4Tolerance);
 }
 
 TEST_P(GpuModel, GreedyMatchesHfAndCpu) {
-  Fixture fixture(GetParam());
+  test::ReferenceFixture fixture(GetParam());
   auto model = load_model(fixture.dir.string());
   GenerateOptions options;
   options.max_tokens = int64_t(fixture.greedy.size());
@@ -112,7 +88,7 @@ TEST_P(GpuModel, GreedyMatchesHfAndCpu) {
 }
 
 TEST_P(GpuModel, MtpLogitsMatchReferenceAndCpu) {
-  Fixture fixture(GetParam());
+  test::ReferenceFixture fixture(GetParam());
   if (!fixture.reference.contains("mtp_logits_file")) GTEST_SKIP() << "no MTP head in this fixture";
   auto model = load_model(fixture.dir.string());
   const size_t n = fixture.prompt.size(), sh = size_t(model->config.hc_hidden());
@@ -127,17 +103,17 @@ TEST_P(GpuModel, MtpLogitsMatchReferenceAndCpu) {
   auto gpu = cuda::sequence_factory(*model)();
   auto cpu = cpu_sequence(*model);
   const std::vector<float> logits = run(*gpu);
-  EXPECT_LE(
-      relative_error(logits, test::read_floats(fixture.dir / fixture.reference["mtp_logits_file"].get<std::string>())),
-      kFp32Tolerance);
-  EXPECT_LE(relative_error(logits, run(*cpu)), kFp32Tolerance);
+  EXPECT_LE(test::relative_error(
+                logits, test::read_floats(fixture.dir / fixture.reference["mtp_logits_file"].get<std::string>())),
+            kFp32Tolerance);
+  EXPECT_LE(test::relative_error(logits, run(*cpu)), kFp32Tolerance);
 }
 
 // Speculative decoding on the GPU (drafts, verification, rollback on the device) gives exactly plain greedy, for every
 // draft count, with the head's own drafts and with oracle drafts (every fifth one wrong) that force long accepted runs
 // and rollbacks at chosen rows.
 TEST_P(GpuModel, SpeculativeEqualsPlainGreedy) {
-  Fixture fixture(GetParam());
+  test::ReferenceFixture fixture(GetParam());
   auto model = load_model(fixture.dir.string());
   if (!model->mtp) GTEST_SKIP() << "no MTP head in this fixture";
   GenerateOptions options;
