@@ -12,6 +12,7 @@
 #include "cpu/forward.h"
 #include "cpu/linear.h"
 #include "engine/generate.h"
+#include "edited_checkpoint.h"
 #include "error_of.h"
 #include "fixture_paths.h"
 #include "model/mlx_quantization.h"
@@ -167,28 +168,9 @@ TEST(MlxCheckpoint, LogitsCommandTakesExperts) {
   EXPECT_FALSE(fs::exists(out));
 }
 
-// A copy of the fixture with an edited safetensors header and/or config.json.
 fs::path edited_copy(const std::string& name, const std::function<void(nlohmann::json&)>& edit_header,
                      const std::function<void(nlohmann::json&)>& edit_config = {}) {
-  fs::path dir = fs::temp_directory_path() / ("vavilov_mlx_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  std::ifstream config_in(kFixture / "config.json");
-  auto config = nlohmann::json::parse(config_in);
-  if (edit_config) edit_config(config);
-  std::ofstream(dir / "config.json") << config.dump(2);
-  std::ifstream in(kFixture / "model.safetensors", std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  uint64_t header_size;
-  std::memcpy(&header_size, bytes.data(), 8);
-  auto header = nlohmann::json::parse(bytes.substr(8, header_size));
-  if (edit_header) edit_header(header);
-  std::string new_header = header.dump();
-  uint64_t new_size = new_header.size();
-  std::ofstream out(dir / "model.safetensors", std::ios::binary);
-  out.write(reinterpret_cast<const char*>(&new_size), 8);
-  out << new_header << bytes.substr(8 + header_size);
-  return dir;
+  return test::edited_checkpoint(kFixture, "mlx_" + name, edit_header, edit_config);
 }
 
 std::string load_error(const fs::path& dir) {

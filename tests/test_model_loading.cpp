@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "edited_checkpoint.h"
 #include "error_of.h"
 #include "fixture_paths.h"
 #include "run_command.h"
@@ -23,24 +24,8 @@ using ::testing::HasSubstr;
 
 const fs::path kFixture = test::model_fixtures() / "tiny_f32_hc4_ple1";
 
-// A copy of the fixture whose safetensors header has been edited by `edit`.
 fs::path edited_copy(const std::string& name, const std::function<void(nlohmann::json&)>& edit) {
-  fs::path dir = fs::temp_directory_path() / ("vavilov_test_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  fs::copy_file(kFixture / "config.json", dir / "config.json");
-  std::ifstream in(kFixture / "model.safetensors", std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  uint64_t header_size;
-  std::memcpy(&header_size, bytes.data(), 8);
-  auto header = nlohmann::json::parse(bytes.substr(8, header_size));
-  edit(header);
-  std::string new_header = header.dump();
-  uint64_t new_size = new_header.size();
-  std::ofstream out(dir / "model.safetensors", std::ios::binary);
-  out.write(reinterpret_cast<const char*>(&new_size), 8);
-  out << new_header << bytes.substr(8 + header_size);
-  return dir;
+  return test::edited_checkpoint(kFixture, name, edit);
 }
 
 std::string load_error(const fs::path& dir) {

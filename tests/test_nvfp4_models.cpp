@@ -13,6 +13,7 @@
 #include "cpu/forward.h"
 #include "cpu/linear.h"
 #include "engine/generate.h"
+#include "edited_checkpoint.h"
 #include "error_of.h"
 #include "fixture_paths.h"
 #include "model/quantize.h"
@@ -124,22 +125,7 @@ TEST(Nvfp4Kernels, MatmulEqualsDequantizedProduct) {
 }
 
 fs::path edited_copy(const std::string& name, const std::function<void(nlohmann::json&)>& edit) {
-  fs::path dir = fs::temp_directory_path() / ("vavilov_nvfp4_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  fs::copy_file(kFixture / "config.json", dir / "config.json");
-  std::ifstream in(kFixture / "model.safetensors", std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  uint64_t header_size;
-  std::memcpy(&header_size, bytes.data(), 8);
-  auto header = nlohmann::json::parse(bytes.substr(8, header_size));
-  edit(header);
-  std::string new_header = header.dump();
-  uint64_t new_size = new_header.size();
-  std::ofstream out(dir / "model.safetensors", std::ios::binary);
-  out.write(reinterpret_cast<const char*>(&new_size), 8);
-  out << new_header << bytes.substr(8 + header_size);
-  return dir;
+  return test::edited_checkpoint(kFixture, "nvfp4_" + name, edit);
 }
 
 std::string load_error(const fs::path& dir) {
