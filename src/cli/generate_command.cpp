@@ -117,7 +117,7 @@ void run_generate(const GenerateArgs& args) {
   options.sampling = sampling_options(args);
   GenerateStats stats;
   SpeculativeOptions speculative;
-  speculative.drafts = args.drafts >= 0 ? args.drafts : default_drafts(*model);
+  speculative.drafts = args.drafts >= 0 ? args.drafts : default_drafts(*model, cuda);
   speculative.adaptive = args.draft_mode == "adaptive";
   // Text prompts stream text as it is generated (never splitting a UTF-8 character); --ids prints the ids.
   std::optional<tokenizer::StreamDecoder> stream;
@@ -163,8 +163,8 @@ void register_generate(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   command->add_flag("--ignore-eos", args->ignore_eos, "Keep generating past EOS");
   command->add_option("--drafts", args->drafts,
-                      "MTP drafts per step, 0-3 (default: " + std::to_string(kDefaultDrafts) +
-                          " when the checkpoint has an MTP head, else 0)")
+                      "MTP drafts per step, 0-3 (default with an MTP head: " + std::to_string(kDefaultDraftsGpu) +
+                          " on the GPU, " + std::to_string(kDefaultDraftsCpu) + " on the CPU; else 0)")
       ->check(CLI::Range(0, 3));
   command->add_option("--draft-mode", args->draft_mode,
                       "fixed: always --drafts; adaptive: --drafts after a fully accepted step, 1 after a rejection")

@@ -95,7 +95,7 @@ void register_serve(CLI::App& app) {
       ->check(CLI::Range(0, 3600))
       ->capture_default_str();
   add_experts_option(command, o.experts);
-  command->add_option("--drafts", o.drafts, "MTP drafts per step, 0-3 (default: 2 with an MTP head, else 0)")
+  command->add_option("--drafts", o.drafts, "MTP drafts per step, 0-3 (default: 1 with an MTP head, else 0)")
       ->check(CLI::Range(0, 3));
   add_threads_option(command, args->threads);
   command->callback([args] { run_serve(*args); });

@@ -149,7 +149,7 @@ void Server::Impl::load() {
   SchedulerOptions scheduling;
   scheduling.parallel = options.parallel;
   scheduling.queue = options.queue;
-  scheduling.speculative.drafts = options.drafts >= 0 ? options.drafts : default_drafts(*model);
+  scheduling.speculative.drafts = options.drafts >= 0 ? options.drafts : default_drafts(*model, false);
   scheduling.speculative.adaptive = true;
   prompts = std::make_unique<tokenizer::PromptTokenizer>(options.model_dir);
   scheduler = std::make_unique<Scheduler>(*model, prompts->tokenizer(), scheduling, *cache, metrics);
