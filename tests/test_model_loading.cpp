@@ -104,6 +104,14 @@ TEST(Cli, DeviceCudaRunsOrNamesWhyNot) {
   fs::remove(out);
 }
 
+// The server chooses its device once the model is loaded; 3-bit experts never run on the GPU, so this fails on any
+// machine: for want of a GPU, or naming a 3-bit tensor.
+TEST(Cli, ServeOnTheGpuNamesWhatItCannotRun) {
+  CommandResult result = run("serve --device cuda --experts 3 --port 0");
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_THAT(result.output, HasSubstr("vavilov: error: --device cuda: "));
+}
+
 TEST(Cli, DeviceCpuAndUnknownDevice) {
   fs::path out = fs::temp_directory_path() / "vavilov_device_cpu_logits.f32";
   EXPECT_EQ(run("logits --device cpu --model " + kFixture.string() + " --ids 1,2,3 --out " + out.string()).exit_code,

@@ -87,6 +87,11 @@ def run_level(client, concurrency, rounds, max_tokens):
             "ttft_p99_ms": round(1000 * percentile(ttft, 99), 1)}
 
 
+def gpu_name():
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--binary", required=True)
@@ -95,6 +100,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=4, help="requests per client")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--threads", type=int, default=0, help="server CPU threads (0: all)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="the server's --device")
     parser.add_argument("--out", default=os.path.join(HERE, "results.json"))
     args = parser.parse_args()
     os.environ["VAVILOV_BINARY"] = os.path.abspath(args.binary)
@@ -103,7 +109,7 @@ def main():
         NO_EOS.clear()
         NO_EOS.update(stop_bias(args.model))
     parallel = max(args.concurrency)
-    extra = ["--parallel", str(parallel), "--queue", str(parallel), "--cache-mb", "0"]
+    extra = ["--parallel", str(parallel), "--queue", str(parallel), "--cache-mb", "0", "--device", args.device]
     os.environ["VAVILOV_TEST_THREADS"] = str(args.threads)
     server = harness.Server(*extra)
     try:
@@ -120,7 +126,8 @@ def main():
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "cpu": cpu_name(), "cores": os.cpu_count(), "commit": commit,
+              "cpu": cpu_name(), "cores": os.cpu_count(), "commit": commit, "device": args.device,
+              "gpu": gpu_name() if args.device == "cuda" else None,
               "model": os.path.basename(harness.model_dir()) if args.model else "tests/fixtures/models_mtp/mtp_f32_hc4",
               "server_args": extra, "max_tokens": args.max_tokens, "rounds_per_client": args.rounds,
               "speculative_drafts": spec, "levels": levels,

@@ -23,6 +23,7 @@ struct ServeArgs {
   int64_t cache_mb = 1024, max_body_kb = 4096;
   int timeout_s = 600, grace_s = 30;
   int threads = 0;
+  std::string device = "cpu";
 };
 
 // Signals go to one thread that waits for them, so the stop runs as ordinary code, not in a signal handler.
@@ -36,6 +37,9 @@ void run_serve(ServeArgs& args) {
   options.max_body_bytes = size_t(args.max_body_kb) << 10;
   options.timeout = std::chrono::seconds(args.timeout_s);
   options.shutdown_grace = std::chrono::seconds(args.grace_s);
+  options.select_device = [device = args.device](Model& model) {
+    return cuda_selected(device, model) ? device_sequences(model, true) : SequenceFactory{};
+  };
 
   sigset_t signals;
   sigemptyset(&signals);
@@ -95,6 +99,9 @@ void register_serve(CLI::App& app) {
       ->check(CLI::Range(0, 3600))
       ->capture_default_str();
   add_experts_option(command, o.experts);
+  command->add_option("--device", args->device,
+                      "cpu (default), cuda, or auto (the GPU when present); on the GPU the prefix cache is off")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   command->add_option("--drafts", o.drafts, "MTP drafts per step, 0-3 (default: 1 with an MTP head, else 0)")
       ->check(CLI::Range(0, 3));
   add_threads_option(command, args->threads);

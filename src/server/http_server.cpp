@@ -145,11 +145,14 @@ void Server::Impl::routes() {
 void Server::Impl::load() {
   model = load_model(options.model_dir);
   if (options.experts != 0) quantize_experts(*model, options.experts);
-  cache = std::make_unique<PrefixCache>(options.cache_bytes);
   SchedulerOptions scheduling;
+  if (options.select_device) scheduling.device = options.select_device(*model);
+  const bool gpu = bool(scheduling.device);
+  // The prefix cache stores CPU engine states; GPU sequences keep theirs on the device and start afresh.
+  cache = std::make_unique<PrefixCache>(gpu ? 0 : options.cache_bytes);
   scheduling.parallel = options.parallel;
   scheduling.queue = options.queue;
-  scheduling.speculative.drafts = options.drafts >= 0 ? options.drafts : default_drafts(*model, false);
+  scheduling.speculative.drafts = options.drafts >= 0 ? options.drafts : default_drafts(*model, gpu);
   scheduling.speculative.adaptive = true;
   prompts = std::make_unique<tokenizer::PromptTokenizer>(options.model_dir);
   scheduler = std::make_unique<Scheduler>(*model, prompts->tokenizer(), scheduling, *cache, metrics);

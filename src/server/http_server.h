@@ -2,10 +2,13 @@
 // The OpenAI-compatible HTTP server: routes, API-key check, limits, and the lifecycle (listen at once, /health 503
 // while the model loads, graceful stop).
 #include <chrono>
+#include <functional>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+
+#include "engine/backend.h"
 
 namespace vavilov::server {
 
@@ -23,8 +26,10 @@ struct ServerOptions {
   size_t max_body_bytes = size_t(4) << 20;
   std::chrono::seconds timeout{600};
   std::chrono::seconds shutdown_grace{30};
-  int drafts = -1;  // -1: 2 when the checkpoint has an MTP head, else 0
+  int drafts = -1;  // -1: the device's default (default_drafts) when the checkpoint has an MTP head, else 0
   int experts = 0;  // routed experts re-quantized at load to 4, 3 or 2 bits; 0: as loaded
+  // Chooses the device once the model is loaded: a factory of GPU sequences, or an empty one for the CPU engine.
+  std::function<SequenceFactory(Model&)> select_device;
 };
 
 class Server {

@@ -81,8 +81,8 @@ void Scheduler::start(std::shared_ptr<Job> job) {
   auto active = std::make_unique<Active>(
       Active{job, nullptr, tokenizer::StreamDecoder(tokenizer_, true), StopMatcher(input.stop), 0, true});
   try {
-    active->decoder = std::make_unique<Decoder>(model_, input.options, options_.speculative);
-    const auto entry = cache_.lookup(input.prompt);
+    active->decoder = std::make_unique<Decoder>(model_, input.options, options_.speculative, options_.device);
+    const auto entry = options_.device ? nullptr : cache_.lookup(input.prompt);
     const int64_t cached = entry ? int64_t(entry->tokens.size()) : 0;
     job->set_cached_tokens(cached);
     metrics_.add_prompt(int64_t(input.prompt.size()), cached);
@@ -100,9 +100,11 @@ void Scheduler::prefill() {
     if (!active->prefilling || !active->decoder) continue;
     const std::vector<int32_t>& prompt = active->job->input().prompt;
     try {
-      const int32_t first = active->decoder->prefill_next([&](const SequenceState& state) {
+      const auto to_cache = [&](const SequenceState& state) {
         cache_.insert(std::span(prompt).first(size_t(state.position)), state);
-      });
+      };
+      const int32_t first = active->decoder->prefill_next(
+          options_.device ? std::function<void(const SequenceState&)>() : std::function<void(const SequenceState&)>(to_cache));
       if (first < 0) continue;
       active->prefilling = false;
       if (!emit(*active, {first})) retire(*active);
