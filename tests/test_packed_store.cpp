@@ -150,6 +150,22 @@ TEST(PackedStore, QuantizedExpertsEqualTheCheckpointWithTheSameQuantization) {
   }
 }
 
+// --experts N on a store maps its qN records (nothing is re-quantized); a precision the store lacks comes from the
+// most precise records it has, re-quantized as for a checkpoint.
+TEST(PackedStore, ExpertBitsPickTheStoresRecords) {
+  ScratchDir scratch;
+  std::string store = scratch / "store";
+  pack_model(bundled_model().string(), store, quiet({4, 3}));
+  auto q3 = load_model(store, 3);
+  EXPECT_EQ(q3->layers[2].moe.experts[5].up.bits, 3);
+  EXPECT_EQ(q3->mtp->layer.moe.experts[1].down.bits, 3);
+  EXPECT_EQ(quantize_experts(*q3, 3), 0);
+  auto q2 = load_model(store, 2);
+  EXPECT_EQ(q2->layers[2].moe.experts[5].up.bits, 4);  // the most precise the store has
+  EXPECT_GT(quantize_experts(*q2, 2), 0);
+  EXPECT_EQ(q2->layers[2].moe.experts[5].up.bits, 2);
+}
+
 TEST(PackedStore, LoadsTheMostPreciseExpertsByDefaultAndMixedPrecisionPerExpert) {
   ScratchDir scratch;
   std::string store = scratch / "store";

@@ -61,7 +61,7 @@ void add_experts_option(CLI::App* command, int& experts) {
 }
 
 std::unique_ptr<Model> load_model_quantized(const std::string& directory, const QuantizeOptions& quantize) {
-  auto model = load_model(directory);
+  auto model = load_model(directory, quantize.experts);
   if (quantize.weights != "none") {
     int count = quantize_model(*model, quantize.weights[1] - '0');
     fmt::print(stderr, "quantized {} weight matrices to {}\n", count, quantize.weights);

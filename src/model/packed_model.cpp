@@ -13,7 +13,6 @@ namespace vavilov {
 
 namespace {
 
-constexpr int kDensePrecision = 0;
 const std::vector<int> kMostPreciseFirst = {kDensePrecision, 4, 3, 2};
 // Loads below the first size page in silently; above the second they report outside a terminal too.
 constexpr uint64_t kVisibleLoadBytes = 256ull << 20;

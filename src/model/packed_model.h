@@ -12,8 +12,11 @@
 
 namespace vavilov {
 
-// Which precision of each routed expert to map: bits 4, 3, 2, or 0 for the checkpoint's dense dtype. The MTP
-// head's layer is layer config.num_layers.
+// The precision of expert records in the checkpoint's own dense dtype.
+constexpr int kDensePrecision = 0;
+
+// Which precision of each routed expert to map: bits 4, 3, 2, or kDensePrecision. The MTP head's layer is layer
+// config.num_layers.
 struct ExpertPrecision {
   // Tried in order for each expert; empty: the most precise the store holds (dense, then 4, 3, 2).
   std::vector<int> preference;

@@ -477,8 +477,10 @@ void for_each_matrix(Model& model, const std::function<void(Matrix&)>& visit) {
   }
 }
 
-std::unique_ptr<Model> load_model(const std::string& path) {
-  auto model = is_packed_store(path) ? load_packed_model(path, ExpertPrecision{}) : load_checkpoint(path);
+std::unique_ptr<Model> load_model(const std::string& path, int expert_bits) {
+  ExpertPrecision precision;
+  if (expert_bits != 0) precision.preference = {expert_bits, kDensePrecision, 4, 3, 2};
+  auto model = is_packed_store(path) ? load_packed_model(path, precision) : load_checkpoint(path);
   page_in_weights(*model, ProgressMode::Terminal);
   return model;
 }

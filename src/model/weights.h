@@ -128,9 +128,10 @@ struct Model {
   std::optional<MtpWeights> mtp;
 };
 
-// Loads a checkpoint directory or a packed store (recognised by its manifest.json; its experts at the most
-// precise precision it holds), then reads every weight into memory, with progress on a terminal.
-std::unique_ptr<Model> load_model(const std::string& path);
+// Loads a checkpoint directory or a packed store (recognised by its manifest.json), then reads every weight into
+// memory, with progress on a terminal. A store's routed experts come from the records at `expert_bits` (4, 3 or 2)
+// where it holds them, else (and with expert_bits 0) from the most precise it holds.
+std::unique_ptr<Model> load_model(const std::string& path, int expert_bits = 0);
 
 // Loads config.json and the safetensors of a model directory; every tensor's presence, dtype and shape is
 // checked against the config, and errors name the file and the tensor. Weights stay mapped, unread.

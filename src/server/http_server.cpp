@@ -143,7 +143,7 @@ void Server::Impl::routes() {
 }
 
 void Server::Impl::load() {
-  model = load_model(options.model_dir);
+  model = load_model(options.model_dir, options.experts);
   if (options.experts != 0) quantize_experts(*model, options.experts);
   SchedulerOptions scheduling;
   if (options.select_device) scheduling.device = options.select_device(*model);
