@@ -166,6 +166,8 @@ void gather(const DeviceMatrix& table, const Index* ids, int rows, int copies, f
 // do not depend on scheduling.
 constexpr int kSplitThreads = 128;
 constexpr int kSplitMaxRows = 64;
+constexpr int kSplitMaxWideRows = 512;  // rows up to this many when there are at least kSplitWideCols columns
+constexpr int kSplitWideCols = 4096;
 constexpr int kSplitMinChunks = 32;  // 256 columns
 
 template <WeightFormat F>
@@ -212,8 +214,8 @@ __global__ void sum_splits_kernel(const float* partial, int splits, int count, f
 bool split_k_path(const DeviceMatrix& w, const float* x, int x_rows, float* y, cudaStream_t stream) {
   const int chunks = w.cols / 8;
   const auto x_address = reinterpret_cast<uintptr_t>(x);
-  if (x_rows > kRowsPerPass || w.rows > kSplitMaxRows || w.cols % 8 != 0 || chunks < 2 * kSplitMinChunks ||
-      x_address % 16 != 0)
+  const bool short_wide = w.rows <= kSplitMaxRows || (w.rows <= kSplitMaxWideRows && w.cols >= kSplitWideCols);
+  if (x_rows > kRowsPerPass || !short_wide || w.cols % 8 != 0 || chunks < 2 * kSplitMinChunks || x_address % 16 != 0)
     return false;
   // About two blocks per multiprocessor of an H200 in all, each with at least kSplitMinChunks chunks.
   const int wanted_splits = std::max(1, 264 / w.rows);

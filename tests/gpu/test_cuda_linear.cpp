@@ -34,6 +34,7 @@ TEST(CudaLinear, EveryPathMatchesDoublePrecision) {
   const std::vector<Case> cases = {
       {cuda::WeightFormat::Q4, 4, 4096},    {cuda::WeightFormat::Q4, 48, 2560},   {cuda::WeightFormat::Q4, 1, 2560},
       {cuda::WeightFormat::Q4, 64, 1024},   {cuda::WeightFormat::Q4, 320, 2560},  {cuda::WeightFormat::Q4, 16, 256},
+      {cuda::WeightFormat::Q4, 320, 10240}, {cuda::WeightFormat::BF16, 200, 4096},
       {cuda::WeightFormat::BF16, 4, 4096},  {cuda::WeightFormat::BF16, 40, 520},  {cuda::WeightFormat::BF16, 130, 512},
       {cuda::WeightFormat::F32, 3, 2048},   {cuda::WeightFormat::F32, 100, 768},
   };
