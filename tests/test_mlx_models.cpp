@@ -11,8 +11,8 @@
 
 #include "cpu/forward.h"
 #include "cpu/linear.h"
-#include "engine/generate.h"
 #include "edited_checkpoint.h"
+#include "engine/generate.h"
 #include "error_of.h"
 #include "fixture_paths.h"
 #include "model/mlx_quantization.h"
@@ -36,16 +36,11 @@ const std::string kLayer0 = "language_model.model.layers.0.";
 // largest logit, observed ~1e-6).
 constexpr double kTolerance = 1e-4;
 
-nlohmann::json reference() {
-  std::ifstream in(kFixture / "reference.json");
-  return nlohmann::json::parse(in);
-}
-
 // One-shot (quantized rows widened once per matrix), chunks of 5 and token by token (codes decoded in registers).
 TEST(MlxCheckpoint, LogitsMatchHfOnTheDequantizedWeights) {
-  auto ref = reference();
-  auto prompt = ref["prompt_ids"].get<std::vector<int32_t>>();
-  auto want = test::read_floats(kFixture / ref["logits_file"].get<std::string>());
+  const test::ReferenceFixture fixture(kFixture);
+  const auto& prompt = fixture.prompt;
+  const auto& want = fixture.logits;
   auto model = load_model(kFixture.string());
   ASSERT_EQ(want.size(), prompt.size() * size_t(model->config.vocab_size));
   for (size_t chunk : {prompt.size(), size_t(5), size_t(1)})
@@ -53,7 +48,8 @@ TEST(MlxCheckpoint, LogitsMatchHfOnTheDequantizedWeights) {
 }
 
 TEST(MlxCheckpoint, GreedyContinuationMatchesHf) {
-  auto ref = reference();
+  const test::ReferenceFixture fixture(kFixture);
+  const auto& ref = fixture.reference;
   auto model = load_model(kFixture.string());
   GenerateOptions options;
   auto greedy = ref["greedy_ids"].get<std::vector<int32_t>>();
@@ -91,8 +87,9 @@ TEST(MlxCheckpoint, EachMatrixKeepsItsOwnPrecisionAndBytes) {
 // --experts 3 and 2: every routed expert re-quantized from its dequantized values (Q4 and the mixed 3/2-bit ones),
 // against HF on weights mlx re-quantized the same way.
 TEST(MlxCheckpoint, ExpertsAtThreeAndTwoBitsMatchHf) {
-  auto ref = reference();
-  auto prompt = ref["prompt_ids"].get<std::vector<int32_t>>();
+  const test::ReferenceFixture fixture(kFixture);
+  const auto& prompt = fixture.prompt;
+  const auto& ref = fixture.reference;
   for (int bits : {3, 2}) {
     auto model = load_model(kFixture.string());
     int changed = quantize_experts(*model, bits);
@@ -120,8 +117,8 @@ Matrix dense_copy(Model& model, const Matrix& m) {
 // quantized kernels give what dense fp32 products of the very same values give. 1e-5 of the largest logit: fp32
 // rounding order only.
 TEST(MlxCheckpoint, MixedPrecisionPerExpertEqualsDenseCopiesOfTheSameValues) {
-  auto ref = reference();
-  auto prompt = ref["prompt_ids"].get<std::vector<int32_t>>();
+  const test::ReferenceFixture fixture(kFixture);
+  const auto& prompt = fixture.prompt;
   auto mixed = load_model(kFixture.string());
   auto dense = load_model(kFixture.string());
   for (size_t l = 0; l < mixed->layers.size(); ++l)
@@ -147,7 +144,8 @@ TEST(MlxCheckpoint, MixedPrecisionPerExpertEqualsDenseCopiesOfTheSameValues) {
 // The CLI wiring: `logits --experts 3` on the MLX checkpoint writes HF's logits for 3-bit experts; a precision
 // other than 4, 3 or 2 is refused before anything is loaded.
 TEST(MlxCheckpoint, LogitsCommandTakesExperts) {
-  auto ref = reference();
+  const test::ReferenceFixture fixture(kFixture);
+  const auto& ref = fixture.reference;
   std::string ids;
   for (const auto& id : ref["prompt_ids"]) {
     if (!ids.empty()) ids += ',';

@@ -12,8 +12,8 @@
 
 #include "cpu/forward.h"
 #include "cpu/linear.h"
-#include "engine/generate.h"
 #include "edited_checkpoint.h"
+#include "engine/generate.h"
 #include "error_of.h"
 #include "fixture_paths.h"
 #include "model/quantize.h"
@@ -34,15 +34,10 @@ const std::string kExpert = "model.layers.2.mlp.experts.5.down_proj";
 // bound of 1e-4 of the largest logit.
 constexpr double kTolerance = 1e-4;
 
-nlohmann::json reference() {
-  std::ifstream in(kFixture / "reference.json");
-  return nlohmann::json::parse(in);
-}
-
 TEST(Nvfp4Checkpoint, LogitsMatchHfOnTheDequantizedWeights) {
-  auto ref = reference();
-  auto prompt = ref["prompt_ids"].get<std::vector<int32_t>>();
-  auto want = test::read_floats(kFixture / ref["logits_file"].get<std::string>());
+  const test::ReferenceFixture fixture(kFixture);
+  const auto& prompt = fixture.prompt;
+  const auto& want = fixture.logits;
   auto model = load_model(kFixture.string());
   ASSERT_EQ(want.size(), prompt.size() * size_t(model->config.vocab_size));
   for (size_t chunk : {prompt.size(), size_t(1)})
@@ -50,7 +45,8 @@ TEST(Nvfp4Checkpoint, LogitsMatchHfOnTheDequantizedWeights) {
 }
 
 TEST(Nvfp4Checkpoint, GreedyContinuationMatchesHf) {
-  auto ref = reference();
+  const test::ReferenceFixture fixture(kFixture);
+  const auto& ref = fixture.reference;
   auto model = load_model(kFixture.string());
   GenerateOptions options;
   auto greedy = ref["greedy_ids"].get<std::vector<int32_t>>();
@@ -80,14 +76,13 @@ TEST(Nvfp4Checkpoint, WeightsMapWithoutConversion) {
 // --experts 4 turns NVFP4 experts into MLX-style affine Q4 from their dequantized values: the logits move by the
 // re-quantization only (a loose sanity bound; exact affine products are tested in test_mlx_*).
 TEST(Nvfp4Checkpoint, ExpertsCanBeRequantizedToAffine) {
-  auto ref = reference();
-  auto prompt = ref["prompt_ids"].get<std::vector<int32_t>>();
+  const test::ReferenceFixture fixture(kFixture);
   auto model = load_model(kFixture.string());
   const int64_t matrices = model->config.num_layers * model->config.num_experts * 3;
   EXPECT_EQ(quantize_experts(*model, 4), matrices);
   EXPECT_FALSE(model->layers[2].moe.experts[5].down.nvfp4());
-  auto want = test::read_floats(kFixture / ref["logits_file"].get<std::string>());
-  EXPECT_LE(test::relative_error(test::engine_logits(*model, prompt, prompt.size()), want), 0.2);
+  EXPECT_LE(test::relative_error(test::engine_logits(*model, fixture.prompt, fixture.prompt.size()), fixture.logits),
+            0.2);
 }
 
 // The AVX2 NVFP4 products (codes decoded in registers for 1-4 rows, rows widened once for more) against float64
