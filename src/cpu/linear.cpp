@@ -158,25 +158,22 @@ void dot_rows(const T* w, const float* x, int64_t n, float* y, int64_t y_stride)
   }
 }
 
-// Weight rows [o_begin, o_end) against R input rows.
-template <int R, typename T>
-void block_rows(const T* w, int64_t w_stride, int64_t o_begin, int64_t o_end, const float* x, int64_t n, float* y,
-                int64_t y_stride) {
-  for (int64_t o = o_begin; o < o_end; ++o) dot_rows<R>(w + o * w_stride, x, n, y + o, y_stride);
-}
-
-// Weight rows [o_begin, o_end) (w points at row 0) against `rows` input rows, four at a time.
+// Weight rows [o_begin, o_end) (w points at row 0) against `rows` input rows, four at a time; each weight row meets
+// every input row while it is in cache.
 template <typename T>
 void rows_times_inputs(const T* w, int64_t w_stride, int64_t o_begin, int64_t o_end, const float* x, int64_t rows,
                        int64_t n, float* y, int64_t out_dim) {
-  for (int64_t r = 0; r < rows; r += 4) {
-    const float* xr = x + r * n;
-    float* yr = y + r * out_dim;
-    switch (std::min<int64_t>(4, rows - r)) {
-      case 4: block_rows<4>(w, w_stride, o_begin, o_end, xr, n, yr, out_dim); break;
-      case 3: block_rows<3>(w, w_stride, o_begin, o_end, xr, n, yr, out_dim); break;
-      case 2: block_rows<2>(w, w_stride, o_begin, o_end, xr, n, yr, out_dim); break;
-      default: block_rows<1>(w, w_stride, o_begin, o_end, xr, n, yr, out_dim); break;
+  for (int64_t o = o_begin; o < o_end; ++o) {
+    const T* row = w + o * w_stride;
+    for (int64_t r = 0; r < rows; r += 4) {
+      const float* xr = x + r * n;
+      float* yr = y + r * out_dim + o;
+      switch (std::min<int64_t>(4, rows - r)) {
+        case 4: dot_rows<4>(row, xr, n, yr, out_dim); break;
+        case 3: dot_rows<3>(row, xr, n, yr, out_dim); break;
+        case 2: dot_rows<2>(row, xr, n, yr, out_dim); break;
+        default: dot_rows<1>(row, xr, n, yr, out_dim); break;
+      }
     }
   }
 }
