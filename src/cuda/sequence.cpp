@@ -1,13 +1,21 @@
 // One sequence on the GPU: its state, scratch memory, and the trunk, MTP head and rollback steps, each a sequence of
-// kernel launches mirroring the CPU engine (src/cpu/forward.cpp, layers.h, mtp.cpp).
+// kernel launches mirroring the CPU engine (src/cpu/forward.cpp, layers.h, mtp.cpp). A pass of up to kRecordedRows
+// rows runs as a CUDA graph (step_runner.h): everything it addresses stays put while the graph lives (attention caches
+// and scratch grow before a pass, never inside it), and what changes from step to step — the position — is read
+// from device memory.
 #include <algorithm>
+#include <functional>
 #include <vector>
 
 #include "core/error.h"
+#include "cuda/attention.cuh"
 #include "cuda/backend.h"
 #include "cuda/device_model.h"
+#include "cuda/hyper_connection.cuh"
 #include "cuda/linear.cuh"
 #include "cuda/ops.cuh"
+#include "cuda/ple.cuh"
+#include "cuda/step_runner.h"
 
 namespace vavilov::cuda {
 
@@ -19,21 +27,24 @@ int device_count() {
 namespace {
 
 constexpr int kChunkRows = 64;    // rows per pass through the layers (longer inputs run in chunks)
-constexpr int kRecordedRows = 4;  // rows whose recurrent state a pass can record for rollback
-constexpr cudaStream_t kStream = nullptr;
+constexpr int kRecordedRows = 4;  // rows whose recurrent state a pass can record for rollback; graphs up to this many
+
+// The passes a sequence captures as graphs.
+enum PassKind { kTrunk, kHead, kHeadLogits };
 
 // Scratch buffers of one pass of up to kChunkRows rows. Sized from the config; the attention scratch grows with the
 // context.
 struct Workspace {
   DeviceAllocation memory;
   int32_t* ids;
+  int64_t* position;  // of the pass's first row
   float *stack, *normed, *low, *mix, *input, *inject, *output, *hidden;
   float *qkv, *z, *beta, *decay, *core;
   float *q, *k, *v, *index_qk, *queries, *index_queries, *attended;
   float *router, *route_weights, *shared_gate_up, *shared_up, *shared_scale, *expert_gate, *expert_up, *expert_out;
   int* route_ids;
   int64_t* table_rows;
-  float *embedding, *ple_keys, *ple_value, *ple_query, *ple_out, *ple_normed;
+  float *embedding, *ple_keys, *ple_value, *ple_out, *ple_normed;
   float *logits, *mtp_row, *mtp_normed, *mtp_embedded;
   // Attention scratch for contexts up to `tokens` positions.
   DeviceAllocation attention_memory;
@@ -70,6 +81,7 @@ void make_workspace(const ModelConfig& c, Workspace& w) {
   const size_t hd = size_t(c.head_dim), ihd = size_t(c.indexer_head_dim);
   Layout l;
   l.add(w.ids, r);
+  l.add(w.position, 1);
   for (float** buffer : {&w.stack, &w.normed, &w.mix, &w.mtp_normed}) l.add(*buffer, r * sh);
   l.add(w.low, r * size_t(c.hc_lowrank));
   for (float** buffer : {&w.input, &w.output, &w.hidden, &w.mtp_row, &w.mtp_embedded}) l.add(*buffer, r * h);
@@ -97,7 +109,7 @@ void make_workspace(const ModelConfig& c, Workspace& w) {
   l.add(w.expert_out, r * k * h);
   l.add(w.table_rows, r * size_t(c.ngram_heads()));
   l.add(w.embedding, r * size_t(c.ple_embed_dim));
-  for (float** buffer : {&w.ple_keys, &w.ple_query, &w.ple_out, &w.ple_normed}) l.add(*buffer, r * sh);
+  for (float** buffer : {&w.ple_keys, &w.ple_out, &w.ple_normed}) l.add(*buffer, r * sh);
   l.add(w.ple_value, r * h);
   l.add(w.logits, r * size_t(c.vocab_size));
   w.memory = l.allocate("workspace");
@@ -128,10 +140,10 @@ struct RecurrentBuffer {
   T* recorded(bool record) const {
     return record ? static_cast<T*>(rows.get()) : nullptr;
   }
-  void restore(size_t row) {
+  void restore(size_t row, cudaStream_t stream) {
     if (!now) return;
     cuda_check(cudaMemcpyAsync(now.get(), static_cast<char*>(rows.get()) + row * bytes, bytes, cudaMemcpyDeviceToDevice,
-                               kStream),
+                               stream),
                "rollback");
   }
 };
@@ -165,14 +177,30 @@ LayerState new_layer_state(const ModelConfig& c, LayerKind kind, bool has_ple) {
   return s;
 }
 
+// Pinned staging for one call's host inputs (ids, position, up to kRecordedRows MTP stacks) and outputs (logits and
+// stacks of up to kRecordedRows rows); larger transfers go straight from and to pageable memory.
+size_t staged_input_bytes(const ModelConfig& c) {
+  return size_t(kChunkRows) * 4 + 8 + size_t(kRecordedRows) * size_t(c.hc_hidden()) * 4 + 3 * 64;
+}
+size_t staged_output_bytes(const ModelConfig& c) {
+  return size_t(kRecordedRows) * size_t(c.vocab_size + c.hc_hidden()) * 4 + 2 * 64;
+}
+
 class CudaSequence final : public SequenceBackend {
  public:
-  explicit CudaSequence(std::shared_ptr<const DeviceModel> model) : model_(std::move(model)), c_(model_->config) {
+  explicit CudaSequence(std::shared_ptr<const DeviceModel> model)
+      : model_(std::move(model)),
+        c_(model_->config),
+        runner_(model_, staged_input_bytes(c_), staged_output_bytes(c_), graphs_enabled_by_environment()),
+        stream_(runner_.stream()) {
     for (int i = 0; i < c_.num_layers; ++i)
       layers_.push_back(new_layer_state(c_, c_.layer_kinds[size_t(i)], c_.is_ple_layer(i)));
     if (model_->mtp) mtp_state_ = new_layer_state(c_, LayerKind::SparseAttention, false);
     make_workspace(c_, work_);
+    // The state's memsets ran on the legacy stream, which the sequence's non-blocking stream does not wait for.
+    cuda_check(cudaDeviceSynchronize(), "sequence state");
   }
+  ~CudaSequence() override { cudaStreamSynchronize(stream_); }
 
   int64_t position() const override { return position_; }
 
@@ -188,16 +216,14 @@ class CudaSequence final : public SequenceBackend {
     for (int64_t begin = 0; begin < n; begin += kChunkRows) {
       const int rows = int(std::min<int64_t>(kChunkRows, n - begin));
       const bool last = begin + rows == n;
-      upload_ids(ids.subspan(size_t(begin), size_t(rows)));
-      gather_rows(model_->embed, work_.ids, rows, c_.hc_count, work_.stack, kStream);
-      for (int i = 0; i < c_.num_layers; ++i)
-        run_layer(model_->layers[size_t(i)], layers_[size_t(i)], position_, rows, out.record_rows, work_.stack);
-      if (out.stacks) download(out.stacks + begin * sh, work_.stack, size_t(rows) * size_t(sh));
-      if (out.logits && (out.all_rows || last)) {
-        const int logit_rows = out.all_rows ? rows : 1;
-        logits_from_stacks(model_->final_mixer, work_.stack + size_t(rows - logit_rows) * size_t(sh), logit_rows);
-        download(out.logits + (out.all_rows ? begin * vocab : 0), work_.logits, size_t(logit_rows) * size_t(vocab));
-      }
+      const int logit_rows = !out.logits || !(out.all_rows || last) ? 0 : out.all_rows ? rows : 1;
+      reserve_trunk(position_ + rows);
+      stage(ids.subspan(size_t(begin), size_t(rows)), position_);
+      run_pass({kTrunk, rows, out.record_rows, logit_rows}, [&] { trunk_pass(rows, out.record_rows, logit_rows); });
+      if (out.stacks) runner_.download(out.stacks + begin * sh, work_.stack, size_t(rows * sh) * 4);
+      if (logit_rows)
+        runner_.download(out.logits + (out.all_rows ? begin * vocab : 0), work_.logits, size_t(logit_rows * vocab) * 4);
+      runner_.finish();
       position_ += rows;
     }
     cuda_check(cudaGetLastError(), "forward");
@@ -211,7 +237,7 @@ class CudaSequence final : public SequenceBackend {
     const size_t row = size_t(kept - 1);
     for (LayerState& layer : layers_)
       for (RecurrentBuffer* buffer : {&layer.gdn_conv, &layer.gdn_recurrent, &layer.ple_previous, &layer.ple_conv})
-        buffer->restore(row);
+        buffer->restore(row, stream_);
     position_ = first_position + kept;  // attention caches are truncated by the position alone
     recorded_rows_ = 0;
   }
@@ -219,26 +245,20 @@ class CudaSequence final : public SequenceBackend {
   void mtp_forward(const float* stacks, std::span<const int32_t> next_ids, float* head_stacks,
                    MtpRows output) override {
     check(model_->mtp.has_value(), "{}: the checkpoint has no MTP head (mtp.* tensors)", model_->name);
-    const DeviceMtp& m = *model_->mtp;
     for (int32_t id : next_ids) check(id >= 0 && id < c_.vocab_size, "token id {} is outside the vocabulary", id);
-    const int64_t n = int64_t(next_ids.size()), h = c_.hidden_size, sh = c_.hc_hidden();
-    const float eps = c_.rms_norm_eps;
+    const int64_t n = int64_t(next_ids.size()), sh = c_.hc_hidden();
     for (int64_t begin = 0; begin < n; begin += kChunkRows) {
       const int rows = int(std::min<int64_t>(kChunkRows, n - begin));
-      upload_ids(next_ids.subspan(size_t(begin), size_t(rows)));
-      // e = fc_embedding · RMS0(embed[next]);  R'[s] = fc_hidden · RMS0(R)[s] + e
-      gather_rows(model_->embed, work_.ids, rows, 1, work_.mtp_row, kStream);
-      rms_norm(work_.mtp_row, h, 0, rows, 1, int(h), m.pre_fc_norm_embedding, 0, eps, work_.mtp_row, kStream);
-      linear(m.fc_embedding, work_.mtp_row, rows, work_.mtp_embedded, kStream);
-      upload(work_.mtp_normed, stacks + begin * sh, size_t(rows) * size_t(sh));
-      rms_norm(work_.mtp_normed, sh, 0, rows, 1, int(sh), m.pre_fc_norm_hidden, 0, eps, work_.mtp_normed, kStream);
-      linear(m.fc_hidden, work_.mtp_normed, rows * c_.hc_count, work_.stack, kStream);
-      add_to_streams(work_.stack, work_.mtp_embedded, rows, c_.hc_count, int(h), kStream);
-      run_layer(m.layer, mtp_state_, mtp_position_, rows, false, work_.stack);
+      if (model_->mtp->layer.kind == LayerKind::SparseAttention)
+        reserve_attention(mtp_state_.attention, mtp_position_ + rows);
+      stage(next_ids.subspan(size_t(begin), size_t(rows)), mtp_position_);
+      runner_.upload(work_.mtp_normed, stacks + begin * sh, size_t(rows * sh) * 4);
+      run_pass({kHead, rows, false, 0}, [&] { head_pass(rows); });
       if (output == MtpRows::All)
-        download(head_stacks + begin * sh, work_.stack, size_t(rows) * size_t(sh));
+        runner_.download(head_stacks + begin * sh, work_.stack, size_t(rows * sh) * 4);
       else if (begin + rows == n)
-        download(head_stacks, work_.stack + size_t(rows - 1) * size_t(sh), size_t(sh));
+        runner_.download(head_stacks, work_.stack + size_t(rows - 1) * size_t(sh), size_t(sh) * 4);
+      runner_.finish();
       mtp_position_ += rows;
     }
     cuda_check(cudaGetLastError(), "MTP head");
@@ -249,9 +269,11 @@ class CudaSequence final : public SequenceBackend {
     const int64_t sh = c_.hc_hidden(), vocab = c_.vocab_size;
     for (int64_t begin = 0; begin < rows; begin += kChunkRows) {
       const int count = int(std::min<int64_t>(kChunkRows, rows - begin));
-      upload(work_.stack, head_stacks + begin * sh, size_t(count) * size_t(sh));
-      logits_from_stacks(model_->mtp->final_mixer, work_.stack, count);
-      download(logits + begin * vocab, work_.logits, size_t(count) * size_t(vocab));
+      runner_.upload(work_.stack, head_stacks + begin * sh, size_t(count * sh) * 4);
+      run_pass({kHeadLogits, count, false, count},
+               [&] { logits_from_stacks(model_->mtp->final_mixer, work_.stack, count); });
+      runner_.download(logits + begin * vocab, work_.logits, size_t(count * vocab) * 4);
+      runner_.finish();
     }
   }
 
@@ -262,89 +284,140 @@ class CudaSequence final : public SequenceBackend {
   }
 
  private:
-  void upload_ids(std::span<const int32_t> ids) {
-    cuda_check(cudaMemcpyAsync(work_.ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice, kStream), "ids");
+  // A pass's token ids and the position of its first row, to the device ahead of its launches.
+  void stage(std::span<const int32_t> ids, int64_t first) {
+    runner_.upload(work_.ids, ids.data(), ids.size() * 4);
+    runner_.upload(work_.position, &first, sizeof first);
   }
-  void upload(float* device, const float* host, size_t count) {
-    cuda_check(cudaMemcpyAsync(device, host, count * 4, cudaMemcpyHostToDevice, kStream), "upload");
+  // Passes of up to kRecordedRows rows (decode steps, verification, drafts) replay graphs; longer chunks (prefill)
+  // launch eagerly.
+  void run_pass(const PassShape& shape, const std::function<void()>& launch) {
+    if (shape.rows <= kRecordedRows)
+      runner_.run(shape, generation_, launch);
+    else
+      launch();
   }
-  void download(float* host, const float* device, size_t count) {
-    cuda_check(cudaMemcpy(host, device, count * 4, cudaMemcpyDeviceToHost), "download");
-  }
-  void run_layer(const DeviceLayer& w, LayerState& state, int64_t first, int rows, bool record, float* stack);
-  void hyper_read(const DeviceGatedResidual& w, const float* stack, int rows, float* input, float* inject);
+  void trunk_pass(int rows, bool record, int logit_rows);
+  void head_pass(int rows);
+  void run_layer(const DeviceLayer& w, LayerState& state, int64_t first, int rows, bool record, float* stack,
+                 bool normed, const float* next_norm);
+  void hyper_read(const DeviceGatedResidual& w, const float* stack, int rows, float* input, bool normed);
   void gated_deltanet(const DeviceGatedDeltaNet& w, LayerState& state, int rows, bool record);
   void attention(const DeviceAttention& w, LayerState& state, int64_t first, int rows);
   void moe(const DeviceMoe& w, int rows);
   void ple(const DevicePle& w, LayerState& state, int rows, bool record, float* stack);
   void logits_from_stacks(const DeviceGatedResidual& mixer, const float* stacks, int rows);
+  void reserve_trunk(int64_t tokens);
   void reserve_attention(AttentionCache& cache, int64_t tokens);
 
   std::shared_ptr<const DeviceModel> model_;
   const ModelConfig& c_;
+  StepRunner runner_;
+  cudaStream_t stream_;  // every launch of the sequence
   std::vector<LayerState> layers_;
   LayerState mtp_state_;
   Workspace work_;
+  uint64_t generation_ = 0;  // counts reallocations of memory that captured graphs address
   int64_t position_ = 0, mtp_position_ = 0;
   int64_t recorded_from_ = -1, recorded_rows_ = 0;
 };
 
+void CudaSequence::trunk_pass(int rows, bool record, int logit_rows) {
+  gather_rows(model_->embed, work_.ids, rows, c_.hc_count, work_.stack, stream_);
+  bool normed = false;  // whether the previous layer's last write already normalised the stack for this one
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const DeviceLayer* next = i + 1 < layers_.size() ? &model_->layers[i + 1] : nullptr;
+    const float* next_norm = next && !next->ple ? next->attn_hc.norm : nullptr;  // PLE reads the raw stack first
+    run_layer(model_->layers[i], layers_[i], position_, rows, record, work_.stack, normed, next_norm);
+    normed = next_norm != nullptr;
+  }
+  if (logit_rows)
+    logits_from_stacks(model_->final_mixer, work_.stack + size_t(rows - logit_rows) * size_t(c_.hc_hidden()),
+                       logit_rows);
+}
+
+// e = fc_embedding · RMS0(embed[next]);  R'[s] = fc_hidden · RMS0(R)[s] + e; then the head's layer. The stacks R
+// were staged in work_.mtp_normed.
+void CudaSequence::head_pass(int rows) {
+  const DeviceMtp& m = *model_->mtp;
+  const int64_t h = c_.hidden_size, sh = c_.hc_hidden();
+  const float eps = c_.rms_norm_eps;
+  gather_rows(model_->embed, work_.ids, rows, 1, work_.mtp_row, stream_);
+  rms_norm(work_.mtp_row, h, 0, rows, 1, int(h), m.pre_fc_norm_embedding, 0, eps, work_.mtp_row, stream_);
+  linear(m.fc_embedding, work_.mtp_row, rows, work_.mtp_embedded, stream_);
+  rms_norm(work_.mtp_normed, sh, 0, rows, 1, int(sh), m.pre_fc_norm_hidden, 0, eps, work_.mtp_normed, stream_);
+  linear(m.fc_hidden, work_.mtp_normed, rows * c_.hc_count, work_.stack, stream_);
+  add_to_streams(work_.stack, work_.mtp_embedded, rows, c_.hc_count, int(h), stream_);
+  run_layer(m.layer, mtp_state_, mtp_position_, rows, false, work_.stack, false, nullptr);
+}
+
+// normed: work_.normed already holds the attention read's norm of the stack. next_norm: the norm weight of the next
+// layer's attention read, which this layer's last write then applies (into work_.normed).
 void CudaSequence::run_layer(const DeviceLayer& w, LayerState& state, int64_t first, int rows, bool record,
-                             float* stack) {
+                             float* stack, bool normed, const float* next_norm) {
   const int s = c_.hc_count, h = int(c_.hidden_size);
+  const float eps = c_.rms_norm_eps;
   if (w.ple) ple(*w.ple, state, rows, record, stack);
-  hyper_read(w.attn_hc, stack, rows, work_.input, work_.inject);
+  hyper_read(w.attn_hc, stack, rows, work_.input, normed && !w.ple);
   if (w.kind == LayerKind::GatedDeltaNet)
     gated_deltanet(w.gdn, state, rows, record);
   else
     attention(w.attn, state, first, rows);
-  hc_write(work_.inject, work_.output, rows, s, h, stack, kStream);
-  hyper_read(w.mlp_hc, stack, rows, work_.input, work_.inject);
+  hc_write(work_.inject, work_.output, rows, s, h, stack, w.mlp_hc.norm, eps, work_.normed, stream_);
+  hyper_read(w.mlp_hc, stack, rows, work_.input, true);
   moe(w.moe, rows);
-  hc_write(work_.inject, work_.output, rows, s, h, stack, kStream);
+  hc_write(work_.inject, work_.output, rows, s, h, stack, next_norm, eps, work_.normed, stream_);
 }
 
-void CudaSequence::hyper_read(const DeviceGatedResidual& w, const float* stack, int rows, float* input, float* inject) {
+// input = the hyper-connection read of stack; work_.inject = the raw inject projection (hc_write applies its gate).
+void CudaSequence::hyper_read(const DeviceGatedResidual& w, const float* stack, int rows, float* input, bool normed) {
   const int s = c_.hc_count, h = int(c_.hidden_size);
   const int64_t sh = c_.hc_hidden();
-  rms_norm(stack, sh, h, rows, s, h, w.norm, h, c_.rms_norm_eps, work_.normed, kStream);
-  linear(w.mix_down, work_.normed, rows, work_.low, kStream);
-  hc_low_activation(work_.low, int64_t(rows) * c_.hc_lowrank, s, kStream);
-  linear(w.mix_up, work_.low, rows, work_.mix, kStream);
-  hc_combine(work_.mix, work_.normed, rows, s, h, input, kStream);
-  if (!w.has_inject) return;
-  linear(w.inject, work_.normed, rows, inject, kStream);
-  hc_inject_activation(inject, int64_t(rows) * s, s, kStream);
+  if (!normed) rms_norm(stack, sh, h, rows, s, h, w.norm, h, c_.rms_norm_eps, work_.normed, stream_);
+  linear(w.mix_down, work_.normed, rows, work_.low, stream_);
+  hc_low_activation(work_.low, int64_t(rows) * c_.hc_lowrank, s, stream_);
+  linear(w.mix_up, work_.low, rows, work_.mix, stream_);
+  hc_combine(work_.mix, work_.normed, rows, s, h, input, stream_);
+  if (w.has_inject) linear(w.inject, work_.normed, rows, work_.inject, stream_);
 }
 
 void CudaSequence::gated_deltanet(const DeviceGatedDeltaNet& w, LayerState& state, int rows, bool record) {
   const int heads = c_.linear_num_value_heads, dv = c_.linear_value_head_dim;
-  linear(w.in_qkv, work_.input, rows, work_.qkv, kStream);
-  linear(w.in_z, work_.input, rows, work_.z, kStream);
-  linear(w.in_b, work_.input, rows, work_.beta, kStream);
-  linear(w.in_a, work_.input, rows, work_.decay, kStream);
-  gdn_gates(work_.beta, work_.decay, w.a_log, w.dt_bias, rows, heads, kStream);
+  linear(w.in_qkv, work_.input, rows, work_.qkv, stream_);
+  linear(w.in_z, work_.input, rows, work_.z, stream_);
+  linear(w.in_b, work_.input, rows, work_.beta, stream_);
+  linear(w.in_a, work_.input, rows, work_.decay, stream_);
+  gdn_gates(work_.beta, work_.decay, w.a_log, w.dt_bias, rows, heads, stream_);
   gdn_conv(w.conv, int(c_.gdn_conv_dim()), c_.linear_conv_kernel_dim, state.gdn_conv.state<float>(), work_.qkv, rows,
-           state.gdn_conv.recorded<float>(record), kStream);
+           state.gdn_conv.recorded<float>(record), stream_);
   const GdnShape shape{heads, c_.linear_num_key_heads, c_.linear_key_head_dim,
                        dv,    int(c_.gdn_conv_dim()),  int(c_.gdn_key_dim())};
   gdn_delta_rule(shape, work_.qkv, work_.beta, work_.decay, rows, state.gdn_recurrent.state<float>(), work_.core,
-                 state.gdn_recurrent.recorded<float>(record), kStream);
-  gdn_gated_norm(work_.core, work_.z, w.norm, rows * heads, dv, c_.rms_norm_eps, c_.gdn_gate_sigmoid, kStream);
-  linear(w.out, work_.core, rows, work_.output, kStream);
+                 state.gdn_recurrent.recorded<float>(record), stream_);
+  gdn_gated_norm(work_.core, work_.z, w.norm, rows * heads, dv, c_.rms_norm_eps, c_.gdn_gate_sigmoid, stream_);
+  linear(w.out, work_.core, rows, work_.output, stream_);
 }
 
+void CudaSequence::reserve_trunk(int64_t tokens) {
+  for (size_t i = 0; i < layers_.size(); ++i)
+    if (model_->layers[i].kind == LayerKind::SparseAttention) reserve_attention(layers_[i].attention, tokens);
+}
+
+// Grows a cache (by doubling) and the attention scratch before a pass, never inside one: the stream is drained first
+// because its queued work may still address the old memory, and captured graphs are invalidated.
 void CudaSequence::reserve_attention(AttentionCache& cache, int64_t tokens) {
   const size_t kv = size_t(c_.num_key_value_heads) * size_t(c_.head_dim) * 4, index = size_t(c_.indexer_head_dim) * 4;
   if (tokens > cache.capacity) {
     const int64_t capacity = std::max<int64_t>({tokens, 2 * cache.capacity, 1024}), ratio = c_.indexer_compress_ratio;
     // Block keys: one row per complete block, plus one so that any capacity fits.
     auto blocks = [&](int64_t positions) { return positions ? positions / ratio + 1 : 0; };
-    auto grow = [](DeviceAllocation& buffer, size_t row_bytes, int64_t old_rows, int64_t rows) {
+    auto grow = [&](DeviceAllocation& buffer, size_t row_bytes, int64_t old_rows, int64_t rows) {
       DeviceAllocation bigger = device_alloc(row_bytes * size_t(rows), "attention cache");
       if (old_rows)
-        cuda_check(cudaMemcpy(bigger.get(), buffer.get(), row_bytes * size_t(old_rows), cudaMemcpyDeviceToDevice),
+        cuda_check(cudaMemcpyAsync(bigger.get(), buffer.get(), row_bytes * size_t(old_rows), cudaMemcpyDeviceToDevice,
+                                   stream_),
                    "attention cache");
+      cuda_check(cudaStreamSynchronize(stream_), "attention cache");
       buffer = std::move(bigger);
     };
     grow(cache.keys, kv, cache.capacity, capacity);
@@ -352,100 +425,91 @@ void CudaSequence::reserve_attention(AttentionCache& cache, int64_t tokens) {
     grow(cache.index_keys, index, cache.capacity, capacity);
     grow(cache.block_keys, index, blocks(cache.capacity), blocks(capacity));
     cache.capacity = capacity;
+    ++generation_;
   }
   if (tokens > work_.tokens) {
     const int64_t capacity = std::max<int64_t>({tokens, 2 * work_.tokens, 1024});
     const size_t blocks = size_t(capacity / c_.indexer_compress_ratio + 1);
+    cuda_check(cudaStreamSynchronize(stream_), "attention scratch");
     Layout l;
     l.add(work_.block_scores, kChunkRows * blocks);
     l.add(work_.selected, kChunkRows * blocks);
     l.add(work_.attention_weights, size_t(kChunkRows) * size_t(c_.num_attention_heads) * size_t(capacity));
     work_.attention_memory = l.allocate("attention scratch");
     work_.tokens = capacity;
+    ++generation_;
   }
 }
 
 void CudaSequence::attention(const DeviceAttention& w, LayerState& state, int64_t first, int rows) {
-  const int heads = c_.num_attention_heads, kv_heads = c_.num_key_value_heads, hd = c_.head_dim;
-  const int index_heads = c_.indexer_n_heads, ihd = c_.indexer_head_dim, ratio = c_.indexer_compress_ratio;
-  const float eps = c_.rms_norm_eps;
-  AttentionCache& cache = state.attention;
-  reserve_attention(cache, first + rows);
-  float* keys = ptr<float>(cache.keys) + first * kv_heads * hd;
-  float* values = ptr<float>(cache.values) + first * kv_heads * hd;
-  linear(w.q, work_.input, rows, work_.q, kStream);
-  linear(w.k, work_.input, rows, keys, kStream);  // straight into the cache, normalised and rotated there
-  linear(w.v, work_.input, rows, values, kStream);
-  linear(w.index_qk, work_.input, rows, work_.index_qk, kStream);
-
-  rms_norm(work_.q, int64_t(heads) * 2 * hd, 2 * hd, rows, heads, hd, w.q_norm, 0, eps, work_.queries, kStream);
-  rope(work_.queries, rows, heads, hd, c_.rotary_dim, model_->inv_freq, first, kStream);
-  rms_norm(keys, int64_t(kv_heads) * hd, hd, rows, kv_heads, hd, w.k_norm, 0, eps, keys, kStream);
-  rope(keys, rows, kv_heads, hd, c_.rotary_dim, model_->inv_freq, first, kStream);
-  const int64_t index_stride = int64_t(index_heads + 1) * ihd;
-  rms_norm(work_.index_qk, index_stride, ihd, rows, index_heads, ihd, w.index_q_norm, 0, eps, work_.index_queries,
-           kStream);
-  rope(work_.index_queries, rows, index_heads, ihd, c_.rotary_dim, model_->inv_freq, first, kStream);
-  float* index_keys = ptr<float>(cache.index_keys);
-  cuda_check(
-      cudaMemcpy2DAsync(index_keys + first * ihd, size_t(ihd) * 4, work_.index_qk + int64_t(index_heads) * ihd,
-                        size_t(index_stride) * 4, size_t(ihd) * 4, size_t(rows), cudaMemcpyDeviceToDevice, kStream),
-      "indexer keys");
-  const int64_t end = first + rows;
-  pool_block_keys(index_keys, int(first / ratio), int(end / ratio), ratio, ihd, w.index_k_norm, eps, model_->inv_freq,
-                  c_.rotary_dim, ptr<float>(cache.block_keys), kStream);
-
-  const AttentionShape shape{heads, kv_heads, hd, index_heads, ihd, ratio, c_.indexer_budget / ratio};
-  const int max_blocks = int(end / ratio), max_tokens = int(end);
-  qsa_select(shape, work_.index_queries, ptr<float>(cache.block_keys), rows, first, max_blocks, work_.block_scores,
-             work_.selected, kStream);
-  sparse_attention(shape, work_.queries, work_.q + hd, ptr<float>(cache.keys), ptr<float>(cache.values), work_.selected,
-                   rows, first, max_blocks, max_tokens, work_.attention_weights, work_.attended, kStream);
-  linear(w.o, work_.attended, rows, work_.output, kStream);
+  const AttentionShape shape{c_.num_attention_heads,
+                             c_.num_key_value_heads,
+                             c_.head_dim,
+                             c_.indexer_n_heads,
+                             c_.indexer_head_dim,
+                             c_.indexer_compress_ratio,
+                             c_.indexer_budget / c_.indexer_compress_ratio};
+  const AttentionCache& cache = state.attention;
+  const AttentionCaches caches{ptr<float>(cache.keys), ptr<float>(cache.values), ptr<float>(cache.index_keys),
+                               ptr<float>(cache.block_keys)};
+  linear(w.q, work_.input, rows, work_.q, stream_);
+  linear(w.k, work_.input, rows, work_.k, stream_);
+  linear(w.v, work_.input, rows, work_.v, stream_);
+  linear(w.index_qk, work_.input, rows, work_.index_qk, stream_);
+  const AttentionInputs in{work_.q,  work_.k,        work_.v,          work_.index_qk, w.q_norm,
+                           w.k_norm, w.index_q_norm, model_->inv_freq, c_.rotary_dim,  c_.rms_norm_eps};
+  attention_inputs(shape, in, rows, work_.position, work_.queries, work_.index_queries, caches, stream_);
+  pool_block_keys(shape, rows, work_.position, w.index_k_norm, c_.rms_norm_eps, model_->inv_freq, c_.rotary_dim, caches,
+                  stream_);
+  // A captured pass serves every position up to the capacity, so its grids span it; a longer (eager) chunk's span
+  // its own end.
+  const int64_t span = rows <= kRecordedRows ? std::min(cache.capacity, work_.tokens) : first + rows;
+  const AttentionBounds bounds{int(span), int(work_.tokens)};
+  qsa_select(shape, work_.index_queries, caches.block_keys, rows, work_.position, bounds, work_.block_scores,
+             work_.selected, stream_);
+  sparse_attention(shape, work_.queries, work_.q + c_.head_dim, caches.keys, caches.values, work_.selected, rows,
+                   work_.position, bounds, work_.attention_weights, work_.attended, stream_);
+  linear(w.o, work_.attended, rows, work_.output, stream_);
 }
 
 void CudaSequence::moe(const DeviceMoe& w, int rows) {
   const int h = int(c_.hidden_size), k = c_.num_experts_per_tok, inner = int(c_.moe_intermediate_size);
   const int64_t shared_inner = c_.shared_expert_intermediate_size;
-  linear(w.router, work_.input, rows, work_.router, kStream);
-  moe_route(work_.router, rows, c_.num_experts, k, c_.norm_topk_prob, work_.route_ids, work_.route_weights, kStream);
-  linear(w.shared.gate, work_.input, rows, work_.shared_gate_up, kStream);
-  linear(w.shared.up, work_.input, rows, work_.shared_up, kStream);
-  swiglu(work_.shared_gate_up, work_.shared_up, rows * shared_inner, kStream);
-  linear(w.shared.down, work_.shared_gate_up, rows, work_.output, kStream);
-  linear(w.shared_gate, work_.input, rows, work_.shared_scale, kStream);
+  linear(w.router, work_.input, rows, work_.router, stream_);
+  moe_route(work_.router, rows, c_.num_experts, k, c_.norm_topk_prob, work_.route_ids, work_.route_weights, stream_);
+  linear(w.shared.gate, work_.input, rows, work_.shared_gate_up, stream_);
+  linear(w.shared.up, work_.input, rows, work_.shared_up, stream_);
+  swiglu(work_.shared_gate_up, work_.shared_up, rows * shared_inner, stream_);
+  linear(w.shared.down, work_.shared_gate_up, rows, work_.output, stream_);
+  linear(w.shared_gate, work_.input, rows, work_.shared_scale, stream_);
   const int slots = rows * k;
   expert_linear(w.expert_gate, w.gate_up_format, inner, h, work_.route_ids, slots, work_.input, k, work_.expert_gate,
-                kStream);
+                stream_);
   expert_linear(w.expert_up, w.gate_up_format, inner, h, work_.route_ids, slots, work_.input, k, work_.expert_up,
-                kStream);
-  swiglu(work_.expert_gate, work_.expert_up, int64_t(slots) * inner, kStream);
+                stream_);
+  swiglu(work_.expert_gate, work_.expert_up, int64_t(slots) * inner, stream_);
   expert_linear(w.expert_down, w.down_format, h, inner, work_.route_ids, slots, work_.expert_gate, 1, work_.expert_out,
-                kStream);
-  moe_combine(work_.output, work_.shared_scale, work_.route_weights, work_.expert_out, rows, k, h, kStream);
+                stream_);
+  moe_combine(work_.output, work_.shared_scale, work_.route_weights, work_.expert_out, rows, k, h, stream_);
 }
 
 void CudaSequence::ple(const DevicePle& w, LayerState& state, int rows, bool record, float* stack) {
   const int s = c_.hc_count, h = int(c_.hidden_size), sh = int(c_.hc_hidden());
-  const float eps = c_.rms_norm_eps;
   const PleShape shape{c_.ngram_size, c_.heads_per_ngram, c_.ngram_size - 1, c_.eos()};
   ple_table_rows(shape, w.multipliers, w.head_sizes, w.head_offsets, state.ple_previous.state<int64_t>(), work_.ids,
-                 rows, work_.table_rows, state.ple_previous.recorded<int64_t>(record), kStream);
-  gather_rows(w.table, work_.table_rows, rows * c_.ngram_heads(), 1, work_.embedding, kStream);
-  linear(w.key_proj, work_.embedding, rows, work_.ple_keys, kStream);
-  linear(w.value_proj, work_.embedding, rows, work_.ple_value, kStream);
-  rms_norm(work_.ple_keys, sh, h, rows, s, h, w.norm_key, h, eps, work_.ple_keys, kStream);
-  rms_norm(stack, sh, h, rows, s, h, w.norm_query, h, eps, work_.ple_query, kStream);
-  ple_gate(work_.ple_keys, work_.ple_query, work_.ple_value, rows, s, h, work_.ple_out, kStream);
-  rms_norm(work_.ple_out, sh, h, rows, s, h, w.norm_conv, h, eps, work_.ple_normed, kStream);
+                 rows, work_.table_rows, state.ple_previous.recorded<int64_t>(record), stream_);
+  gather_rows(w.table, work_.table_rows, rows * c_.ngram_heads(), 1, work_.embedding, stream_);
+  linear(w.key_proj, work_.embedding, rows, work_.ple_keys, stream_);
+  linear(w.value_proj, work_.embedding, rows, work_.ple_value, stream_);
+  ple_mix(work_.ple_keys, stack, work_.ple_value, {w.norm_key, w.norm_query, w.norm_conv, c_.rms_norm_eps}, rows, s, h,
+          work_.ple_out, work_.ple_normed, stream_);
   ple_conv(w.conv, sh, c_.ple_conv_kernel_size, c_.ngram_size, state.ple_conv.state<float>(), work_.ple_normed, rows,
-           work_.ple_out, state.ple_conv.recorded<float>(record), kStream);
-  add(stack, work_.ple_out, int64_t(rows) * sh, kStream);
+           work_.ple_out, stack, state.ple_conv.recorded<float>(record), stream_);
 }
 
 void CudaSequence::logits_from_stacks(const DeviceGatedResidual& mixer, const float* stacks, int rows) {
-  hyper_read(mixer, stacks, rows, work_.hidden, nullptr);
-  linear(model_->lm_head, work_.hidden, rows, work_.logits, kStream);
+  hyper_read(mixer, stacks, rows, work_.hidden, false);
+  linear(model_->lm_head, work_.hidden, rows, work_.logits, stream_);
 }
 
 }  // namespace

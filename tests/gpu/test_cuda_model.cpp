@@ -2,7 +2,10 @@
 // machine by tests/gpu/run_gpu_tests.sh).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -143,6 +146,80 @@ TEST_P(GpuModel, SpeculativeEqualsPlainGreedy) {
           EXPECT_GT(spec_stats.mean_accepted(), 0.5) << "drafts " << drafts;
         }
       }
+}
+
+// Every backend call of a run of decode steps that crosses the attention caches' first growth (1024 positions), with
+// CUDA graphs (captured per step shape, re-captured after the growth) and without (VAVILOV_CUDA_GRAPH=0): trunk
+// passes of 1–4 recorded rows with logits and stacks, rollback, the head over the kept rows, its logits and a chained
+// draft. The same kernels run either way, so every output must be bit-identical.
+std::vector<float> decode_run_outputs(const Model& model, const SequenceFactory& factory, bool graphs) {
+  if (graphs)
+    unsetenv("VAVILOV_CUDA_GRAPH");
+  else
+    setenv("VAVILOV_CUDA_GRAPH", "0", 1);
+  auto sequence = factory();
+  unsetenv("VAVILOV_CUDA_GRAPH");
+  const ModelConfig& c = model.config;
+  const size_t vocab = size_t(c.vocab_size), sh = size_t(c.hc_hidden());
+  uint64_t state = 7;
+  auto random_ids = [&](size_t n) {
+    std::vector<int32_t> ids(n);
+    for (int32_t& id : ids) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      id = int32_t((state >> 33) % vocab);
+    }
+    return ids;
+  };
+  std::vector<float> outputs;
+  auto keep = [&](const std::vector<float>& values) { outputs.insert(outputs.end(), values.begin(), values.end()); };
+  constexpr size_t kPrompt = 1010, kEnd = 1040;
+  const std::vector<int32_t> prompt = random_ids(kPrompt);
+  std::vector<float> logits(vocab), stacks(kPrompt * sh);
+  sequence->forward(prompt, {false, logits.data(), stacks.data(), false});
+  keep(logits);
+  if (model.mtp) {
+    std::vector<float> head(sh);
+    std::vector<int32_t> next(prompt.begin() + 1, prompt.end());
+    next.push_back(prompt.front());
+    sequence->mtp_forward(stacks.data(), next, head.data(), MtpRows::Last);
+    keep(head);
+  }
+  for (int step = 0; sequence->position() < int64_t(kEnd); ++step) {
+    const int64_t rows = 1 + step % 4, kept = 1 + (step / 4) % rows, first = sequence->position();
+    const std::vector<int32_t> ids = random_ids(size_t(rows));
+    std::vector<float> step_logits(size_t(rows) * vocab), step_stacks(size_t(rows) * sh);
+    sequence->forward(ids, {true, step_logits.data(), step_stacks.data(), true});
+    keep(step_logits);
+    keep(step_stacks);
+    sequence->keep_rows(first, kept);
+    if (!model.mtp) continue;
+    sequence->truncate_head(first);
+    const std::vector<int32_t> next = random_ids(size_t(kept));
+    std::vector<float> head(size_t(kept) * sh), head_logits(size_t(kept) * vocab), chained(sh);
+    sequence->mtp_forward(step_stacks.data(), next, head.data(), MtpRows::All);
+    sequence->mtp_logits(head.data(), kept, head_logits.data());
+    sequence->mtp_forward(head.data() + (kept - 1) * int64_t(sh), std::span<const int32_t>(&next.back(), 1),
+                          chained.data(), MtpRows::Last);
+    sequence->mtp_logits(chained.data(), 1, logits.data());
+    sequence->truncate_head(first + kept);
+    for (const auto* values : {&head, &head_logits, &chained, &logits}) keep(*values);
+  }
+  return outputs;
+}
+
+TEST_P(GpuModel, GraphReplayEqualsEagerAcrossCacheGrowth) {
+  test::ReferenceFixture fixture(GetParam());
+  auto model = load_model(fixture.dir.string());
+  const auto& kinds = model->config.layer_kinds;
+  if (std::find(kinds.begin(), kinds.end(), LayerKind::SparseAttention) == kinds.end())
+    GTEST_SKIP() << "no attention layer in this fixture";
+  auto factory = cuda::sequence_factory(*model);
+  const std::vector<float> graphs = decode_run_outputs(*model, factory, true);
+  const std::vector<float> eager = decode_run_outputs(*model, factory, false);
+  ASSERT_EQ(graphs.size(), eager.size());
+  size_t differing = 0;
+  for (size_t i = 0; i < graphs.size(); ++i) differing += std::memcmp(&graphs[i], &eager[i], sizeof(float)) != 0;
+  EXPECT_EQ(differing, 0u) << "of " << graphs.size() << " output values";
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuModel, ::testing::ValuesIn(test::model_fixture_dirs()),

@@ -1,0 +1,67 @@
+#pragma once
+// Sparse (QSA) attention on the GPU (src/cpu/attention.cpp): the layer's inputs normalised, rotated and written into
+// the caches in one launch, block keys pooled from the index keys, per-row block selection by the indexer, gated
+// attention over the selected tokens. The position of the pass's first row is read from device memory and every grid
+// is sized by a bound the host passes (the cache capacity in a captured step), so one CUDA graph serves every
+// position up to that bound.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace vavilov::cuda {
+
+struct AttentionShape {
+  int heads, kv_heads, head_dim;
+  int index_heads, index_dim, ratio, keep_blocks;
+};
+
+// The raw projections of a pass's rows and the weights that turn them into attention inputs.
+struct AttentionInputs {
+  const float* q;         // [rows, heads, 2·head_dim]: each head's query, then its gate
+  const float *k, *v;     // [rows, kv_heads·head_dim]
+  const float* index_qk;  // [rows, (index_heads + 1)·index_dim]: the index queries, then the index key
+  const float *q_norm, *k_norm, *index_q_norm;
+  const float* inv_freq;  // RoPE [rotary_dim / 2]
+  int rotary_dim;
+  float eps;
+};
+
+// One layer's caches, indexed by position.
+struct AttentionCaches {
+  float *keys, *values;  // [capacity, kv_heads, head_dim]
+  float* index_keys;     // [capacity, index_dim]
+  float* block_keys;     // [capacity / ratio + 1, index_dim]
+};
+
+// Row r at position *first_position + r: queries [rows, heads, head_dim] and index_queries [rows, index_heads,
+// index_dim] = RoPE(zero-centred RMSNorm(·)); the key likewise, the value and the raw index key stored into the caches
+// at the row's position.
+void attention_inputs(const AttentionShape& shape, const AttentionInputs& in, int rows, const int64_t* first_position,
+                      float* queries, float* index_queries, const AttentionCaches& caches, cudaStream_t stream);
+
+// Pooled block keys of the blocks that the pass's rows complete: mean of `ratio` raw index keys, zero-centred
+// RMSNorm, RoPE at the block's first position.
+void pool_block_keys(const AttentionShape& shape, int rows, const int64_t* first_position, const float* norm_weight,
+                     float eps, const float* inv_freq, int rotary_dim, const AttentionCaches& caches,
+                     cudaStream_t stream);
+
+// Grid bound and scratch strides of a pass: every row sees fewer than launch_tokens positions (launch_tokens ≤
+// max_tokens); scratch rows hold max_tokens weights and max_tokens / ratio + 1 block scores.
+struct AttentionBounds {
+  int launch_tokens, max_tokens;
+  int stride_blocks(int ratio) const { return max_tokens / ratio + 1; }
+};
+
+// For each row: selected[r, b] = 1 for the blocks its indexer keeps (all when there are at most keep_blocks; else
+// the top keep_blocks by score, ties to the lower index). scores: scratch [rows, stride_blocks].
+void qsa_select(const AttentionShape& shape, const float* index_queries, const float* block_keys, int rows,
+                const int64_t* first_position, const AttentionBounds& bounds, float* scores, uint8_t* selected,
+                cudaStream_t stream);
+
+// Gated attention of every row over its selected tokens; queries [rows, heads, hd], gates at q_gate + (r·heads +
+// h)·2hd, out [rows, heads·hd]. weights: scratch [rows, heads, max_tokens].
+void sparse_attention(const AttentionShape& shape, const float* queries, const float* q_gate, const float* keys,
+                      const float* values, const uint8_t* selected, int rows, const int64_t* first_position,
+                      const AttentionBounds& bounds, float* weights, float* out, cudaStream_t stream);
+
+}  // namespace vavilov::cuda
