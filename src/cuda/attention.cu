@@ -123,29 +123,45 @@ __global__ void qsa_rank_kernel(AttentionShape s, const int64_t* first_position,
   selected[size_t(r) * stride_blocks + b] = rank < s.keep_blocks;
 }
 
-__global__ void attention_scores_kernel(AttentionShape s, const float* queries, const float* keys,
-                                        const uint8_t* selected, const int64_t* first_position, int stride_blocks,
-                                        int max_tokens, float* weights) {
+// Block (x, row·head) scores positions [64x, 64x + 64), a warp each position of a stride of 8: a captured step
+// launches for the whole cache capacity, so a block does several positions rather than most blocks exiting at once.
+constexpr int kScoreWarps = 8;
+constexpr int kScoresPerBlock = 64;
+
+__global__ void __launch_bounds__(kScoreWarps * 32)
+    attention_scores_kernel(AttentionShape s, const float* queries, const float* keys, const uint8_t* selected,
+                            const int64_t* first_position, int stride_blocks, int max_tokens, float* weights) {
   const int rh = blockIdx.y, r = rh / s.heads, h = rh % s.heads, lane = threadIdx.x % 32;
-  const int64_t p = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int64_t visible = *first_position + r + 1, blocks = visible / s.ratio;
-  if (p >= visible) return;
+  const int64_t begin = int64_t(blockIdx.x) * kScoresPerBlock, end = min(begin + kScoresPerBlock, visible);
   const int kv = h / (s.heads / s.kv_heads);
-  const bool chosen = p >= blocks * s.ratio || selected[size_t(r) * stride_blocks + p / s.ratio];
-  float score = -INFINITY;
-  if (chosen) {
-    const float* q = queries + size_t(rh) * s.head_dim;
-    const float* key = keys + (size_t(p) * s.kv_heads + kv) * s.head_dim;
-    float dot = 0.0f;
-    for (int d = lane; d < s.head_dim; d += 32) dot += q[d] * key[d];
-    score = warp_sum(dot) / sqrtf(float(s.head_dim));
+  const float* q = queries + size_t(rh) * s.head_dim;
+  for (int64_t p = begin + threadIdx.x / 32; p < end; p += kScoreWarps) {
+    const bool chosen = p >= blocks * s.ratio || selected[size_t(r) * stride_blocks + p / s.ratio];
+    float score = -INFINITY;
+    if (chosen) {
+      const float* key = keys + (size_t(p) * s.kv_heads + kv) * s.head_dim;
+      float dot = 0.0f;
+      for (int d = lane; d < s.head_dim; d += 32) dot += q[d] * key[d];
+      score = warp_sum(dot) / sqrtf(float(s.head_dim));
+    }
+    if (lane == 0) weights[size_t(rh) * max_tokens + p] = score;
   }
-  if (lane == 0) weights[size_t(rh) * max_tokens + p] = score;
 }
 
-__global__ void attention_values_kernel(AttentionShape s, const float* q_gate, const float* values,
-                                        const int64_t* first_position, int max_tokens, float* weights, float* out) {
-  const int rh = blockIdx.x, r = rh / s.heads, h = rh % s.heads;
+// Block (row, head): the softmax over the row's visible scores in place, then the weighted sum of the values with
+// positions spread over the warps (lane-contiguous columns: coalesced reads of each value row) and the warps'
+// partial sums added in shared memory. A warp per position stride keeps many value rows in flight; a thread per
+// column walking every position did one dependent load after another (17 µs for 70 positions on an H200).
+constexpr int kValueWarps = 8;
+constexpr int kValuesPerLane = 8;  // columns a lane accumulates per pass over the positions (256 per warp)
+
+__global__ void __launch_bounds__(kValueWarps * 32)
+    attention_values_kernel(AttentionShape s, const float* q_gate, const float* values, const int64_t* first_position,
+                            int max_tokens, float* weights, float* out) {
+  extern __shared__ float partial[];  // [kValueWarps, head_dim]
+  const int rh = blockIdx.x, r = rh / s.heads, h = rh % s.heads, hd = s.head_dim;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t visible = *first_position + r + 1;
   const int kv = h / (s.heads / s.kv_heads);
   float* w = weights + size_t(rh) * max_tokens;
@@ -155,11 +171,25 @@ __global__ void attention_values_kernel(AttentionShape s, const float* q_gate, c
   float sum = 0.0f;
   for (int64_t p = threadIdx.x; p < visible; p += blockDim.x) sum += (w[p] = expf(w[p] - peak));
   sum = block_sum(sum);  // its barriers also publish the weights to the whole block
-  const float* gate = q_gate + size_t(rh) * 2 * s.head_dim;
-  for (int d = threadIdx.x; d < s.head_dim; d += blockDim.x) {
+  for (int first_column = 0; first_column < hd; first_column += 32 * kValuesPerLane) {
+    float acc[kValuesPerLane] = {};
+    for (int64_t p = warp; p < visible; p += kValueWarps) {
+      const float weight = w[p];
+      const float* row = values + (size_t(p) * s.kv_heads + kv) * hd + first_column + lane;
+#pragma unroll
+      for (int i = 0; i < kValuesPerLane; ++i)
+        if (first_column + lane + 32 * i < hd) acc[i] += weight * row[32 * i];
+    }
+#pragma unroll
+    for (int i = 0; i < kValuesPerLane; ++i)
+      if (first_column + lane + 32 * i < hd) partial[warp * hd + first_column + lane + 32 * i] = acc[i];
+  }
+  __syncthreads();
+  const float* gate = q_gate + size_t(rh) * 2 * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float acc = 0.0f;
-    for (int64_t p = 0; p < visible; ++p) acc += w[p] * values[(size_t(p) * s.kv_heads + kv) * s.head_dim + d];
-    out[size_t(rh) * s.head_dim + d] = acc / sum * sigmoid(gate[d]);
+    for (int k = 0; k < kValueWarps; ++k) acc += partial[k * hd + d];
+    out[size_t(rh) * hd + d] = acc / sum * sigmoid(gate[d]);
   }
 }
 
@@ -198,10 +228,12 @@ void sparse_attention(const AttentionShape& s, const float* queries, const float
                       const float* values, const uint8_t* selected, int rows, const int64_t* first_position,
                       const AttentionBounds& bounds, float* weights, float* out, cudaStream_t stream) {
   if (rows == 0) return;
-  attention_scores_kernel<<<dim3((bounds.launch_tokens + 7) / 8, rows * s.heads), 256, 0, stream>>>(
+  const int score_blocks = (bounds.launch_tokens + kScoresPerBlock - 1) / kScoresPerBlock;
+  attention_scores_kernel<<<dim3(unsigned(score_blocks), unsigned(rows * s.heads)), kScoreWarps * 32, 0, stream>>>(
       s, queries, keys, selected, first_position, bounds.stride_blocks(s.ratio), bounds.max_tokens, weights);
-  attention_values_kernel<<<rows * s.heads, 256, 0, stream>>>(s, q_gate, values, first_position, bounds.max_tokens,
-                                                              weights, out);
+  const size_t partial_bytes = size_t(kValueWarps) * size_t(s.head_dim) * sizeof(float);
+  attention_values_kernel<<<rows * s.heads, kValueWarps * 32, partial_bytes, stream>>>(
+      s, q_gate, values, first_position, bounds.max_tokens, weights, out);
 }
 
 }  // namespace vavilov::cuda

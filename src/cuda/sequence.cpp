@@ -271,7 +271,7 @@ class CudaSequence final : public SequenceBackend {
       const int count = int(std::min<int64_t>(kChunkRows, rows - begin));
       runner_.upload(work_.stack, head_stacks + begin * sh, size_t(count * sh) * 4);
       run_pass({kHeadLogits, count, false, count},
-               [&] { logits_from_stacks(model_->mtp->final_mixer, work_.stack, count); });
+               [&] { logits_from_stacks(model_->mtp->final_mixer, work_.stack, count, false); });
       runner_.download(logits + begin * vocab, work_.logits, size_t(count * vocab) * 4);
       runner_.finish();
     }
@@ -306,7 +306,7 @@ class CudaSequence final : public SequenceBackend {
   void attention(const DeviceAttention& w, LayerState& state, int64_t first, int rows);
   void moe(const DeviceMoe& w, int rows);
   void ple(const DevicePle& w, LayerState& state, int rows, bool record, float* stack);
-  void logits_from_stacks(const DeviceGatedResidual& mixer, const float* stacks, int rows);
+  void logits_from_stacks(const DeviceGatedResidual& mixer, const float* stacks, int rows, bool normed);
   void reserve_trunk(int64_t tokens);
   void reserve_attention(AttentionCache& cache, int64_t tokens);
 
@@ -324,16 +324,19 @@ class CudaSequence final : public SequenceBackend {
 
 void CudaSequence::trunk_pass(int rows, bool record, int logit_rows) {
   gather_rows(model_->embed, work_.ids, rows, c_.hc_count, work_.stack, stream_);
-  bool normed = false;  // whether the previous layer's last write already normalised the stack for this one
+  // Each layer's last write normalises the stack for the next read: the next layer's attention read (not when it has
+  // PLE, which reads the raw stack first), or after the last layer the final mixer's when it reads every row.
+  const float* final_norm = logit_rows == rows ? model_->final_mixer.norm : nullptr;
+  bool normed = false;
   for (size_t i = 0; i < layers_.size(); ++i) {
     const DeviceLayer* next = i + 1 < layers_.size() ? &model_->layers[i + 1] : nullptr;
-    const float* next_norm = next && !next->ple ? next->attn_hc.norm : nullptr;  // PLE reads the raw stack first
+    const float* next_norm = next ? (next->ple ? nullptr : next->attn_hc.norm) : final_norm;
     run_layer(model_->layers[i], layers_[i], position_, rows, record, work_.stack, normed, next_norm);
     normed = next_norm != nullptr;
   }
   if (logit_rows)
     logits_from_stacks(model_->final_mixer, work_.stack + size_t(rows - logit_rows) * size_t(c_.hc_hidden()),
-                       logit_rows);
+                       logit_rows, normed);
 }
 
 // e = fc_embedding · RMS0(embed[next]);  R'[s] = fc_hidden · RMS0(R)[s] + e; then the head's layer. The stacks R
@@ -351,8 +354,8 @@ void CudaSequence::head_pass(int rows) {
   run_layer(m.layer, mtp_state_, mtp_position_, rows, false, work_.stack, false, nullptr);
 }
 
-// normed: work_.normed already holds the attention read's norm of the stack. next_norm: the norm weight of the next
-// layer's attention read, which this layer's last write then applies (into work_.normed).
+// normed: work_.normed already holds the attention read's norm of the stack. next_norm: the norm weight of the read
+// after this layer, which its last write then applies (into work_.normed).
 void CudaSequence::run_layer(const DeviceLayer& w, LayerState& state, int64_t first, int rows, bool record,
                              float* stack, bool normed, const float* next_norm) {
   const int s = c_.hc_count, h = int(c_.hidden_size);
@@ -507,8 +510,9 @@ void CudaSequence::ple(const DevicePle& w, LayerState& state, int rows, bool rec
            work_.ple_out, stack, state.ple_conv.recorded<float>(record), stream_);
 }
 
-void CudaSequence::logits_from_stacks(const DeviceGatedResidual& mixer, const float* stacks, int rows) {
-  hyper_read(mixer, stacks, rows, work_.hidden, false);
+// normed: work_.normed already holds the mixer's norm of `stacks`.
+void CudaSequence::logits_from_stacks(const DeviceGatedResidual& mixer, const float* stacks, int rows, bool normed) {
+  hyper_read(mixer, stacks, rows, work_.hidden, normed);
   linear(model_->lm_head, work_.hidden, rows, work_.logits, stream_);
 }
 
