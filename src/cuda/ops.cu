@@ -1,4 +1,3 @@
-#include <algorithm>
 #include <cmath>
 
 #include "cuda/device_math.cuh"
