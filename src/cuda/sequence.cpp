@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "cuda/backend.h"
 #include "cuda/device_model.h"
+#include "cuda/expert_prefill.cuh"
 #include "cuda/linear.cuh"
 #include "cuda/ops.cuh"
 
@@ -18,8 +19,13 @@ int device_count() {
 
 namespace {
 
-constexpr int kChunkRows = 64;    // rows per pass through the layers (longer inputs run in chunks)
-constexpr int kRecordedRows = 4;  // rows whose recurrent state a pass can record for rollback
+// Rows per pass through the layers; longer inputs run in chunks. 512 rows give the prefill GEMMs (gemm.cuh) enough
+// rows per routed expert (512·k / experts ≈ 10 at Flash-Next's geometry) to be worth a tensor-core tile.
+constexpr int kChunkRows = 512;
+constexpr int kLogitRows = 64;      // rows per lm_head product when every row's logits are wanted (bounds the logits)
+constexpr int kAttentionRows = 64;  // rows per attention pass (bounds the scratch of scores: rows × heads × context)
+constexpr int kRecordedRows = 4;    // rows whose recurrent state a pass can record for rollback
+constexpr int kMaxDecodeRows = 4;   // passes of more rows take the prefill branches (grouped expert GEMMs)
 constexpr cudaStream_t kStream = nullptr;
 
 // Scratch buffers of one pass of up to kChunkRows rows. Sized from the config; the attention scratch grows with the
@@ -32,6 +38,9 @@ struct Workspace {
   float *q, *k, *v, *index_qk, *queries, *index_queries, *attended;
   float *router, *route_weights, *shared_gate_up, *shared_up, *shared_scale, *expert_gate, *expert_up, *expert_out;
   int* route_ids;
+  // Prefill: slots grouped by expert (expert_prefill.cuh) and the grouped rows (gathered input, then down output).
+  int *expert_counts, *expert_offsets, *expert_order, *expert_position;
+  float* grouped_rows;
   int64_t* table_rows;
   float *embedding, *ple_keys, *ple_value, *ple_query, *ple_out, *ple_normed;
   float *logits, *mtp_row, *mtp_normed, *mtp_embedded;
@@ -95,11 +104,16 @@ void make_workspace(const ModelConfig& c, Workspace& w) {
   l.add(w.expert_gate, r * k * size_t(c.moe_intermediate_size));
   l.add(w.expert_up, r * k * size_t(c.moe_intermediate_size));
   l.add(w.expert_out, r * k * h);
+  l.add(w.expert_counts, size_t(c.num_experts));
+  l.add(w.expert_offsets, size_t(c.num_experts));
+  l.add(w.expert_order, r * k);
+  l.add(w.expert_position, r * k);
+  l.add(w.grouped_rows, r * k * h);
   l.add(w.table_rows, r * size_t(c.ngram_heads()));
   l.add(w.embedding, r * size_t(c.ple_embed_dim));
   for (float** buffer : {&w.ple_keys, &w.ple_query, &w.ple_out, &w.ple_normed}) l.add(*buffer, r * sh);
   l.add(w.ple_value, r * h);
-  l.add(w.logits, r * size_t(c.vocab_size));
+  l.add(w.logits, size_t(kLogitRows) * size_t(c.vocab_size));
   w.memory = l.allocate("workspace");
 }
 
@@ -193,10 +207,15 @@ class CudaSequence final : public SequenceBackend {
       for (int i = 0; i < c_.num_layers; ++i)
         run_layer(model_->layers[size_t(i)], layers_[size_t(i)], position_, rows, out.record_rows, work_.stack);
       if (out.stacks) download(out.stacks + begin * sh, work_.stack, size_t(rows) * size_t(sh));
-      if (out.logits && (out.all_rows || last)) {
-        const int logit_rows = out.all_rows ? rows : 1;
-        logits_from_stacks(model_->final_mixer, work_.stack + size_t(rows - logit_rows) * size_t(sh), logit_rows);
-        download(out.logits + (out.all_rows ? begin * vocab : 0), work_.logits, size_t(logit_rows) * size_t(vocab));
+      if (out.logits && out.all_rows) {
+        for (int first = 0; first < rows; first += kLogitRows) {
+          const int count = std::min(kLogitRows, rows - first);
+          logits_from_stacks(model_->final_mixer, work_.stack + size_t(first) * size_t(sh), count);
+          download(out.logits + (begin + first) * vocab, work_.logits, size_t(count) * size_t(vocab));
+        }
+      } else if (out.logits && last) {
+        logits_from_stacks(model_->final_mixer, work_.stack + size_t(rows - 1) * size_t(sh), 1);
+        download(out.logits, work_.logits, size_t(vocab));
       }
       position_ += rows;
     }
@@ -247,8 +266,8 @@ class CudaSequence final : public SequenceBackend {
   void mtp_logits(const float* head_stacks, int64_t rows, float* logits) override {
     check(model_->mtp.has_value(), "{}: the checkpoint has no MTP head (mtp.* tensors)", model_->name);
     const int64_t sh = c_.hc_hidden(), vocab = c_.vocab_size;
-    for (int64_t begin = 0; begin < rows; begin += kChunkRows) {
-      const int count = int(std::min<int64_t>(kChunkRows, rows - begin));
+    for (int64_t begin = 0; begin < rows; begin += kLogitRows) {
+      const int count = int(std::min<int64_t>(kLogitRows, rows - begin));
       upload(work_.stack, head_stacks + begin * sh, size_t(count) * size_t(sh));
       logits_from_stacks(model_->mtp->final_mixer, work_.stack, count);
       download(logits + begin * vocab, work_.logits, size_t(count) * size_t(vocab));
@@ -276,6 +295,7 @@ class CudaSequence final : public SequenceBackend {
   void gated_deltanet(const DeviceGatedDeltaNet& w, LayerState& state, int rows, bool record);
   void attention(const DeviceAttention& w, LayerState& state, int64_t first, int rows);
   void moe(const DeviceMoe& w, int rows);
+  void moe_prefill(const DeviceMoe& w, int rows);
   void ple(const DevicePle& w, LayerState& state, int rows, bool record, float* stack);
   void logits_from_stacks(const DeviceGatedResidual& mixer, const float* stacks, int rows);
   void reserve_attention(AttentionCache& cache, int64_t tokens);
@@ -300,7 +320,10 @@ void CudaSequence::run_layer(const DeviceLayer& w, LayerState& state, int64_t fi
     attention(w.attn, state, first, rows);
   hc_write(work_.inject, work_.output, rows, s, h, stack, kStream);
   hyper_read(w.mlp_hc, stack, rows, work_.input, work_.inject);
-  moe(w.moe, rows);
+  if (rows > kMaxDecodeRows)
+    moe_prefill(w.moe, rows);
+  else
+    moe(w.moe, rows);
   hc_write(work_.inject, work_.output, rows, s, h, stack, kStream);
 }
 
@@ -357,9 +380,9 @@ void CudaSequence::reserve_attention(AttentionCache& cache, int64_t tokens) {
     const int64_t capacity = std::max<int64_t>({tokens, 2 * work_.tokens, 1024});
     const size_t blocks = size_t(capacity / c_.indexer_compress_ratio + 1);
     Layout l;
-    l.add(work_.block_scores, kChunkRows * blocks);
-    l.add(work_.selected, kChunkRows * blocks);
-    l.add(work_.attention_weights, size_t(kChunkRows) * size_t(c_.num_attention_heads) * size_t(capacity));
+    l.add(work_.block_scores, kAttentionRows * blocks);
+    l.add(work_.selected, kAttentionRows * blocks);
+    l.add(work_.attention_weights, size_t(kAttentionRows) * size_t(c_.num_attention_heads) * size_t(capacity));
     work_.attention_memory = l.allocate("attention scratch");
     work_.tokens = capacity;
   }
@@ -396,11 +419,18 @@ void CudaSequence::attention(const DeviceAttention& w, LayerState& state, int64_
                   c_.rotary_dim, ptr<float>(cache.block_keys), kStream);
 
   const AttentionShape shape{heads, kv_heads, hd, index_heads, ihd, ratio, c_.indexer_budget / ratio};
-  const int max_blocks = int(end / ratio), max_tokens = int(end);
-  qsa_select(shape, work_.index_queries, ptr<float>(cache.block_keys), rows, first, max_blocks, work_.block_scores,
-             work_.selected, kStream);
-  sparse_attention(shape, work_.queries, work_.q + hd, ptr<float>(cache.keys), ptr<float>(cache.values), work_.selected,
-                   rows, first, max_blocks, max_tokens, work_.attention_weights, work_.attended, kStream);
+  // Every row's keys are in the cache by now; rows attend (causally) in passes of kAttentionRows to bound the scratch.
+  for (int pass = 0; pass < rows; pass += kAttentionRows) {
+    const int count = std::min(kAttentionRows, rows - pass);
+    const int64_t at = first + pass, pass_end = at + count;
+    const int max_blocks = int(pass_end / ratio), max_tokens = int(pass_end);
+    qsa_select(shape, work_.index_queries + size_t(pass) * size_t(index_heads) * size_t(ihd),
+               ptr<float>(cache.block_keys), count, at, max_blocks, work_.block_scores, work_.selected, kStream);
+    sparse_attention(shape, work_.queries + size_t(pass) * size_t(heads) * size_t(hd),
+                     work_.q + hd + size_t(pass) * size_t(heads) * 2 * size_t(hd), ptr<float>(cache.keys),
+                     ptr<float>(cache.values), work_.selected, count, at, max_blocks, max_tokens,
+                     work_.attention_weights, work_.attended + size_t(pass) * size_t(heads) * size_t(hd), kStream);
+  }
   linear(w.o, work_.attended, rows, work_.output, kStream);
 }
 
@@ -422,6 +452,38 @@ void CudaSequence::moe(const DeviceMoe& w, int rows) {
   swiglu(work_.expert_gate, work_.expert_up, int64_t(slots) * inner, kStream);
   expert_linear(w.expert_down, w.down_format, h, inner, work_.route_ids, slots, work_.expert_gate, 1, work_.expert_out,
                 kStream);
+  moe_combine(work_.output, work_.shared_scale, work_.route_weights, work_.expert_out, rows, k, h, kStream);
+}
+
+// Prefill chunks: the routed experts' (row, slot) pairs grouped by expert id on the device, one GEMM per active expert
+// (grouped cuBLAS calls, gemm.cuh) for gate, up and down, the results scattered back to slot order for the combine.
+// The per-expert counts come to the host once per layer (the GEMM sizes); decode never takes this path.
+void CudaSequence::moe_prefill(const DeviceMoe& w, int rows) {
+  const int h = int(c_.hidden_size), k = c_.num_experts_per_tok, inner = int(c_.moe_intermediate_size);
+  const int64_t shared_inner = c_.shared_expert_intermediate_size;
+  linear(w.router, work_.input, rows, work_.router, kStream);
+  moe_route(work_.router, rows, c_.num_experts, k, c_.norm_topk_prob, work_.route_ids, work_.route_weights, kStream);
+  linear(w.shared.gate, work_.input, rows, work_.shared_gate_up, kStream);
+  linear(w.shared.up, work_.input, rows, work_.shared_up, kStream);
+  swiglu(work_.shared_gate_up, work_.shared_up, rows * shared_inner, kStream);
+  linear(w.shared.down, work_.shared_gate_up, rows, work_.output, kStream);
+  linear(w.shared_gate, work_.input, rows, work_.shared_scale, kStream);
+  const int slots = rows * k;
+  group_by_expert(work_.route_ids, slots, c_.num_experts, work_.expert_counts, work_.expert_offsets, work_.expert_order,
+                  work_.expert_position, kStream);
+  std::vector<ExpertGroup> groups;
+  cuda_check(active_experts(work_.expert_counts, c_.num_experts, groups, kStream), "expert counts");
+  gather_grouped_rows(work_.input, work_.expert_order, slots, k, h, work_.grouped_rows, kStream);
+  const bool done = grouped_expert_gemm(w.expert_gate, w.gate_up_format, inner, h, groups, work_.grouped_rows,
+                                        work_.expert_gate, kStream) &&
+                    grouped_expert_gemm(w.expert_up, w.gate_up_format, inner, h, groups, work_.grouped_rows,
+                                        work_.expert_up, kStream);
+  check(done, "routed experts: the grouped cuBLAS products failed");
+  swiglu(work_.expert_gate, work_.expert_up, int64_t(slots) * inner, kStream);
+  check(grouped_expert_gemm(w.expert_down, w.down_format, h, inner, groups, work_.expert_gate, work_.grouped_rows,
+                            kStream),
+        "routed experts: the grouped cuBLAS products failed");
+  scatter_grouped_rows(work_.grouped_rows, work_.expert_position, slots, h, work_.expert_out, kStream);
   moe_combine(work_.output, work_.shared_scale, work_.route_weights, work_.expert_out, rows, k, h, kStream);
 }
 
