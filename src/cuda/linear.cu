@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "cuda/gemm.cuh"
 #include "cuda/gemv.cuh"
 #include "cuda/linear.cuh"
 
@@ -290,6 +291,7 @@ bool gemv_fast_path(const DeviceMatrix& w, const float* x, int x_rows, float* y,
 
 void linear(const DeviceMatrix& w, const float* x, int x_rows, float* y, cudaStream_t stream) {
   if (x_rows == 0 || w.rows == 0) return;
+  if (x_rows > kRowsPerPass && gemm_linear(w, x, x_rows, y, stream)) return;  // prefill chunks: cuBLAS (gemm.cuh)
   if (split_k_path(w, x, x_rows, y, stream) || gemv_fast_path(w, x, x_rows, y, stream)) return;
   const dim3 grid((w.rows + kWarps - 1) / kWarps, (x_rows + kRowsPerPass - 1) / kRowsPerPass);
   switch (w.format) {

@@ -11,6 +11,7 @@
 #include "cuda/attention.cuh"
 #include "cuda/backend.h"
 #include "cuda/device_model.h"
+#include "cuda/expert_prefill.cuh"
 #include "cuda/hyper_connection.cuh"
 #include "cuda/linear.cuh"
 #include "cuda/ops.cuh"
@@ -26,8 +27,14 @@ int device_count() {
 
 namespace {
 
-constexpr int kChunkRows = 64;    // rows per pass through the layers (longer inputs run in chunks)
-constexpr int kRecordedRows = 4;  // rows whose recurrent state a pass can record for rollback; graphs up to this many
+// Rows per pass through the layers; longer inputs run in chunks. 512 rows give the prefill GEMMs (gemm.cuh) enough
+// rows per routed expert (512·k / experts ≈ 10 at Flash-Next's geometry) to be worth a tensor-core tile.
+constexpr int kChunkRows = 512;
+constexpr int kLogitRows = 64;      // rows per lm_head product when every row's logits are wanted (bounds the logits)
+constexpr int kAttentionRows = 64;  // rows per attention pass (bounds the scratch of scores: rows × heads × context)
+constexpr int kAttentionPasses = kChunkRows / kAttentionRows;
+constexpr int kRecordedRows = 4;   // rows whose recurrent state a pass can record for rollback; graphs up to this many
+constexpr int kMaxDecodeRows = 4;  // passes of more rows take the prefill branches (grouped expert GEMMs)
 
 // The passes a sequence captures as graphs.
 enum PassKind { kTrunk, kHead, kHeadLogits };
@@ -37,12 +44,15 @@ enum PassKind { kTrunk, kHead, kHeadLogits };
 struct Workspace {
   DeviceAllocation memory;
   int32_t* ids;
-  int64_t* position;  // of the pass's first row
+  int64_t* position;  // [kAttentionPasses]: of each attention pass's first row (the pass's first row at [0])
   float *stack, *normed, *low, *mix, *input, *inject, *output, *hidden;
   float *qkv, *z, *beta, *decay, *core;
   float *q, *k, *v, *index_qk, *queries, *index_queries, *attended;
   float *router, *route_weights, *shared_gate_up, *shared_up, *shared_scale, *expert_gate, *expert_up, *expert_out;
   int* route_ids;
+  // Prefill: slots grouped by expert (expert_prefill.cuh) and the grouped rows (gathered input, then down output).
+  int *expert_counts, *expert_offsets, *expert_order, *expert_position;
+  float* grouped_rows;
   int64_t* table_rows;
   float *embedding, *ple_keys, *ple_value, *ple_out, *ple_normed;
   float *logits, *mtp_row, *mtp_normed, *mtp_embedded;
@@ -81,7 +91,7 @@ void make_workspace(const ModelConfig& c, Workspace& w) {
   const size_t hd = size_t(c.head_dim), ihd = size_t(c.indexer_head_dim);
   Layout l;
   l.add(w.ids, r);
-  l.add(w.position, 1);
+  l.add(w.position, kAttentionPasses);
   for (float** buffer : {&w.stack, &w.normed, &w.mix, &w.mtp_normed}) l.add(*buffer, r * sh);
   l.add(w.low, r * size_t(c.hc_lowrank));
   for (float** buffer : {&w.input, &w.output, &w.hidden, &w.mtp_row, &w.mtp_embedded}) l.add(*buffer, r * h);
@@ -107,11 +117,16 @@ void make_workspace(const ModelConfig& c, Workspace& w) {
   l.add(w.expert_gate, r * k * size_t(c.moe_intermediate_size));
   l.add(w.expert_up, r * k * size_t(c.moe_intermediate_size));
   l.add(w.expert_out, r * k * h);
+  l.add(w.expert_counts, size_t(c.num_experts));
+  l.add(w.expert_offsets, size_t(c.num_experts));
+  l.add(w.expert_order, r * k);
+  l.add(w.expert_position, r * k);
+  l.add(w.grouped_rows, r * k * h);
   l.add(w.table_rows, r * size_t(c.ngram_heads()));
   l.add(w.embedding, r * size_t(c.ple_embed_dim));
   for (float** buffer : {&w.ple_keys, &w.ple_out, &w.ple_normed}) l.add(*buffer, r * sh);
   l.add(w.ple_value, r * h);
-  l.add(w.logits, r * size_t(c.vocab_size));
+  l.add(w.logits, size_t(kLogitRows) * size_t(c.vocab_size));
   w.memory = l.allocate("workspace");
 }
 
@@ -180,7 +195,7 @@ LayerState new_layer_state(const ModelConfig& c, LayerKind kind, bool has_ple) {
 // Pinned staging for one call's host inputs (ids, position, up to kRecordedRows MTP stacks) and outputs (logits and
 // stacks of up to kRecordedRows rows); larger transfers go straight from and to pageable memory.
 size_t staged_input_bytes(const ModelConfig& c) {
-  return size_t(kChunkRows) * 4 + 8 + size_t(kRecordedRows) * size_t(c.hc_hidden()) * 4 + 3 * 64;
+  return size_t(kChunkRows) * 4 + kAttentionPasses * 8 + size_t(kRecordedRows) * size_t(c.hc_hidden()) * 4 + 3 * 64;
 }
 size_t staged_output_bytes(const ModelConfig& c) {
   return size_t(kRecordedRows) * size_t(c.vocab_size + c.hc_hidden()) * 4 + 2 * 64;
@@ -216,13 +231,21 @@ class CudaSequence final : public SequenceBackend {
     for (int64_t begin = 0; begin < n; begin += kChunkRows) {
       const int rows = int(std::min<int64_t>(kChunkRows, n - begin));
       const bool last = begin + rows == n;
-      const int logit_rows = !out.logits || !(out.all_rows || last) ? 0 : out.all_rows ? rows : 1;
+      // Every row's logits (prompt scoring) come in kLogitRows-row products after the pass; otherwise the pass
+      // computes the ones wanted itself.
+      const bool logits_after = out.logits && out.all_rows && rows > kLogitRows;
+      const int logit_rows = !out.logits || logits_after || !(out.all_rows || last) ? 0 : out.all_rows ? rows : 1;
       reserve_trunk(position_ + rows);
       stage(ids.subspan(size_t(begin), size_t(rows)), position_);
       run_pass({kTrunk, rows, out.record_rows, logit_rows}, [&] { trunk_pass(rows, out.record_rows, logit_rows); });
       if (out.stacks) runner_.download(out.stacks + begin * sh, work_.stack, size_t(rows * sh) * 4);
       if (logit_rows)
         runner_.download(out.logits + (out.all_rows ? begin * vocab : 0), work_.logits, size_t(logit_rows * vocab) * 4);
+      for (int first = 0; logits_after && first < rows; first += kLogitRows) {
+        const int count = std::min(kLogitRows, rows - first);
+        logits_from_stacks(model_->final_mixer, work_.stack + size_t(first) * size_t(sh), count, false);
+        runner_.download(out.logits + (begin + first) * vocab, work_.logits, size_t(count * vocab) * 4);
+      }
       runner_.finish();
       position_ += rows;
     }
@@ -267,8 +290,8 @@ class CudaSequence final : public SequenceBackend {
   void mtp_logits(const float* head_stacks, int64_t rows, float* logits) override {
     check(model_->mtp.has_value(), "{}: the checkpoint has no MTP head (mtp.* tensors)", model_->name);
     const int64_t sh = c_.hc_hidden(), vocab = c_.vocab_size;
-    for (int64_t begin = 0; begin < rows; begin += kChunkRows) {
-      const int count = int(std::min<int64_t>(kChunkRows, rows - begin));
+    for (int64_t begin = 0; begin < rows; begin += kLogitRows) {
+      const int count = int(std::min<int64_t>(kLogitRows, rows - begin));
       runner_.upload(work_.stack, head_stacks + begin * sh, size_t(count * sh) * 4);
       run_pass({kHeadLogits, count, false, count},
                [&] { logits_from_stacks(model_->mtp->final_mixer, work_.stack, count, false); });
@@ -284,10 +307,14 @@ class CudaSequence final : public SequenceBackend {
   }
 
  private:
-  // A pass's token ids and the position of its first row, to the device ahead of its launches.
+  // A pass's token ids and the first positions of its attention passes (kAttentionRows rows each), to the device
+  // ahead of its launches.
   void stage(std::span<const int32_t> ids, int64_t first) {
     runner_.upload(work_.ids, ids.data(), ids.size() * 4);
-    runner_.upload(work_.position, &first, sizeof first);
+    const int passes = int((ids.size() + kAttentionRows - 1) / kAttentionRows);
+    int64_t firsts[kAttentionPasses];
+    for (int j = 0; j < passes; ++j) firsts[j] = first + int64_t(j) * kAttentionRows;
+    runner_.upload(work_.position, firsts, size_t(passes) * sizeof first);
   }
   // Passes of up to kRecordedRows rows (decode steps, verification, drafts) replay graphs; longer chunks (prefill)
   // launch eagerly.
@@ -305,6 +332,7 @@ class CudaSequence final : public SequenceBackend {
   void gated_deltanet(const DeviceGatedDeltaNet& w, LayerState& state, int rows, bool record);
   void attention(const DeviceAttention& w, LayerState& state, int64_t first, int rows);
   void moe(const DeviceMoe& w, int rows);
+  void moe_prefill(const DeviceMoe& w, int rows);
   void ple(const DevicePle& w, LayerState& state, int rows, bool record, float* stack);
   void logits_from_stacks(const DeviceGatedResidual& mixer, const float* stacks, int rows, bool normed);
   void reserve_trunk(int64_t tokens);
@@ -368,7 +396,10 @@ void CudaSequence::run_layer(const DeviceLayer& w, LayerState& state, int64_t fi
     attention(w.attn, state, first, rows);
   hc_write(work_.inject, work_.output, rows, s, h, stack, w.mlp_hc.norm, eps, work_.normed, stream_);
   hyper_read(w.mlp_hc, stack, rows, work_.input, true);
-  moe(w.moe, rows);
+  if (rows > kMaxDecodeRows)
+    moe_prefill(w.moe, rows);
+  else
+    moe(w.moe, rows);
   hc_write(work_.inject, work_.output, rows, s, h, stack, next_norm, eps, work_.normed, stream_);
 }
 
@@ -435,9 +466,9 @@ void CudaSequence::reserve_attention(AttentionCache& cache, int64_t tokens) {
     const size_t blocks = size_t(capacity / c_.indexer_compress_ratio + 1);
     cuda_check(cudaStreamSynchronize(stream_), "attention scratch");
     Layout l;
-    l.add(work_.block_scores, kChunkRows * blocks);
-    l.add(work_.selected, kChunkRows * blocks);
-    l.add(work_.attention_weights, size_t(kChunkRows) * size_t(c_.num_attention_heads) * size_t(capacity));
+    l.add(work_.block_scores, kAttentionRows * blocks);
+    l.add(work_.selected, kAttentionRows * blocks);
+    l.add(work_.attention_weights, size_t(kAttentionRows) * size_t(c_.num_attention_heads) * size_t(capacity));
     work_.attention_memory = l.allocate("attention scratch");
     work_.tokens = capacity;
     ++generation_;
@@ -464,14 +495,22 @@ void CudaSequence::attention(const DeviceAttention& w, LayerState& state, int64_
   attention_inputs(shape, in, rows, work_.position, work_.queries, work_.index_queries, caches, stream_);
   pool_block_keys(shape, rows, work_.position, w.index_k_norm, c_.rms_norm_eps, model_->inv_freq, c_.rotary_dim, caches,
                   stream_);
-  // A captured pass serves every position up to the capacity, so its grids span it; a longer (eager) chunk's span
-  // its own end.
-  const int64_t span = rows <= kRecordedRows ? std::min(cache.capacity, work_.tokens) : first + rows;
-  const AttentionBounds bounds{int(span), int(work_.tokens)};
-  qsa_select(shape, work_.index_queries, caches.block_keys, rows, work_.position, bounds, work_.block_scores,
-             work_.selected, stream_);
-  sparse_attention(shape, work_.queries, work_.q + c_.head_dim, caches.keys, caches.values, work_.selected, rows,
-                   work_.position, bounds, work_.attention_weights, work_.attended, stream_);
+  // Every row's keys are in the cache by now; rows attend (causally) in passes of kAttentionRows to bound the scratch,
+  // pass j's first position staged at work_.position[j]. A captured pass serves every position up to the capacity,
+  // so its grids span it; a longer (eager) pass's span its own end.
+  const size_t heads = size_t(shape.heads), hd = size_t(shape.head_dim);
+  const size_t index_width = size_t(shape.index_heads) * size_t(shape.index_dim);
+  for (int pass = 0; pass < rows; pass += kAttentionRows) {
+    const int count = std::min(kAttentionRows, rows - pass);
+    const int64_t* at = work_.position + pass / kAttentionRows;
+    const int64_t span = rows <= kRecordedRows ? std::min(cache.capacity, work_.tokens) : first + pass + count;
+    const AttentionBounds bounds{int(span), int(work_.tokens)};
+    qsa_select(shape, work_.index_queries + size_t(pass) * index_width, caches.block_keys, count, at, bounds,
+               work_.block_scores, work_.selected, stream_);
+    sparse_attention(shape, work_.queries + size_t(pass) * heads * hd, work_.q + hd + size_t(pass) * heads * 2 * hd,
+                     caches.keys, caches.values, work_.selected, count, at, bounds, work_.attention_weights,
+                     work_.attended + size_t(pass) * heads * hd, stream_);
+  }
   linear(w.o, work_.attended, rows, work_.output, stream_);
 }
 
@@ -493,6 +532,38 @@ void CudaSequence::moe(const DeviceMoe& w, int rows) {
   swiglu(work_.expert_gate, work_.expert_up, int64_t(slots) * inner, stream_);
   expert_linear(w.expert_down, w.down_format, h, inner, work_.route_ids, slots, work_.expert_gate, 1, work_.expert_out,
                 stream_);
+  moe_combine(work_.output, work_.shared_scale, work_.route_weights, work_.expert_out, rows, k, h, stream_);
+}
+
+// Prefill chunks: the routed experts' (row, slot) pairs grouped by expert id on the device, one GEMM per active expert
+// (grouped cuBLAS calls, gemm.cuh) for gate, up and down, the results scattered back to slot order for the combine.
+// The per-expert counts come to the host once per layer (the GEMM sizes); decode never takes this path.
+void CudaSequence::moe_prefill(const DeviceMoe& w, int rows) {
+  const int h = int(c_.hidden_size), k = c_.num_experts_per_tok, inner = int(c_.moe_intermediate_size);
+  const int64_t shared_inner = c_.shared_expert_intermediate_size;
+  linear(w.router, work_.input, rows, work_.router, stream_);
+  moe_route(work_.router, rows, c_.num_experts, k, c_.norm_topk_prob, work_.route_ids, work_.route_weights, stream_);
+  linear(w.shared.gate, work_.input, rows, work_.shared_gate_up, stream_);
+  linear(w.shared.up, work_.input, rows, work_.shared_up, stream_);
+  swiglu(work_.shared_gate_up, work_.shared_up, rows * shared_inner, stream_);
+  linear(w.shared.down, work_.shared_gate_up, rows, work_.output, stream_);
+  linear(w.shared_gate, work_.input, rows, work_.shared_scale, stream_);
+  const int slots = rows * k;
+  group_by_expert(work_.route_ids, slots, c_.num_experts, work_.expert_counts, work_.expert_offsets, work_.expert_order,
+                  work_.expert_position, stream_);
+  std::vector<ExpertGroup> groups;
+  cuda_check(active_experts(work_.expert_counts, c_.num_experts, groups, stream_), "expert counts");
+  gather_grouped_rows(work_.input, work_.expert_order, slots, k, h, work_.grouped_rows, stream_);
+  const bool done = grouped_expert_gemm(w.expert_gate, w.gate_up_format, inner, h, groups, work_.grouped_rows,
+                                        work_.expert_gate, stream_) &&
+                    grouped_expert_gemm(w.expert_up, w.gate_up_format, inner, h, groups, work_.grouped_rows,
+                                        work_.expert_up, stream_);
+  check(done, "routed experts: the grouped cuBLAS products failed");
+  swiglu(work_.expert_gate, work_.expert_up, int64_t(slots) * inner, stream_);
+  check(grouped_expert_gemm(w.expert_down, w.down_format, h, inner, groups, work_.expert_gate, work_.grouped_rows,
+                            stream_),
+        "routed experts: the grouped cuBLAS products failed");
+  scatter_grouped_rows(work_.grouped_rows, work_.expert_position, slots, h, work_.expert_out, stream_);
   moe_combine(work_.output, work_.shared_scale, work_.route_weights, work_.expert_out, rows, k, h, stream_);
 }
 
