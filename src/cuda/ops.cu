@@ -10,7 +10,6 @@ namespace {
 constexpr int kMaxConvKernel = 8;
 constexpr int kMaxPleWindow = 64;
 constexpr int kMaxNgram = 16;
-constexpr int kMaxExperts = 2048;
 constexpr int kMaxIndexDim = 1024;
 
 __device__ inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -311,72 +310,6 @@ __global__ void attention_values_kernel(AttentionShape s, const float* q_gate, c
   }
 }
 
-__global__ void moe_route_kernel(float* logits, int experts, int top_k, bool norm_topk, int* ids, float* weights) {
-  __shared__ float prob[kMaxExperts];
-  __shared__ uint8_t taken[kMaxExperts];
-  __shared__ float best_value[32];
-  __shared__ int best_index[32];
-  __shared__ float chosen[32];
-  float* row = logits + size_t(blockIdx.x) * experts;
-  float peak = -INFINITY;
-  for (int e = threadIdx.x; e < experts; e += blockDim.x) peak = fmaxf(peak, row[e]);
-  peak = block_max(peak);
-  float sum = 0.0f;
-  for (int e = threadIdx.x; e < experts; e += blockDim.x) {
-    prob[e] = expf(row[e] - peak);
-    taken[e] = 0;
-    sum += prob[e];
-  }
-  sum = block_sum(sum);
-  for (int e = threadIdx.x; e < experts; e += blockDim.x) prob[e] /= sum;
-  __syncthreads();
-  for (int j = 0; j < top_k; ++j) {
-    float value = -1.0f;
-    int index = experts;
-    for (int e = threadIdx.x; e < experts; e += blockDim.x)
-      if (!taken[e] && (prob[e] > value || (prob[e] == value && e < index))) value = prob[e], index = e;
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      const float other_value = __shfl_xor_sync(0xffffffffu, value, offset);
-      const int other_index = __shfl_xor_sync(0xffffffffu, index, offset);
-      if (other_value > value || (other_value == value && other_index < index))
-        value = other_value, index = other_index;
-    }
-    if (threadIdx.x % 32 == 0) best_value[threadIdx.x / 32] = value, best_index[threadIdx.x / 32] = index;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      for (int w = 1; w < int(blockDim.x + 31) / 32; ++w)
-        if (best_value[w] > best_value[0] || (best_value[w] == best_value[0] && best_index[w] < best_index[0]))
-          best_value[0] = best_value[w], best_index[0] = best_index[w];
-      if (best_index[0] >= experts)  // every remaining probability is NaN: take the lowest free expert
-        for (best_index[0] = 0; taken[best_index[0]];) ++best_index[0];
-      taken[best_index[0]] = 1;
-      ids[blockIdx.x * top_k + j] = best_index[0];
-      chosen[j] = prob[best_index[0]];
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) {
-    float total = 0.0f;
-    for (int j = 0; j < top_k; ++j) total += chosen[j];
-    for (int j = 0; j < top_k; ++j) weights[blockIdx.x * top_k + j] = norm_topk ? chosen[j] / total : chosen[j];
-  }
-}
-
-__global__ void swiglu_kernel(float* gate, const float* up, int64_t n) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) gate[i] = silu(gate[i]) * up[i];
-}
-
-__global__ void moe_combine_kernel(float* y, const float* shared_gate, const float* weights, const float* expert_out,
-                                   int rows, int top_k, int hidden) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= int64_t(rows) * hidden) return;
-  const int64_t r = i / hidden, d = i % hidden;
-  float value = y[i] * sigmoid(shared_gate[r]);
-  for (int j = 0; j < top_k; ++j) value += weights[r * top_k + j] * expert_out[(r * top_k + j) * hidden + d];
-  y[i] = value;
-}
-
 __global__ void ple_rows_kernel(PleShape s, const int64_t* multipliers, const int64_t* head_sizes,
                                 const int64_t* head_offsets, int64_t* previous, const int32_t* ids, int rows,
                                 int64_t* table_rows, int64_t* row_previous) {
@@ -545,23 +478,6 @@ void sparse_attention(const AttentionShape& s, const float* queries, const float
       s, queries, keys, selected, first_position, max_blocks, max_tokens, weights);
   attention_values_kernel<<<rows * s.heads, 256, 0, stream>>>(s, q_gate, values, first_position, max_tokens, weights,
                                                               out);
-}
-
-void moe_route(float* logits, int rows, int experts, int top_k, bool norm_topk, int* ids, float* weights,
-               cudaStream_t stream) {
-  if (rows) moe_route_kernel<<<rows, 256, 0, stream>>>(logits, experts, top_k, norm_topk, ids, weights);
-}
-
-void swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream) {
-  if (n) swiglu_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(gate, up, n);
-}
-
-void moe_combine(float* y, const float* shared_gate, const float* weights, const float* expert_out, int rows, int top_k,
-                 int hidden, cudaStream_t stream) {
-  const int64_t n = int64_t(rows) * hidden;
-  if (n)
-    moe_combine_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(y, shared_gate, weights, expert_out, rows, top_k,
-                                                               hidden);
 }
 
 void ple_table_rows(const PleShape& s, const int64_t* multipliers, const int64_t* head_sizes,

@@ -68,17 +68,6 @@ void sparse_attention(const AttentionShape& shape, const float* queries, const f
                       const float* values, const uint8_t* selected, int rows, int64_t first_position, int max_blocks,
                       int max_tokens, float* weights, float* out, cudaStream_t stream);
 
-// MoE.
-// Softmax over `experts` logits per row (in place: probabilities), top-k (ties to the lower index), weights
-// renormalised when norm_topk.
-void moe_route(float* logits, int rows, int experts, int top_k, bool norm_topk, int* ids, float* weights,
-               cudaStream_t stream);
-// gate = silu(gate)·up.
-void swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream);
-// y[r, :] = σ(gate[r])·y[r, :] + Σ_j weights[r·k + j]·expert_out[r·k + j, :].
-void moe_combine(float* y, const float* shared_gate, const float* weights, const float* expert_out, int rows, int top_k,
-                 int hidden, cudaStream_t stream);
-
 // PLE.
 struct PleShape {
   int ngram, heads_per_ngram, context;  // context = ngram − 1

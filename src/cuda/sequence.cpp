@@ -7,6 +7,7 @@
 #include "cuda/backend.h"
 #include "cuda/device_model.h"
 #include "cuda/linear.cuh"
+#include "cuda/moe_block.h"
 #include "cuda/ops.cuh"
 
 namespace vavilov::cuda {
@@ -32,6 +33,8 @@ struct Workspace {
   float *q, *k, *v, *index_qk, *queries, *index_queries, *attended;
   float *router, *route_weights, *shared_gate_up, *shared_up, *shared_scale, *expert_gate, *expert_up, *expert_out;
   int* route_ids;
+  GemvMatrix* moe_descriptors;  // a decode step's expert products, written on the device
+  int* moe_slots;
   int64_t* table_rows;
   float *embedding, *ple_keys, *ple_value, *ple_query, *ple_out, *ple_normed;
   float *logits, *mtp_row, *mtp_normed, *mtp_embedded;
@@ -95,6 +98,8 @@ void make_workspace(const ModelConfig& c, Workspace& w) {
   l.add(w.expert_gate, r * k * size_t(c.moe_intermediate_size));
   l.add(w.expert_up, r * k * size_t(c.moe_intermediate_size));
   l.add(w.expert_out, r * k * h);
+  l.add(w.moe_descriptors, moe_descriptor_count(int(k)));
+  l.add(w.moe_slots, moe_slot_count(int(k)));
   l.add(w.table_rows, r * size_t(c.ngram_heads()));
   l.add(w.embedding, r * size_t(c.ple_embed_dim));
   for (float** buffer : {&w.ple_keys, &w.ple_query, &w.ple_out, &w.ple_normed}) l.add(*buffer, r * sh);
@@ -140,6 +145,7 @@ struct LayerState {
   RecurrentBuffer gdn_conv, gdn_recurrent;  // [kernel−1, conv_dim], [heads, dk, dv]
   AttentionCache attention;
   RecurrentBuffer ple_previous, ple_conv;  // [ngram−1] int64, [(kernel−1)·ngram, S·H]
+  MoeDecodePlan moe;
 };
 
 template <typename T>
@@ -172,6 +178,9 @@ class CudaSequence final : public SequenceBackend {
       layers_.push_back(new_layer_state(c_, c_.layer_kinds[size_t(i)], c_.is_ple_layer(i)));
     if (model_->mtp) mtp_state_ = new_layer_state(c_, LayerKind::SparseAttention, false);
     make_workspace(c_, work_);
+    for (int i = 0; i < c_.num_layers; ++i)
+      layers_[size_t(i)].moe = plan_moe_decode(model_->layers[size_t(i)].moe, moe_shape(c_), moe_buffers());
+    if (model_->mtp) mtp_state_.moe = plan_moe_decode(model_->mtp->layer.moe, moe_shape(c_), moe_buffers());
   }
 
   int64_t position() const override { return position_; }
@@ -275,7 +284,8 @@ class CudaSequence final : public SequenceBackend {
   void hyper_read(const DeviceGatedResidual& w, const float* stack, int rows, float* input, float* inject);
   void gated_deltanet(const DeviceGatedDeltaNet& w, LayerState& state, int rows, bool record);
   void attention(const DeviceAttention& w, LayerState& state, int64_t first, int rows);
-  void moe(const DeviceMoe& w, int rows);
+  MoeBuffers moe_buffers() const;
+  void moe(const DeviceMoe& w, const MoeDecodePlan& plan, int rows);
   void ple(const DevicePle& w, LayerState& state, int rows, bool record, float* stack);
   void logits_from_stacks(const DeviceGatedResidual& mixer, const float* stacks, int rows);
   void reserve_attention(AttentionCache& cache, int64_t tokens);
@@ -300,7 +310,7 @@ void CudaSequence::run_layer(const DeviceLayer& w, LayerState& state, int64_t fi
     attention(w.attn, state, first, rows);
   hc_write(work_.inject, work_.output, rows, s, h, stack, kStream);
   hyper_read(w.mlp_hc, stack, rows, work_.input, work_.inject);
-  moe(w.moe, rows);
+  moe(w.moe, state.moe, rows);
   hc_write(work_.inject, work_.output, rows, s, h, stack, kStream);
 }
 
@@ -404,11 +414,34 @@ void CudaSequence::attention(const DeviceAttention& w, LayerState& state, int64_
   linear(w.o, work_.attended, rows, work_.output, kStream);
 }
 
-void CudaSequence::moe(const DeviceMoe& w, int rows) {
+MoeBuffers CudaSequence::moe_buffers() const {
+  MoeBuffers b;
+  b.input = work_.input;
+  b.output = work_.output;
+  b.router = work_.router;
+  b.route_weights = work_.route_weights;
+  b.route_ids = work_.route_ids;
+  b.shared_gate = work_.shared_gate_up;
+  b.shared_up = work_.shared_up;
+  b.shared_scale = work_.shared_scale;
+  b.expert_gate = work_.expert_gate;
+  b.expert_up = work_.expert_up;
+  b.expert_out = work_.expert_out;
+  b.descriptors = work_.moe_descriptors;
+  b.slot_of = work_.moe_slots;
+  return b;
+}
+
+void CudaSequence::moe(const DeviceMoe& w, const MoeDecodePlan& plan, int rows) {
+  if (rows <= kMaxGemvRows && plan.decodes) {
+    moe_decode(w, moe_shape(c_), plan, moe_buffers(), rows, kStream);
+    return;
+  }
+  // Any number of rows, any format: one product per matrix, each selected expert once per (row, pick).
   const int h = int(c_.hidden_size), k = c_.num_experts_per_tok, inner = int(c_.moe_intermediate_size);
   const int64_t shared_inner = c_.shared_expert_intermediate_size;
   linear(w.router, work_.input, rows, work_.router, kStream);
-  moe_route(work_.router, rows, c_.num_experts, k, c_.norm_topk_prob, work_.route_ids, work_.route_weights, kStream);
+  moe_route(moe_shape(c_).route, work_.router, rows, work_.route_ids, work_.route_weights, kStream);
   linear(w.shared.gate, work_.input, rows, work_.shared_gate_up, kStream);
   linear(w.shared.up, work_.input, rows, work_.shared_up, kStream);
   swiglu(work_.shared_gate_up, work_.shared_up, rows * shared_inner, kStream);
