@@ -8,7 +8,6 @@ namespace vavilov::cuda {
 namespace {
 
 constexpr int kMaxConvKernel = 8;
-constexpr int kMaxExperts = 2048;
 
 __global__ void rms_norm_kernel(const float* x, int64_t x_row_stride, int64_t x_group_stride, int groups, int width,
                                 const float* weight, int64_t weight_group_stride, float eps, float* out) {
@@ -126,72 +125,6 @@ __global__ void gdn_gated_norm_kernel(float* core, const float* z, const float* 
     o[j] = weight[j] * (o[j] * scale) * (sigmoid_gate ? sigmoid(gate[j]) : silu(gate[j]));
 }
 
-__global__ void moe_route_kernel(float* logits, int experts, int top_k, bool norm_topk, int* ids, float* weights) {
-  __shared__ float prob[kMaxExperts];
-  __shared__ uint8_t taken[kMaxExperts];
-  __shared__ float best_value[32];
-  __shared__ int best_index[32];
-  __shared__ float chosen[32];
-  float* row = logits + size_t(blockIdx.x) * experts;
-  float peak = -INFINITY;
-  for (int e = threadIdx.x; e < experts; e += blockDim.x) peak = fmaxf(peak, row[e]);
-  peak = block_max(peak);
-  float sum = 0.0f;
-  for (int e = threadIdx.x; e < experts; e += blockDim.x) {
-    prob[e] = expf(row[e] - peak);
-    taken[e] = 0;
-    sum += prob[e];
-  }
-  sum = block_sum(sum);
-  for (int e = threadIdx.x; e < experts; e += blockDim.x) prob[e] /= sum;
-  __syncthreads();
-  for (int j = 0; j < top_k; ++j) {
-    float value = -1.0f;
-    int index = experts;
-    for (int e = threadIdx.x; e < experts; e += blockDim.x)
-      if (!taken[e] && (prob[e] > value || (prob[e] == value && e < index))) value = prob[e], index = e;
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      const float other_value = __shfl_xor_sync(0xffffffffu, value, offset);
-      const int other_index = __shfl_xor_sync(0xffffffffu, index, offset);
-      if (other_value > value || (other_value == value && other_index < index))
-        value = other_value, index = other_index;
-    }
-    if (threadIdx.x % 32 == 0) best_value[threadIdx.x / 32] = value, best_index[threadIdx.x / 32] = index;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      for (int w = 1; w < int(blockDim.x + 31) / 32; ++w)
-        if (best_value[w] > best_value[0] || (best_value[w] == best_value[0] && best_index[w] < best_index[0]))
-          best_value[0] = best_value[w], best_index[0] = best_index[w];
-      if (best_index[0] >= experts)  // every remaining probability is NaN: take the lowest free expert
-        for (best_index[0] = 0; taken[best_index[0]];) ++best_index[0];
-      taken[best_index[0]] = 1;
-      ids[blockIdx.x * top_k + j] = best_index[0];
-      chosen[j] = prob[best_index[0]];
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) {
-    float total = 0.0f;
-    for (int j = 0; j < top_k; ++j) total += chosen[j];
-    for (int j = 0; j < top_k; ++j) weights[blockIdx.x * top_k + j] = norm_topk ? chosen[j] / total : chosen[j];
-  }
-}
-
-__global__ void swiglu_kernel(float* gate, const float* up, int64_t n) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) gate[i] = silu(gate[i]) * up[i];
-}
-
-__global__ void moe_combine_kernel(float* y, const float* shared_gate, const float* weights, const float* expert_out,
-                                   int rows, int top_k, int hidden) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= int64_t(rows) * hidden) return;
-  const int64_t r = i / hidden, d = i % hidden;
-  float value = y[i] * sigmoid(shared_gate[r]);
-  for (int j = 0; j < top_k; ++j) value += weights[r * top_k + j] * expert_out[(r * top_k + j) * hidden + d];
-  y[i] = value;
-}
-
 __global__ void add_to_streams_kernel(float* x, const float* e, int rows, int streams, int hidden) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(rows) * streams * hidden) return;
@@ -237,23 +170,6 @@ void gdn_delta_rule(const GdnShape& s, const float* qkv, const float* beta, cons
 void gdn_gated_norm(float* core, const float* z, const float* weight, int rows_heads, int dv, float eps,
                     bool sigmoid_gate, cudaStream_t stream) {
   if (rows_heads) gdn_gated_norm_kernel<<<rows_heads, 128, 0, stream>>>(core, z, weight, dv, eps, sigmoid_gate);
-}
-
-void moe_route(float* logits, int rows, int experts, int top_k, bool norm_topk, int* ids, float* weights,
-               cudaStream_t stream) {
-  if (rows) moe_route_kernel<<<rows, 256, 0, stream>>>(logits, experts, top_k, norm_topk, ids, weights);
-}
-
-void swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream) {
-  if (n) swiglu_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(gate, up, n);
-}
-
-void moe_combine(float* y, const float* shared_gate, const float* weights, const float* expert_out, int rows, int top_k,
-                 int hidden, cudaStream_t stream) {
-  const int64_t n = int64_t(rows) * hidden;
-  if (n)
-    moe_combine_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(y, shared_gate, weights, expert_out, rows, top_k,
-                                                               hidden);
 }
 
 void add_to_streams(float* x, const float* e, int rows, int streams, int hidden, cudaStream_t stream) {

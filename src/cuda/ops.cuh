@@ -1,7 +1,7 @@
 #pragma once
 // The GPU kernels of a qwen4_exp layer besides matrix products that have no file of their own (attention.cuh,
-// hyper_connection.cuh, ple.cuh), each mirroring one step of the CPU engine (src/cpu/): RMSNorm, the Gated DeltaNet
-// conv and recurrence, MoE routing. All fp32.
+// hyper_connection.cuh, ple.cuh, moe.cuh), each mirroring one step of the CPU engine (src/cpu/): RMSNorm, the Gated
+// DeltaNet conv and recurrence. All fp32.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -33,16 +33,6 @@ void gdn_delta_rule(const GdnShape& shape, const float* qkv, const float* beta, 
 void gdn_gated_norm(float* core, const float* z, const float* weight, int rows_heads, int dv, float eps,
                     bool sigmoid_gate, cudaStream_t stream);
 
-// MoE.
-// Softmax over `experts` logits per row (in place: probabilities), top-k (ties to the lower index), weights
-// renormalised when norm_topk.
-void moe_route(float* logits, int rows, int experts, int top_k, bool norm_topk, int* ids, float* weights,
-               cudaStream_t stream);
-// gate = silu(gate)·up.
-void swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream);
-// y[r, :] = σ(gate[r])·y[r, :] + Σ_j weights[r·k + j]·expert_out[r·k + j, :].
-void moe_combine(float* y, const float* shared_gate, const float* weights, const float* expert_out, int rows, int top_k,
-                 int hidden, cudaStream_t stream);
 
 // x[r, s, :] += e[r, :] for every stream s.
 void add_to_streams(float* x, const float* e, int rows, int streams, int hidden, cudaStream_t stream);

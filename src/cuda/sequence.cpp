@@ -14,6 +14,7 @@
 #include "cuda/expert_prefill.cuh"
 #include "cuda/hyper_connection.cuh"
 #include "cuda/linear.cuh"
+#include "cuda/moe_block.h"
 #include "cuda/ops.cuh"
 #include "cuda/ple.cuh"
 #include "cuda/step_runner.h"
@@ -53,6 +54,8 @@ struct Workspace {
   // Prefill: slots grouped by expert (expert_prefill.cuh) and the grouped rows (gathered input, then down output).
   int *expert_counts, *expert_offsets, *expert_order, *expert_position;
   float* grouped_rows;
+  GemvMatrix* moe_descriptors;  // a decode step's expert products, written on the device
+  int* moe_slots;
   int64_t* table_rows;
   float *embedding, *ple_keys, *ple_value, *ple_out, *ple_normed;
   float *logits, *mtp_row, *mtp_normed, *mtp_embedded;
@@ -122,6 +125,8 @@ void make_workspace(const ModelConfig& c, Workspace& w) {
   l.add(w.expert_order, r * k);
   l.add(w.expert_position, r * k);
   l.add(w.grouped_rows, r * k * h);
+  l.add(w.moe_descriptors, moe_descriptor_count(int(k)));
+  l.add(w.moe_slots, moe_slot_count(int(k)));
   l.add(w.table_rows, r * size_t(c.ngram_heads()));
   l.add(w.embedding, r * size_t(c.ple_embed_dim));
   for (float** buffer : {&w.ple_keys, &w.ple_out, &w.ple_normed}) l.add(*buffer, r * sh);
@@ -167,6 +172,7 @@ struct LayerState {
   RecurrentBuffer gdn_conv, gdn_recurrent;  // [kernel−1, conv_dim], [heads, dk, dv]
   AttentionCache attention;
   RecurrentBuffer ple_previous, ple_conv;  // [ngram−1] int64, [(kernel−1)·ngram, S·H]
+  MoeDecodePlan moe;
 };
 
 template <typename T>
@@ -212,7 +218,11 @@ class CudaSequence final : public SequenceBackend {
       layers_.push_back(new_layer_state(c_, c_.layer_kinds[size_t(i)], c_.is_ple_layer(i)));
     if (model_->mtp) mtp_state_ = new_layer_state(c_, LayerKind::SparseAttention, false);
     make_workspace(c_, work_);
-    // The state's memsets ran on the legacy stream, which the sequence's non-blocking stream does not wait for.
+    for (int i = 0; i < c_.num_layers; ++i)
+      layers_[size_t(i)].moe = plan_moe_decode(model_->layers[size_t(i)].moe, moe_shape(c_), moe_buffers());
+    if (model_->mtp) mtp_state_.moe = plan_moe_decode(model_->mtp->layer.moe, moe_shape(c_), moe_buffers());
+    // The state's memsets and the plans' uploads ran on the legacy stream, which the sequence's non-blocking stream
+    // does not wait for.
     cuda_check(cudaDeviceSynchronize(), "sequence state");
   }
   ~CudaSequence() override { cudaStreamSynchronize(stream_); }
@@ -331,8 +341,10 @@ class CudaSequence final : public SequenceBackend {
   void hyper_read(const DeviceGatedResidual& w, const float* stack, int rows, float* input, bool normed);
   void gated_deltanet(const DeviceGatedDeltaNet& w, LayerState& state, int rows, bool record);
   void attention(const DeviceAttention& w, LayerState& state, int64_t first, int rows);
-  void moe(const DeviceMoe& w, int rows);
+  MoeBuffers moe_buffers() const;
+  void moe(const DeviceMoe& w, const MoeDecodePlan& plan, int rows);
   void moe_prefill(const DeviceMoe& w, int rows);
+  void route_and_shared_expert(const DeviceMoe& w, int rows);
   void ple(const DevicePle& w, LayerState& state, int rows, bool record, float* stack);
   void logits_from_stacks(const DeviceGatedResidual& mixer, const float* stacks, int rows, bool normed);
   void reserve_trunk(int64_t tokens);
@@ -399,7 +411,7 @@ void CudaSequence::run_layer(const DeviceLayer& w, LayerState& state, int64_t fi
   if (rows > kMaxDecodeRows)
     moe_prefill(w.moe, rows);
   else
-    moe(w.moe, rows);
+    moe(w.moe, state.moe, rows);
   hc_write(work_.inject, work_.output, rows, s, h, stack, next_norm, eps, work_.normed, stream_);
 }
 
@@ -514,16 +526,45 @@ void CudaSequence::attention(const DeviceAttention& w, LayerState& state, int64_
   linear(w.o, work_.attended, rows, work_.output, stream_);
 }
 
-void CudaSequence::moe(const DeviceMoe& w, int rows) {
-  const int h = int(c_.hidden_size), k = c_.num_experts_per_tok, inner = int(c_.moe_intermediate_size);
+MoeBuffers CudaSequence::moe_buffers() const {
+  MoeBuffers b;
+  b.input = work_.input;
+  b.output = work_.output;
+  b.router = work_.router;
+  b.route_weights = work_.route_weights;
+  b.route_ids = work_.route_ids;
+  b.shared_gate = work_.shared_gate_up;
+  b.shared_up = work_.shared_up;
+  b.shared_scale = work_.shared_scale;
+  b.expert_gate = work_.expert_gate;
+  b.expert_up = work_.expert_up;
+  b.expert_out = work_.expert_out;
+  b.descriptors = work_.moe_descriptors;
+  b.slot_of = work_.moe_slots;
+  return b;
+}
+
+// The router's picks and weights (work_.route_ids, route_weights), the shared expert's output (work_.output) and its
+// gate (work_.shared_scale), one product per matrix: the paths of more rows or formats the decode block does not take.
+void CudaSequence::route_and_shared_expert(const DeviceMoe& w, int rows) {
   const int64_t shared_inner = c_.shared_expert_intermediate_size;
   linear(w.router, work_.input, rows, work_.router, stream_);
-  moe_route(work_.router, rows, c_.num_experts, k, c_.norm_topk_prob, work_.route_ids, work_.route_weights, stream_);
+  moe_route(moe_shape(c_).route, work_.router, rows, work_.route_ids, work_.route_weights, stream_);
   linear(w.shared.gate, work_.input, rows, work_.shared_gate_up, stream_);
   linear(w.shared.up, work_.input, rows, work_.shared_up, stream_);
   swiglu(work_.shared_gate_up, work_.shared_up, rows * shared_inner, stream_);
   linear(w.shared.down, work_.shared_gate_up, rows, work_.output, stream_);
   linear(w.shared_gate, work_.input, rows, work_.shared_scale, stream_);
+}
+
+void CudaSequence::moe(const DeviceMoe& w, const MoeDecodePlan& plan, int rows) {
+  if (rows <= kMaxGemvRows && plan.decodes) {
+    moe_decode(w, moe_shape(c_), plan, moe_buffers(), rows, stream_);
+    return;
+  }
+  // Any number of rows, any format: one product per matrix, each selected expert once per (row, pick).
+  const int h = int(c_.hidden_size), k = c_.num_experts_per_tok, inner = int(c_.moe_intermediate_size);
+  route_and_shared_expert(w, rows);
   const int slots = rows * k;
   expert_linear(w.expert_gate, w.gate_up_format, inner, h, work_.route_ids, slots, work_.input, k, work_.expert_gate,
                 stream_);
@@ -540,14 +581,7 @@ void CudaSequence::moe(const DeviceMoe& w, int rows) {
 // The per-expert counts come to the host once per layer (the GEMM sizes); decode never takes this path.
 void CudaSequence::moe_prefill(const DeviceMoe& w, int rows) {
   const int h = int(c_.hidden_size), k = c_.num_experts_per_tok, inner = int(c_.moe_intermediate_size);
-  const int64_t shared_inner = c_.shared_expert_intermediate_size;
-  linear(w.router, work_.input, rows, work_.router, stream_);
-  moe_route(work_.router, rows, c_.num_experts, k, c_.norm_topk_prob, work_.route_ids, work_.route_weights, stream_);
-  linear(w.shared.gate, work_.input, rows, work_.shared_gate_up, stream_);
-  linear(w.shared.up, work_.input, rows, work_.shared_up, stream_);
-  swiglu(work_.shared_gate_up, work_.shared_up, rows * shared_inner, stream_);
-  linear(w.shared.down, work_.shared_gate_up, rows, work_.output, stream_);
-  linear(w.shared_gate, work_.input, rows, work_.shared_scale, stream_);
+  route_and_shared_expert(w, rows);
   const int slots = rows * k;
   group_by_expert(work_.route_ids, slots, c_.num_experts, work_.expert_counts, work_.expert_offsets, work_.expert_order,
                   work_.expert_position, stream_);

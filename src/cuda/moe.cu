@@ -1,0 +1,234 @@
+#include <cmath>
+
+#include "cuda/device_math.cuh"
+#include "cuda/moe.cuh"
+
+namespace vavilov::cuda {
+
+namespace {
+
+constexpr int kRouteWarps = 4;  // rows routed by one block, a warp each
+constexpr unsigned kFullMask = 0xffffffffu;
+
+__device__ inline float warp_max(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));
+  return v;
+}
+
+// Probabilities of taken experts are set to this; real ones are ≥ 0 or NaN.
+constexpr float kTaken = -INFINITY;
+
+// The lane's best untaken expert among e ≡ lane (mod 32): highest probability, the lower index on ties (the scan
+// goes up and replaces only on a strictly higher value). Without one (all NaN or taken): value −1, index `experts`.
+__device__ inline void lane_best(const float* prob, int experts, int lane, float& value, int& index) {
+  value = -1.0f;
+  index = experts;
+  for (int e = lane; e < experts; e += 32)
+    if (prob[e] > value) value = prob[e], index = e;
+}
+
+// The lowest untaken expert, for when every remaining probability is NaN (the CPU's order is then unspecified).
+__device__ inline int lowest_untaken(const float* prob, int experts, int lane) {
+  int first = experts;
+  for (int e = lane; e < experts; e += 32)
+    if (prob[e] != kTaken) {
+      first = e;
+      break;
+    }
+  for (int offset = 16; offset > 0; offset >>= 1) first = min(first, __shfl_xor_sync(kFullMask, first, offset));
+  return first;
+}
+
+// One warp routes one row: softmax as the CPU computes it (exp(l − max) / Σ), then top_k picks, each the warp-wide
+// best of the lanes' bests; only the lane that owned the pick rescans. Selection j is kept by lane j, so the
+// renormalising total is summed in selection order like the CPU's. prob: the warp's shared scratch [experts].
+__device__ void route_row(const RouteShape& s, const float* logits, float* prob, int* ids, float* weights,
+                          int* ids_copy) {
+  const int lane = int(threadIdx.x) % 32;
+  float peak = -INFINITY;
+  for (int e = lane; e < s.experts; e += 32) {
+    const float v = logits[e];
+    prob[e] = v;
+    peak = fmaxf(peak, v);
+  }
+  peak = warp_max(peak);
+  float sum = 0.0f;
+  for (int e = lane; e < s.experts; e += 32) {
+    const float v = expf(prob[e] - peak);
+    prob[e] = v;
+    sum += v;
+  }
+  sum = warp_sum(sum);
+  for (int e = lane; e < s.experts; e += 32) prob[e] /= sum;
+  __syncwarp();  // every lane reads every lane's probabilities from here on
+  float best;
+  int best_index;
+  lane_best(prob, s.experts, lane, best, best_index);
+  float kept_value = 0.0f;
+  int kept_id = 0;
+  for (int j = 0; j < s.top_k; ++j) {
+    float value = best;
+    int index = best_index;
+    // (value, index) pairs are totally ordered (values are never NaN here), so every lane ends with the same pick.
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      const float other_value = __shfl_xor_sync(kFullMask, value, offset);
+      const int other_index = __shfl_xor_sync(kFullMask, index, offset);
+      if (other_value > value || (other_value == value && other_index < index))
+        value = other_value, index = other_index;
+    }
+    if (index >= s.experts) index = lowest_untaken(prob, s.experts, lane);
+    const float picked = prob[index];
+    __syncwarp();
+    if (lane == j) kept_value = picked, kept_id = index;
+    if (lane == index % 32) {
+      prob[index] = kTaken;
+      lane_best(prob, s.experts, lane, best, best_index);
+    }
+    __syncwarp();
+  }
+  float total = 0.0f;
+  for (int j = 0; j < s.top_k; ++j) total += __shfl_sync(kFullMask, kept_value, j);
+  if (lane < s.top_k) {
+    ids[lane] = kept_id;
+    weights[lane] = s.norm_topk ? kept_value / total : kept_value;
+    if (ids_copy) ids_copy[lane] = kept_id;
+  }
+}
+
+// After routing (ids_copy holds every row's picks): slots for the distinct experts in first-come order, then the
+// descriptors of their products (see ExpertPlan).
+__device__ void write_plan(const RouteShape& s, int rows, const int* selected, const ExpertPlan& plan) {
+  __shared__ short slot_of_expert[kMaxMoeExperts];
+  __shared__ int expert_of_slot[kMaxGemvRows * kMaxMoeTopK];
+  __shared__ int distinct;
+  const int selections = rows * s.top_k;
+  for (int e = int(threadIdx.x); e < s.experts; e += int(blockDim.x)) slot_of_expert[e] = -1;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int count = 0;
+    for (int i = 0; i < selections; ++i) {
+      const int e = selected[i];
+      if (slot_of_expert[e] < 0) expert_of_slot[count] = e, slot_of_expert[e] = short(count++);
+      plan.slot_of[i] = slot_of_expert[e];
+    }
+    plan.slot_of[selections] = count;
+    distinct = count;
+  }
+  __syncthreads();
+  const size_t gate_block = size_t(rows) * size_t(plan.inner), down_block = size_t(rows) * size_t(plan.hidden);
+  for (int j = int(threadIdx.x); j < selections; j += int(blockDim.x)) {
+    GemvMatrix gate, up, down;  // rows = 0: no work
+    if (j < distinct) {
+      const int e = expert_of_slot[j];
+      gate = gemv_matrix(plan.gate[e], plan.x, plan.gate_out + j * gate_block);
+      up = gemv_matrix(plan.up[e], plan.x, plan.up_out + j * gate_block);
+      down = gemv_matrix(plan.down[e], plan.gate_out + j * gate_block, plan.down_out + j * down_block);
+    }
+    plan.gate_up[2 * j] = gate;
+    plan.gate_up[2 * j + 1] = up;
+    plan.down_products[j] = down;
+  }
+  if (threadIdx.x == 0 && plan.shared_down.rows > 0) plan.down_products[selections] = plan.shared_down;
+}
+
+template <bool Plan>
+__global__ void __launch_bounds__(kRouteWarps * 32)
+    route_kernel(RouteShape s, const float* logits, int rows, int* ids, float* weights, ExpertPlan plan) {
+  __shared__ float prob[kRouteWarps][kMaxMoeExperts];
+  __shared__ int selected[kRouteWarps * kMaxMoeTopK];
+  const int warp = int(threadIdx.x) / 32, row = int(blockIdx.x) * kRouteWarps + warp;
+  if (row < rows)
+    route_row(s, logits + size_t(row) * size_t(s.experts), prob[warp], ids + size_t(row) * s.top_k,
+              weights + size_t(row) * s.top_k, Plan ? selected + warp * s.top_k : nullptr);
+  if constexpr (Plan) {
+    __syncthreads();
+    write_plan(s, rows, selected, plan);
+  }
+}
+
+__global__ void swiglu_kernel(float* gate, const float* up, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) gate[i] = silu(gate[i]) * up[i];
+}
+
+// blockIdx.y: a slot (skipped past the distinct count), or `slots` for the shared expert.
+__global__ void swiglu_slots_kernel(float* expert_gate, const float* expert_up, int64_t block, const int* slot_of,
+                                    int slots, float* shared_gate, const float* shared_up, int64_t shared) {
+  const int slot = int(blockIdx.y);
+  float* gate = shared_gate;
+  const float* up = shared_up;
+  int64_t n = shared;
+  if (slot < slots) {
+    if (slot >= slot_of[slots]) return;
+    gate = expert_gate + slot * block;
+    up = expert_up + slot * block;
+    n = block;
+  }
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    gate[i] = silu(gate[i]) * up[i];
+}
+
+__global__ void moe_combine_kernel(float* y, const float* shared_gate, const float* weights, const float* expert_out,
+                                   int rows, int top_k, int hidden) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(rows) * hidden) return;
+  const int64_t r = i / hidden, d = i % hidden;
+  float value = y[i] * sigmoid(shared_gate[r]);
+  for (int j = 0; j < top_k; ++j) value += weights[r * top_k + j] * expert_out[(r * top_k + j) * hidden + d];
+  y[i] = value;
+}
+
+__global__ void moe_combine_slots_kernel(float* y, const float* shared_gate, const float* weights, const int* slot_of,
+                                         const float* expert_out, int rows, int top_k, int hidden) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(rows) * hidden) return;
+  const int64_t r = i / hidden, d = i % hidden;
+  float value = y[i] * sigmoid(shared_gate[r]);
+  for (int j = 0; j < top_k; ++j) {
+    const int64_t slot = slot_of[r * top_k + j];
+    value += weights[r * top_k + j] * expert_out[(slot * rows + r) * hidden + d];
+  }
+  y[i] = value;
+}
+
+}  // namespace
+
+void moe_route(const RouteShape& shape, const float* logits, int rows, int* ids, float* weights, cudaStream_t stream) {
+  if (rows == 0) return;
+  route_kernel<false>
+      <<<blocks_for(rows, kRouteWarps), kRouteWarps * 32, 0, stream>>>(shape, logits, rows, ids, weights, ExpertPlan{});
+}
+
+void moe_route_and_plan(const RouteShape& shape, const float* logits, int rows, int* ids, float* weights,
+                        const ExpertPlan& plan, cudaStream_t stream) {
+  route_kernel<true><<<1, kRouteWarps * 32, 0, stream>>>(shape, logits, rows, ids, weights, plan);
+}
+
+void swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream) {
+  if (n) swiglu_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(gate, up, n);
+}
+
+void swiglu_slots(float* expert_gate, const float* expert_up, int64_t block, const int* slot_of, int slots,
+                  float* shared_gate, const float* shared_up, int64_t shared, cudaStream_t stream) {
+  const dim3 grid(unsigned(blocks_for(block > shared ? block : shared, 256)), unsigned(slots + 1));
+  swiglu_slots_kernel<<<grid, 256, 0, stream>>>(expert_gate, expert_up, block, slot_of, slots, shared_gate, shared_up,
+                                                shared);
+}
+
+void moe_combine(float* y, const float* shared_gate, const float* weights, const float* expert_out, int rows, int top_k,
+                 int hidden, cudaStream_t stream) {
+  const int64_t n = int64_t(rows) * hidden;
+  if (n)
+    moe_combine_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(y, shared_gate, weights, expert_out, rows, top_k,
+                                                               hidden);
+}
+
+void moe_combine_slots(float* y, const float* shared_gate, const float* weights, const int* slot_of,
+                       const float* expert_out, int rows, int top_k, int hidden, cudaStream_t stream) {
+  const int64_t n = int64_t(rows) * hidden;
+  if (n)
+    moe_combine_slots_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(y, shared_gate, weights, slot_of, expert_out, rows,
+                                                                     top_k, hidden);
+}
+
+}  // namespace vavilov::cuda

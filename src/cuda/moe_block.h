@@ -1,0 +1,63 @@
+#pragma once
+// The MoE block of a decode step (1–4 rows) on the GPU, in six launches and without the host:
+//   1. the products of the block's input (router, shared expert gate and up, shared-expert gate): one GEMV launch per
+//      weight format, their descriptors written once per sequence;
+//   2. softmax, top-k and the step's expert plan (moe.cuh): each distinct expert among the rows' picks gets a slot
+//      and the descriptors of its products, written on the device;
+//   3. gate and up of every distinct expert, each read once for all rows: one GEMV launch;
+//   4. SwiGLU of those and of the shared expert: one launch;
+//   5. down of every distinct expert and of the shared expert: one GEMV launch;
+//   6. the combine: y = σ(shared gate)·shared + Σ routing weight·expert, only over each row's own picks.
+// Experts in formats the GEMV kernels do not read (F32, other quantizations) take the row-general path in
+// sequence.cpp instead.
+#include <cuda_runtime.h>
+
+#include <utility>
+#include <vector>
+
+#include "cuda/device_model.h"
+#include "cuda/gemv.cuh"
+#include "cuda/moe.cuh"
+
+namespace vavilov::cuda {
+
+struct MoeShape {
+  int hidden = 0, inner = 0, shared_inner = 0;
+  RouteShape route;
+};
+MoeShape moe_shape(const ModelConfig& config);
+
+// The block's scratch memory (device pointers). Float buffers are [rows, width] for the pass's rows; the decode path
+// keeps expert results per slot: expert_gate/expert_up [kMaxGemvRows·top_k, rows, inner], expert_out
+// [kMaxGemvRows·top_k, rows, hidden].
+struct MoeBuffers {
+  const float* input = nullptr;
+  float* output = nullptr;
+  float *router = nullptr, *route_weights = nullptr;
+  int* route_ids = nullptr;
+  float *shared_gate = nullptr, *shared_up = nullptr, *shared_scale = nullptr;
+  float *expert_gate = nullptr, *expert_up = nullptr, *expert_out = nullptr;
+  GemvMatrix* descriptors = nullptr;  // [moe_descriptor_count(top_k)]
+  int* slot_of = nullptr;             // [moe_slot_count(top_k)]
+};
+size_t moe_descriptor_count(int top_k);
+size_t moe_slot_count(int top_k);
+
+// One layer's decode setup, made once per sequence: whether the experts take the decode path, and the descriptors
+// of the input's products grouped by format.
+struct MoeDecodePlan {
+  bool decodes = false;                // every expert matrix is Q4 or BF16 in the GEMV kernels' layout
+  bool shared_down_joins = false;      // the shared expert's down runs in the experts' down launch
+  DeviceAllocation input_descriptors;  // Q4 products, then BF16 ones
+  int q4_inputs = 0, bf16_inputs = 0, q4_input_rows = 0, bf16_input_rows = 0;
+  std::vector<std::pair<DeviceMatrix, float*>> other_inputs;  // products in other formats, by linear()
+};
+
+// Reads the expert descriptors back once to check every expert's format, shape and alignment.
+MoeDecodePlan plan_moe_decode(const DeviceMoe& w, const MoeShape& shape, const MoeBuffers& buffers);
+
+// y = MoE(input) for 1–4 rows into buffers.output; needs plan.decodes.
+void moe_decode(const DeviceMoe& w, const MoeShape& shape, const MoeDecodePlan& plan, const MoeBuffers& buffers,
+                int rows, cudaStream_t stream);
+
+}  // namespace vavilov::cuda

@@ -1,0 +1,326 @@
+// The GPU MoE block of a decode step (src/cuda/moe_block.*, moe.cu) against a double-precision evaluation of the
+// same weights on the host, and the GPU router's top-k against the CPU's ordering rule (src/cpu/moe.cpp).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "core/dtype.h"
+#include "cuda/moe_block.h"
+#include "model/quantize.h"
+
+namespace vavilov {
+namespace {
+
+using cuda::WeightFormat;
+
+// Device allocations of one test, freed at its end.
+class DeviceMemory {
+ public:
+  ~DeviceMemory() {
+    for (void* p : blocks_) cudaFree(p);
+  }
+  template <typename T>
+  T* zeros(size_t count) {
+    void* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)), cudaSuccess);
+    EXPECT_EQ(cudaMemset(p, 0, std::max<size_t>(count, 1) * sizeof(T)), cudaSuccess);
+    blocks_.push_back(p);
+    return static_cast<T*>(p);
+  }
+  template <typename T>
+  T* copy(const std::vector<T>& host) {
+    T* p = zeros<T>(host.size());
+    EXPECT_EQ(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+    return p;
+  }
+
+ private:
+  std::vector<void*> blocks_;
+};
+
+// A weight matrix on the device and the exact fp32 values the GPU sees (after quantization or bf16 rounding).
+struct TestMatrix {
+  cuda::DeviceMatrix device;
+  std::vector<float> exact;  // [rows, cols]
+  int rows = 0, cols = 0;
+  double at(int r, int c) const { return exact[size_t(r) * size_t(cols) + size_t(c)]; }
+};
+
+TestMatrix make_matrix(DeviceMemory& memory, WeightFormat format, const std::vector<float>& w, int rows, int cols) {
+  TestMatrix m;
+  m.rows = rows;
+  m.cols = cols;
+  m.exact.resize(w.size());
+  m.device.format = format;
+  m.device.rows = rows;
+  m.device.cols = cols;
+  if (format == WeightFormat::Q4) {
+    QuantizedRows q = quantize_rows(w.data(), rows, cols, 4);
+    Matrix host{"w", DType::BF16,     rows,           cols, reinterpret_cast<const std::byte*>(q.codes.data()),
+                4,   q.scales.data(), q.biases.data()};
+    for (int r = 0; r < rows; ++r) dequantize_row(host, r, m.exact.data() + size_t(r) * size_t(cols));
+    m.device.data = memory.copy(q.codes);
+    m.device.scales = memory.copy(q.scales);
+    m.device.biases = memory.copy(q.biases);
+  } else if (format == WeightFormat::BF16) {
+    std::vector<uint16_t> bits(w.size());
+    for (size_t i = 0; i < w.size(); ++i) m.exact[i] = bf16_to_f32(bits[i] = f32_to_bf16(w[i]));
+    m.device.data = memory.copy(bits);
+  } else {
+    m.exact = w;
+    m.device.data = memory.copy(w);
+  }
+  return m;
+}
+
+std::vector<float> normal_values(std::mt19937& rng, size_t n, float scale) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+struct Formats {
+  WeightFormat router, shared, gate_up, down;
+};
+
+// Small geometry with every kind of width: hidden 256, expert inner 128, shared inner 192, 16 experts, top 4.
+constexpr int kHidden = 256, kInner = 128, kSharedInner = 192, kExperts = 16, kTopK = 4, kRows = 4;
+constexpr float kRouteBoost = 10.0f;
+
+// Each row strongly prefers its own set of experts (router diagonal × a boosted input coordinate) so that the
+// selection is far from ties: rows 0 and 1 share experts 2 and 3, row 2 picks row 0's experts with other inputs,
+// row 3 picks experts no other row picks.
+const int kPreferred[kRows][kTopK] = {{0, 1, 2, 3}, {2, 3, 4, 5}, {0, 1, 2, 3}, {9, 10, 11, 12}};
+
+struct TestMoe {
+  TestMatrix router, shared_gate, shared_up, shared_down, shared_scale;
+  std::vector<TestMatrix> gate, up, down;
+  cuda::DeviceMoe device;
+};
+
+TestMoe make_moe(DeviceMemory& memory, const Formats& f, std::mt19937& rng) {
+  TestMoe m;
+  std::vector<float> router = normal_values(rng, size_t(kExperts) * kHidden, 0.05f);
+  for (int e = 0; e < kExperts; ++e) router[size_t(e) * kHidden + size_t(e)] += 3.0f;
+  m.router = make_matrix(memory, f.router, router, kExperts, kHidden);
+  m.shared_gate =
+      make_matrix(memory, f.shared, normal_values(rng, size_t(kSharedInner) * kHidden, 0.1f), kSharedInner, kHidden);
+  m.shared_up =
+      make_matrix(memory, f.shared, normal_values(rng, size_t(kSharedInner) * kHidden, 0.1f), kSharedInner, kHidden);
+  m.shared_down =
+      make_matrix(memory, f.shared, normal_values(rng, size_t(kHidden) * kSharedInner, 0.1f), kHidden, kSharedInner);
+  m.shared_scale = make_matrix(memory, f.shared, normal_values(rng, kHidden, 0.05f), 1, kHidden);
+  std::vector<cuda::DeviceMatrix> gate, up, down;
+  for (int e = 0; e < kExperts; ++e) {
+    m.gate.push_back(
+        make_matrix(memory, f.gate_up, normal_values(rng, size_t(kInner) * kHidden, 0.1f), kInner, kHidden));
+    m.up.push_back(make_matrix(memory, f.gate_up, normal_values(rng, size_t(kInner) * kHidden, 0.1f), kInner, kHidden));
+    m.down.push_back(make_matrix(memory, f.down, normal_values(rng, size_t(kHidden) * kInner, 0.1f), kHidden, kInner));
+    gate.push_back(m.gate.back().device);
+    up.push_back(m.up.back().device);
+    down.push_back(m.down.back().device);
+  }
+  m.device.router = m.router.device;
+  m.device.shared_gate = m.shared_scale.device;
+  m.device.shared = {m.shared_gate.device, m.shared_up.device, m.shared_down.device};
+  m.device.expert_gate = memory.copy(gate);
+  m.device.expert_up = memory.copy(up);
+  m.device.expert_down = memory.copy(down);
+  m.device.gate_up_format = f.gate_up;
+  m.device.down_format = f.down;
+  return m;
+}
+
+std::vector<double> product(const TestMatrix& w, const double* x) {
+  std::vector<double> y(size_t(w.rows));
+  for (int r = 0; r < w.rows; ++r)
+    for (int c = 0; c < w.cols; ++c) y[size_t(r)] += w.at(r, c) * x[c];
+  return y;
+}
+
+double silu(double v) { return v / (1.0 + std::exp(-v)); }
+
+// down(silu(gate x) ⊙ up x) and, per output, Σ |down terms| (the scale of its rounding errors).
+void feed_forward(const TestMatrix& gate, const TestMatrix& up, const TestMatrix& down, const double* x,
+                  std::vector<double>& y, std::vector<double>& magnitude) {
+  const std::vector<double> g = product(gate, x), u = product(up, x);
+  std::vector<double> a(g.size());
+  for (size_t i = 0; i < a.size(); ++i) a[i] = silu(g[i]) * u[i];
+  y = product(down, a.data());
+  magnitude.assign(y.size(), 0.0);
+  for (int d = 0; d < down.rows; ++d)
+    for (int i = 0; i < down.cols; ++i) magnitude[size_t(d)] += std::abs(down.at(d, i) * a[size_t(i)]);
+}
+
+struct Reference {
+  std::vector<std::set<int>> picks;  // per row
+  std::vector<double> y, magnitude;  // [rows, hidden]
+};
+
+Reference reference_moe(const TestMoe& m, const std::vector<double>& x, int rows) {
+  Reference ref;
+  ref.y.assign(size_t(rows) * kHidden, 0.0);
+  ref.magnitude.assign(ref.y.size(), 0.0);
+  for (int r = 0; r < rows; ++r) {
+    const double* xr = x.data() + size_t(r) * kHidden;
+    std::vector<double> prob = product(m.router, xr);
+    const double peak = *std::max_element(prob.begin(), prob.end());
+    double sum = 0;
+    for (double& p : prob) sum += (p = std::exp(p - peak));
+    for (double& p : prob) p /= sum;
+    std::vector<int> order(kExperts);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return prob[size_t(a)] > prob[size_t(b)]; });
+    // The fixture's premise: the k-th and (k+1)-th probabilities are far apart, so fp32 cannot pick differently.
+    EXPECT_GT(prob[size_t(order[kTopK - 1])], 100 * prob[size_t(order[kTopK])]) << "row " << r;
+    double total = 0;
+    for (int j = 0; j < kTopK; ++j) total += prob[size_t(order[size_t(j)])];
+    std::vector<double> y, magnitude;
+    feed_forward(m.shared_gate, m.shared_up, m.shared_down, xr, y, magnitude);
+    const double scale = 1.0 / (1.0 + std::exp(-product(m.shared_scale, xr)[0]));
+    double* out = ref.y.data() + size_t(r) * kHidden;
+    double* bound = ref.magnitude.data() + size_t(r) * kHidden;
+    for (int d = 0; d < kHidden; ++d) out[d] = scale * y[size_t(d)], bound[d] = scale * magnitude[size_t(d)];
+    ref.picks.emplace_back(order.begin(), order.begin() + kTopK);
+    for (int j = 0; j < kTopK; ++j) {
+      const int e = order[size_t(j)];
+      const double weight = prob[size_t(e)] / total;
+      feed_forward(m.gate[size_t(e)], m.up[size_t(e)], m.down[size_t(e)], xr, y, magnitude);
+      for (int d = 0; d < kHidden; ++d) out[d] += weight * y[size_t(d)], bound[d] += weight * magnitude[size_t(d)];
+    }
+  }
+  return ref;
+}
+
+cuda::MoeBuffers make_buffers(DeviceMemory& memory) {
+  constexpr size_t slots = size_t(cuda::kMaxGemvRows) * kTopK;
+  cuda::MoeBuffers b;
+  b.input = memory.zeros<float>(size_t(kRows) * kHidden);
+  b.output = memory.zeros<float>(size_t(kRows) * kHidden);
+  b.router = memory.zeros<float>(size_t(kRows) * kExperts);
+  b.route_weights = memory.zeros<float>(size_t(kRows) * kTopK);
+  b.route_ids = memory.zeros<int>(size_t(kRows) * kTopK);
+  b.shared_gate = memory.zeros<float>(size_t(kRows) * kSharedInner);
+  b.shared_up = memory.zeros<float>(size_t(kRows) * kSharedInner);
+  b.shared_scale = memory.zeros<float>(kRows);
+  b.expert_gate = memory.zeros<float>(slots * kRows * kInner);
+  b.expert_up = memory.zeros<float>(slots * kRows * kInner);
+  b.expert_out = memory.zeros<float>(slots * kRows * kHidden);
+  b.descriptors = memory.zeros<cuda::GemvMatrix>(cuda::moe_descriptor_count(kTopK));
+  b.slot_of = memory.zeros<int>(cuda::moe_slot_count(kTopK));
+  return b;
+}
+
+class CudaMoeDecode : public ::testing::TestWithParam<Formats> {};
+
+// Three chained fp32 products (the Q4 ones on tensor cores with ~22-bit activations) and an fp32 softmax: each
+// output is off by rounding only, a few 1e-6 of the magnitude of its terms, up to ~30x more where silu(gate)·up
+// cancels. The bound, 1e-3 of that magnitude, is far below what a wrong expert, row, slot or weight gives (order 1).
+TEST_P(CudaMoeDecode, MatchesDoublePrecisionForOneToFourRows) {
+  const Formats formats = GetParam();
+  std::mt19937 rng(29);
+  DeviceMemory memory;
+  const TestMoe moe = make_moe(memory, formats, rng);
+  const cuda::MoeBuffers buffers = make_buffers(memory);
+  cuda::MoeShape shape;
+  shape.hidden = kHidden;
+  shape.inner = kInner;
+  shape.shared_inner = kSharedInner;
+  shape.route = {kExperts, kTopK, true};
+  const cuda::MoeDecodePlan plan = cuda::plan_moe_decode(moe.device, shape, buffers);
+  ASSERT_TRUE(plan.decodes);
+  for (int rows = 1; rows <= kRows; ++rows) {
+    std::vector<float> x = normal_values(rng, size_t(rows) * kHidden, 1.0f);
+    for (int r = 0; r < rows; ++r)
+      for (int e : kPreferred[r]) x[size_t(r) * kHidden + size_t(e)] += kRouteBoost;
+    ASSERT_EQ(cudaMemcpy(const_cast<float*>(buffers.input), x.data(), x.size() * 4, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    cuda::moe_decode(moe.device, shape, plan, buffers, rows, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> y(x.size());
+    std::vector<int> ids(size_t(rows) * kTopK);
+    ASSERT_EQ(cudaMemcpy(y.data(), buffers.output, y.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(ids.data(), buffers.route_ids, ids.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    const Reference ref = reference_moe(moe, std::vector<double>(x.begin(), x.end()), rows);
+    for (int r = 0; r < rows; ++r) {
+      const std::set<int> picked(ids.begin() + r * kTopK, ids.begin() + (r + 1) * kTopK);
+      EXPECT_EQ(picked, ref.picks[size_t(r)]) << rows << " rows, row " << r;
+      EXPECT_EQ(picked, std::set<int>(std::begin(kPreferred[r]), std::end(kPreferred[r]))) << "the fixture's premise";
+    }
+    for (size_t i = 0; i < y.size(); ++i)
+      ASSERT_NEAR(y[i], ref.y[i], 1e-3 * ref.magnitude[i])
+          << rows << " rows, row " << i / kHidden << ", column " << i % kHidden;
+  }
+}
+
+const Formats kAllQ4{WeightFormat::Q4, WeightFormat::Q4, WeightFormat::Q4, WeightFormat::Q4};
+const Formats kAllBf16{WeightFormat::BF16, WeightFormat::BF16, WeightFormat::BF16, WeightFormat::BF16};
+// The router in its own GEMV launch, the shared expert through linear(), down in another format than gate and up.
+const Formats kMixed{WeightFormat::BF16, WeightFormat::F32, WeightFormat::Q4, WeightFormat::BF16};
+
+std::string formats_name(const ::testing::TestParamInfo<Formats>& info) {
+  return info.index == 0 ? "all_q4" : info.index == 1 ? "all_bf16" : "mixed";
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, CudaMoeDecode, ::testing::Values(kAllQ4, kAllBf16, kMixed), formats_name);
+
+TEST(CudaMoeDecodePlan, F32ExpertsTakeTheGeneralPath) {
+  std::mt19937 rng(3);
+  DeviceMemory memory;
+  const TestMoe moe = make_moe(memory, {WeightFormat::Q4, WeightFormat::Q4, WeightFormat::F32, WeightFormat::F32}, rng);
+  cuda::MoeShape shape{kHidden, kInner, kSharedInner, {kExperts, kTopK, true}};
+  EXPECT_FALSE(cuda::plan_moe_decode(moe.device, shape, make_buffers(memory)).decodes);
+}
+
+// 512 experts, top 10 (Flash-Next's router) over logits on a 1/4 grid, so that many are exactly equal: equal logits
+// give bit-equal probabilities on both sides, and unequal ones differ by a factor e^(1/4), so the CPU's order
+// (probability descending, then index ascending: src/cpu/moe.cpp's partial_sort) is the only right answer. Rows
+// span two blocks; one row is all ties, one has its winners at the highest indices.
+TEST(CudaMoeRoute, TopKMatchesTheCpuOrderWithTies) {
+  constexpr int experts = 512, top_k = 10, rows = 6;
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> level(0, 23);
+  std::vector<float> logits(size_t(rows) * experts);
+  for (float& v : logits) v = float(level(rng)) / 4.0f;
+  std::fill(logits.begin() + 2 * experts, logits.begin() + 3 * experts, 1.5f);
+  for (int e = experts - 12; e < experts; ++e) logits[size_t(3) * experts + size_t(e)] = 9.0f;
+  DeviceMemory memory;
+  const float* device_logits = memory.copy(logits);
+  int* ids = memory.zeros<int>(size_t(rows) * top_k);
+  float* weights = memory.zeros<float>(size_t(rows) * top_k);
+  for (bool norm_topk : {true, false}) {
+    cuda::moe_route({experts, top_k, norm_topk}, device_logits, rows, ids, weights, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<int> got_ids(size_t(rows) * top_k);
+    std::vector<float> got_weights(got_ids.size());
+    ASSERT_EQ(cudaMemcpy(got_ids.data(), ids, got_ids.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(got_weights.data(), weights, got_weights.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int r = 0; r < rows; ++r) {
+      const float* row = logits.data() + size_t(r) * experts;
+      std::vector<int> order(experts);
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return row[a] > row[b]; });
+      double sum = 0, total = 0;
+      for (int e = 0; e < experts; ++e) sum += std::exp(double(row[e]) - 5.75);
+      for (int j = 0; j < top_k; ++j) total += std::exp(double(row[order[size_t(j)]]) - 5.75) / sum;
+      for (int j = 0; j < top_k; ++j) {
+        const size_t at = size_t(r) * top_k + size_t(j);
+        EXPECT_EQ(got_ids[at], order[size_t(j)]) << "row " << r << ", pick " << j;
+        const double p = std::exp(double(row[order[size_t(j)]]) - 5.75) / sum;
+        // fp32 exp and a 512-term fp32 sum: a few 1e-7 relative (the sum cancels in the renormalised weights).
+        EXPECT_NEAR(got_weights[at], norm_topk ? p / total : p, 1e-5 * p / (norm_topk ? total : 1.0))
+            << "row " << r << ", pick " << j;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace vavilov
