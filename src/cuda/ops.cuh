@@ -1,6 +1,6 @@
 #pragma once
-// The GPU kernels of a qwen4_exp layer besides matrix products, each mirroring one step of the CPU engine
-// (src/cpu/): norms, RoPE, hyper-connections, the Gated DeltaNet conv and recurrence, QSA block selection and sparse
+// The GPU kernels of a qwen4_exp layer besides matrix products and Gated DeltaNet (cuda/gated_deltanet.cuh), each
+// mirroring one step of the CPU engine (src/cpu/): norms, RoPE, hyper-connections, QSA block selection and sparse
 // attention, MoE routing, PLE. All fp32; positions are passed from the host.
 #include <cuda_runtime.h>
 
@@ -27,25 +27,6 @@ void hc_combine(const float* mix, const float* normed, int rows, int streams, in
 void hc_inject_activation(float* inject, int64_t n, int streams, cudaStream_t stream);
 void hc_write(const float* inject, const float* y, int rows, int streams, int hidden, float* stack,
               cudaStream_t stream);
-
-// Gated DeltaNet.
-// beta = σ(beta); decay = −e^{a_log}·softplus(decay + dt_bias), per [rows, heads].
-void gdn_gates(float* beta, float* decay, const float* a_log, const float* dt_bias, int rows, int heads,
-               cudaStream_t stream);
-// Causal depthwise conv with silu over x [rows, channels] in place; state [kernel−1, channels] advanced;
-// row_states (optional) [rows, kernel−1, channels] gets the state after every row.
-void gdn_conv(const float* taps, int channels, int kernel, float* state, float* x, int rows, float* row_states,
-              cudaStream_t stream);
-// The delta rule over all rows for every value head; recurrent [heads, dk, dv]; out [rows, heads·dv];
-// row_states (optional) [rows, heads, dk, dv].
-struct GdnShape {
-  int heads, key_heads, dk, dv, conv_dim, key_dim;
-};
-void gdn_delta_rule(const GdnShape& shape, const float* qkv, const float* beta, const float* decay, int rows,
-                    float* recurrent, float* out, float* row_states, cudaStream_t stream);
-// o = w ⊙ rmsnorm(o) ⊙ gate(z) per head of dv values; gate σ or silu.
-void gdn_gated_norm(float* core, const float* z, const float* weight, int rows_heads, int dv, float eps,
-                    bool sigmoid_gate, cudaStream_t stream);
 
 // Sparse attention.
 // Pooled block keys for blocks [first_block, end_block): mean of `ratio` raw index keys, zero-centred RMSNorm,
