@@ -2,9 +2,11 @@
 // dk = dv = 128, fp32.
 //
 //   gdn_bench time OUT.json
-//     Decode (1 row; 4 rows recording every row's state) over 36 rotating layer states (113 MB, so L2 holds none),
-//     and the chunked prefill (prepare, scan, outputs, gated norm) for T = 64, 512, 2048, 8192 from a zero state.
-//     Median of the repetitions, CUDA events. Writes JSON.
+//     Decode (1 row; 4 rows recording every row's state): 36 launches back to back, one per layer state (113 MB, so
+//     L2 holds none), timed together and divided by 36, as in a step; and the chunked prefill (prepare, scan, outputs,
+//     gated norm) for T = 64, 512, 2048, 8192 from a zero state. Median of the repetitions, CUDA events. Writes JSON.
+//   gdn_bench profile
+//     A few launches of each kernel for ncu: decode 1 row and 4 rows, prefill T = 512 and 8192.
 //   gdn_bench check DIR T
 //     Reads DIR/{qkv,b,a,a_log,dt_bias,z,norm}.f32 (float32, little-endian, the layouts of GdnInputs for T rows),
 //     runs gdn_prefill from a zero state and writes DIR/ours_out.f32 [T, 48·128] and DIR/ours_state.f32 [48, 128, 128]
@@ -99,11 +101,14 @@ int time_kernels(const char* out_path) {
   for (int rows : {1, 4}) {
     const GdnInputs in = random_inputs(rows);
     const bool record = rows > 1;
-    const double us = median_us(kLayers, 20 * kLayers, [&](int i) {
-      const int layer = i % kLayers;
-      vavilov::cuda::gdn_decode(kShape, in, states + layer * state_floats,
-                                record ? row_states + size_t(layer) * 4 * state_floats : nullptr, out, nullptr);
-    });
+    const double us = median_us(2, 20,
+                                [&](int) {
+                                  for (int layer = 0; layer < kLayers; ++layer)
+                                    vavilov::cuda::gdn_decode(
+                                        kShape, in, states + layer * state_floats,
+                                        record ? row_states + size_t(layer) * 4 * state_floats : nullptr, out, nullptr);
+                                }) /
+                      kLayers;
     const double bytes = double(state_bytes) * (2 + (record ? rows : 0));
     std::printf("decode rows %d%s: %.2f us, %.0f GB/s of state\n", rows, record ? " (recording)" : "", us,
                 bytes / us * 1e-3);
@@ -137,6 +142,25 @@ int time_kernels(const char* out_path) {
   }
   std::fputs(json.c_str(), f);
   std::fclose(f);
+  return 0;
+}
+
+int profile() {
+  const size_t state_floats = size_t(kShape.heads) * kShape.dk * kShape.dv;
+  float* state = random_floats(state_floats, 8, -0.5f, 0.5f);
+  float* row_states = device_floats(state_floats * 4);
+  float* out = device_floats(size_t(8192) * kShape.heads * kShape.dv);
+  float* scratch = device_floats(vavilov::cuda::gdn_chunk_scratch_floats(kShape, 8192));
+  for (int rows : {1, 4}) {
+    const GdnInputs in = random_inputs(rows);
+    for (int i = 0; i < 3; ++i)
+      vavilov::cuda::gdn_decode(kShape, in, state, rows > 1 ? row_states : nullptr, out, nullptr);
+  }
+  for (int rows : {512, 8192}) {
+    const GdnInputs in = random_inputs(rows);
+    for (int i = 0; i < 2; ++i) vavilov::cuda::gdn_prefill(kShape, in, state, scratch, out, nullptr);
+  }
+  CHECK(cudaDeviceSynchronize());
   return 0;
 }
 
@@ -197,10 +221,11 @@ int check(const std::string& dir, int rows) {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "time" && argc == 3) return time_kernels(argv[2]);
+  if (mode == "profile" && argc == 2) return profile();
   if (mode == "check" && argc == 4) {
     const int rows = std::atoi(argv[3]);
     if (rows > 0) return check(argv[2], rows);
   }
-  std::fprintf(stderr, "usage: gdn_bench time OUT.json | gdn_bench check DIR T\n");
+  std::fprintf(stderr, "usage: gdn_bench time OUT.json | gdn_bench profile | gdn_bench check DIR T\n");
   return 2;
 }

@@ -151,16 +151,17 @@ def main():
     result["ours_kernels"] = ours
     ours_prefill = {p["T"]: p["us"] for p in ours["prefill"]}
 
-    def agreement(t):
+    def agreement(t, with_fla):
         if time.time() - begin > args.budget_s:
             result["skipped"].append(f"agreement T={t}: over the time budget")
             return
+        print(f"[{time.time() - begin:.1f} s] agreement T={t}", flush=True)
         x = random_inputs(t, 2)
         want_out, want_state = reference(x, device)
         got_out, got_state = run_ours(args.bench, x, t)
         entry = {"ours_vs_float64": {"out": relative_error(got_out, want_out),
                                      "state": relative_error(got_state, want_state)}}
-        if chunk_gated_delta_rule is not None:
+        if with_fla and chunk_gated_delta_rule is not None:
             try:
                 o, state = fla_call(chunk_gated_delta_rule, x, torch.float32, device)()
                 fla_out = gated_norm(o[0], x)
@@ -173,30 +174,39 @@ def main():
         result["agreement"][str(t)] = entry
         print(t, entry, flush=True)
 
-    agreement(512)  # first: it also compiles fla's fp32 kernels
-    for t in (512, 8192):
-        timing = {"ours_fp32": ours_prefill.get(t)}
-        if chunk_gated_delta_rule is not None:
-            x = random_inputs(t, 1)
-            for dtype, name in ((torch.float32, "fla_fp32_inputs"), (torch.bfloat16, "fla_bf16")):
-                if time.time() - begin > args.budget_s:
-                    result["skipped"].append(f"{name} T={t}: over the time budget")
-                    continue
-                try:
-                    timing[name] = median_us(fla_call(chunk_gated_delta_rule, x, dtype, device), 3, 20)
-                except Exception as error:  # noqa: BLE001 - recorded in the result
-                    timing[name + "_error"] = repr(error)
-            for name in ("fla_fp32_inputs", "fla_bf16"):
-                if name in timing and timing["ours_fp32"]:
-                    timing["fla_over_ours_" + name] = timing[name] / timing["ours_fp32"]
-        result["timings_us"][str(t)] = timing
+    def save():
+        result["seconds"] = time.time() - begin
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+    def fla_timing(t, dtype, name):
+        timing = result["timings_us"].setdefault(str(t), {"ours_fp32": ours_prefill.get(t)})
+        if chunk_gated_delta_rule is None:
+            return
+        if time.time() - begin > args.budget_s:
+            result["skipped"].append(f"{name} T={t}: over the time budget")
+            return
+        print(f"[{time.time() - begin:.1f} s] {name} T={t}", flush=True)
+        try:
+            timing[name] = median_us(fla_call(chunk_gated_delta_rule, random_inputs(t, 1), dtype, device), 3, 20)
+            timing["fla_over_ours_" + name] = timing[name] / timing["ours_fp32"]
+        except Exception as error:  # noqa: BLE001 - recorded in the result
+            timing[name + "_error"] = repr(error)
         print(t, timing, flush=True)
 
-    agreement(8192)
-
-    result["seconds"] = time.time() - begin
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    # Each stage saves what it has: a run cut short still leaves its results.
+    # fla compiles and autotunes per dtype on first use (tens of seconds): bf16, its fastest path, first.
+    save()
+    agreement(512, with_fla=False)
+    save()
+    for dtype, name in ((torch.bfloat16, "fla_bf16"), (torch.float32, "fla_fp32_inputs")):
+        for t in (512, 8192):
+            fla_timing(t, dtype, name)
+            save()
+    agreement(512, with_fla=True)
+    save()
+    agreement(8192, with_fla=True)
+    save()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 #include <cooperative_groups.h>
+#include <cuda_pipeline.h>
 
 #include <algorithm>
 #include <cmath>
@@ -33,6 +34,16 @@ __device__ inline float log_decay(const GdnInputs& in, int h, size_t at) {
 }
 
 __device__ inline float output_gate(float z, bool sigmoid_gate) { return sigmoid_gate ? sigmoid(z) : silu(z); }
+
+// Shared-memory loads go through cp.async: a thread issues all of its copies before waiting for any, so a tile
+// costs one memory latency, not one per element.
+__device__ inline void copy_async(float* shared, const float* global) {
+  __pipeline_memcpy_async(shared, global, sizeof(float));
+}
+__device__ inline void wait_copies() {
+  __pipeline_commit();
+  __pipeline_wait_prior(0);
+}
 
 inline int blocks_for(int64_t n, int threads) { return int((n + threads - 1) / threads); }
 __host__ __device__ inline int padded_key_dim(int dk) { return (dk + 3) & ~3; }  // rows of float4 in shared memory
@@ -122,6 +133,11 @@ __global__ void __launch_bounds__(kThreads)
   const int key_head = head / (s.heads / s.key_heads);
   const size_t head_size = size_t(s.dk) * s.dv;
   float* head_state = recurrent + head * head_size;
+  const int j = blockIdx.y * kSliceColumns + lane;  // the output norm's column (warp r: row r)
+  const bool norm_thread = warp < in.rows && j < s.dv;
+  const size_t out_at = (size_t(warp) * s.heads + head) * s.dv + j;
+  const float gate = norm_thread ? output_gate(in.z[out_at], in.sigmoid_gate) : 0.0f;
+  const float weight = norm_thread ? in.norm[j] : 0.0f;
 
   float state[L::kRowsPerThread][kVec] = {};
 #pragma unroll
@@ -133,6 +149,9 @@ __global__ void __launch_bounds__(kThreads)
   const float q_scale = 1.0f / sqrtf(float(s.dk));
   for (int t = 0; t < in.rows; ++t) {
     const float* row = in.qkv + size_t(t) * s.conv_dim;
+    float v[kVec];  // loaded now, used after the first sum
+#pragma unroll
+    for (int c = 0; c < kVec; ++c) v[c] = active ? row[2 * s.key_dim + head * s.dv + j0 + c] : 0.0f;
     if (warp < 2) {  // warp 0: q, warp 1: k, l2-normalised
       const float* source = row + warp * s.key_dim + key_head * s.dk;
       float sum = 0.0f;
@@ -162,8 +181,7 @@ __global__ void __launch_bounds__(kThreads)
     float delta[kVec];
 #pragma unroll
     for (int c = 0; c < kVec; ++c) {
-      const float v = active ? row[2 * s.key_dim + head * s.dv + j0 + c] : 0.0f;
-      delta[c] = beta * (v - kv[column_thread * kVec + c]);
+      delta[c] = beta * (v[c] - kv[column_thread * kVec + c]);
       sums[c] = 0.0f;
     }
 #pragma unroll
@@ -193,8 +211,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   // Gated RMS norm over the head's dv outputs of each row (warp t: row t); the cluster adds up the slices' squares.
-  const int j = blockIdx.y * kSliceColumns + lane;
-  const float o = warp < in.rows && j < s.dv ? outputs[warp][lane] : 0.0f;
+  const float o = norm_thread ? outputs[warp][lane] : 0.0f;
   if (warp < in.rows) {
     const float sum = warp_sum(o * o);
     if (lane == 0) squares[warp] = sum;
@@ -204,11 +221,7 @@ __global__ void __launch_bounds__(kThreads)
   if (warp < in.rows) {
     float total = 0.0f;
     for (unsigned r = 0; r < cluster.num_blocks(); ++r) total += cluster.map_shared_rank(squares, r)[warp];
-    if (j < s.dv) {
-      const size_t at = (size_t(warp) * s.heads + head) * s.dv + j;
-      const float scale = 1.0f / sqrtf(total / float(s.dv) + in.eps);
-      out[at] = in.norm[j] * (o * scale) * output_gate(in.z[at], in.sigmoid_gate);
-    }
+    if (norm_thread) out[out_at] = weight * (o * (1.0f / sqrtf(total / float(s.dv) + in.eps))) * gate;
   }
   cluster.sync();  // no block leaves while another still reads its `squares`
 }
@@ -270,6 +283,17 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_prepare_kernel(GdnShape s,
   const int key_head = h / (s.heads / s.key_heads);
   const size_t block = size_t(chunk) * s.heads + h;
 
+  for (int e = tid; e < kC * s.dk; e += kThreads) {  // raw q and k rows; zero past the input
+    const int t = e / s.dk, i = e % s.dk;
+    if (t < n) {
+      const float* q_row = in.qkv + size_t(t0 + t) * s.conv_dim + key_head * s.dk;
+      copy_async(queries + t * stride + i, q_row + i);
+      copy_async(keys + t * stride + i, q_row + s.key_dim + i);
+    } else {
+      queries[t * stride + i] = 0.0f;
+      keys[t * stride + i] = 0.0f;
+    }
+  }
   if (tid < kC) {  // rows past the input: β = 0, g = 0 (they change nothing)
     float g = 0.0f, b = 0.0f;
     if (tid < n) {
@@ -280,22 +304,7 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_prepare_kernel(GdnShape s,
     gamma[tid] = g;
     beta[tid] = b;
   }
-  const float q_scale = 1.0f / sqrtf(float(s.dk));
-  for (int t = warp; t < kC; t += kWarps) {
-    const float* q_row = in.qkv + size_t(t0 + min(t, n - 1)) * s.conv_dim + key_head * s.dk;
-    const float* k_row = q_row + s.key_dim;
-    float q_sum = 0.0f, k_sum = 0.0f;
-    for (int i = lane; i < s.dk; i += 32) {
-      q_sum += q_row[i] * q_row[i];
-      k_sum += k_row[i] * k_row[i];
-    }
-    const float q_norm = t < n ? 1.0f / sqrtf(warp_sum(q_sum) + 1e-6f) * q_scale : 0.0f;
-    const float k_norm = t < n ? 1.0f / sqrtf(warp_sum(k_sum) + 1e-6f) : 0.0f;
-    for (int i = lane; i < s.dk; i += 32) {
-      queries[t * stride + i] = q_row[i] * q_norm;
-      keys[t * stride + i] = k_row[i] * k_norm;
-    }
-  }
+  wait_copies();
   __syncthreads();
   if (warp == 0) {  // inclusive scan of the 64 decays, two per lane
     const float first = gamma[2 * lane], second = gamma[2 * lane + 1];
@@ -307,6 +316,20 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_prepare_kernel(GdnShape s,
     const float before = __shfl_up_sync(0xffffffffu, sum, 1);  // the sum over the lanes below
     gamma[2 * lane] = lane == 0 ? first : before + first;
     gamma[2 * lane + 1] = lane == 0 ? first + second : (before + first) + second;
+  }
+  const float q_scale = 1.0f / sqrtf(float(s.dk));
+  for (int t = warp; t < n; t += kWarps) {  // l2-normalise in place (each lane rescales what it summed)
+    float q_sum = 0.0f, k_sum = 0.0f;
+    for (int i = lane; i < s.dk; i += 32) {
+      q_sum += queries[t * stride + i] * queries[t * stride + i];
+      k_sum += keys[t * stride + i] * keys[t * stride + i];
+    }
+    const float q_norm = 1.0f / sqrtf(warp_sum(q_sum) + 1e-6f) * q_scale;
+    const float k_norm = 1.0f / sqrtf(warp_sum(k_sum) + 1e-6f);
+    for (int i = lane; i < s.dk; i += 32) {
+      queries[t * stride + i] *= q_norm;
+      keys[t * stride + i] *= k_norm;
+    }
   }
   __syncthreads();
 
@@ -386,7 +409,7 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_prepare_kernel(GdnShape s,
 
 size_t scan_shared_bytes(const GdnShape& s) {
   const size_t dkp = size_t(padded_key_dim(s.dk));
-  return (2 * size_t(kC) * dkp + dkp * kSliceColumns + size_t(kC) * kSliceColumns) * 4;
+  return (2 * size_t(kC) * dkp + dkp * kSliceColumns + 2 * size_t(kC) * kSliceColumns) * 4;
 }
 
 // Block (head, slice of 32 value columns), 256 threads; the chunks in order. Thread (warp, lane) owns column lane and
@@ -399,8 +422,9 @@ __global__ void __launch_bounds__(kThreads)
   float* kdt = w + kC * dkp;                     // [dkp][C]
   float* state = kdt + dkp * kC;                 // [dkp][32]
   float* delta = state + dkp * kSliceColumns;    // [C][32]
+  float* u_slice = delta + kC * kSliceColumns;   // [C][32]
   const int h = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int j = blockIdx.y * kSliceColumns + lane;
+  const int j0 = blockIdx.y * kSliceColumns, j = j0 + lane;
   const bool valid = j < s.dv;
   const int chunks = (rows + kC - 1) / kC;
   float* head_state = recurrent + size_t(h) * s.dk * s.dv;
@@ -411,21 +435,36 @@ __global__ void __launch_bounds__(kThreads)
     const size_t block = size_t(chunk) * s.heads + h;
     const float* w_chunk = x.w + block * kC * s.dk;
     const float* kdt_chunk = x.kdt + block * s.dk * kC;
+    float* u = x.u + block * kC * s.dv;
     for (int e = tid; e < kC * dkp; e += kThreads) {
       const int t = e / dkp, i = e % dkp;
-      w[e] = i < s.dk ? w_chunk[t * s.dk + i] : 0.0f;
-      kdt[e] = e < s.dk * kC ? kdt_chunk[e] : 0.0f;
+      if (i < s.dk)
+        copy_async(w + e, w_chunk + t * s.dk + i);
+      else
+        w[e] = 0.0f;
+      if (e < s.dk * kC)
+        copy_async(kdt + e, kdt_chunk + e);
+      else
+        kdt[e] = 0.0f;
     }
+    for (int e = tid; e < kC * kSliceColumns; e += kThreads) {
+      const int t = e / kSliceColumns, c = j0 + e % kSliceColumns;
+      if (c < s.dv)
+        copy_async(u_slice + e, u + t * s.dv + c);
+      else
+        u_slice[e] = 0.0f;
+    }
+    const float decay = x.decay[block];
     float* s0 = x.s0 + block * s.dk * s.dv;
     if (valid)
       for (int i = warp; i < s.dk; i += kWarps) s0[size_t(i) * s.dv + j] = state[i * kSliceColumns + lane];
+    wait_copies();
     __syncthreads();
 
     // Δ = U − W S
-    float* u = x.u + block * kC * s.dv;
     float sums[kC / kWarps];
 #pragma unroll
-    for (int m = 0; m < kC / kWarps; ++m) sums[m] = valid ? u[(warp + kWarps * m) * s.dv + j] : 0.0f;
+    for (int m = 0; m < kC / kWarps; ++m) sums[m] = u_slice[(warp + kWarps * m) * kSliceColumns + lane];
     for (int i = 0; i < dkp; i += 4) {
       const float s0_ = state[i * kSliceColumns + lane], s1 = state[(i + 1) * kSliceColumns + lane];
       const float s2 = state[(i + 2) * kSliceColumns + lane], s3 = state[(i + 3) * kSliceColumns + lane];
@@ -444,7 +483,6 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
 
     // S ← e^{γ_C} S + Kdᵀ Δ (each thread rewrites only the rows it reads)
-    const float decay = x.decay[block];
     float next[kGdnMaxKeyDim / kWarps];
 #pragma unroll
     for (int m = 0; m < kGdnMaxKeyDim / kWarps; ++m) {
@@ -497,17 +535,27 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_output_kernel(GdnShape s, 
   const float* delta_chunk = x.u + block * kC * s.dv;
   for (int e = tid; e < kC * dkp; e += kThreads) {
     const int t = e / dkp, i = e % dkp;
-    qd[e] = i < s.dk ? qd_chunk[t * s.dk + i] : 0.0f;
+    if (i < s.dk)
+      copy_async(qd + e, qd_chunk + t * s.dk + i);
+    else
+      qd[e] = 0.0f;
   }
-  for (int e = tid; e < kC * kC; e += kThreads) p[e] = p_chunk[e];
+  for (int e = tid; e < kC * kC; e += kThreads) copy_async(p + e, p_chunk + e);
   for (int e = tid; e < dkp * kSliceColumns; e += kThreads) {
     const int i = e / kSliceColumns, c = j0 + e % kSliceColumns;
-    s0[e] = i < s.dk && c < s.dv ? s0_chunk[size_t(i) * s.dv + c] : 0.0f;
+    if (i < s.dk && c < s.dv)
+      copy_async(s0 + e, s0_chunk + size_t(i) * s.dv + c);
+    else
+      s0[e] = 0.0f;
   }
   for (int e = tid; e < kC * kSliceColumns; e += kThreads) {
     const int t = e / kSliceColumns, c = j0 + e % kSliceColumns;
-    delta[e] = c < s.dv ? delta_chunk[t * s.dv + c] : 0.0f;
+    if (c < s.dv)
+      copy_async(delta + e, delta_chunk + t * s.dv + c);
+    else
+      delta[e] = 0.0f;
   }
+  wait_copies();
   __syncthreads();
 
   float sums[kC / kWarps] = {};
