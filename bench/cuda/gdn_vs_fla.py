@@ -10,6 +10,11 @@ Shape of Qwen3.8-Flash-Next: batch 1, 48 value heads on 16 key heads (fla's GVA)
 - Agreement: on the same random inputs (zero initial state), ours (`vavilov_gdn_bench check`), fla fp32 and a float64
   recurrence of the spec (torch, token by token): the gated, normalised outputs and the final state.
 
+Needs torch and triton (the GPU machine's image) plus fla-core==0.6.0 and einops==0.8.2 (its only pure-python
+import). The GPU machine has no internet: fetch the wheels elsewhere with
+`pip download --no-deps fla-core==0.6.0 einops==0.8.2`, then `pip install --no-deps --target DIR *.whl` there and put
+DIR on PYTHONPATH. fla compiles and autotunes each dtype on first use (over a minute on the H200).
+
 Usage: gdn_vs_fla.py --bench BUILD/vavilov_gdn_bench --out RESULT.json [--commit C] [--budget-s S]
 """
 import argparse
