@@ -12,6 +12,7 @@
 #include "cuda/backend.h"
 #include "cuda/device_model.h"
 #include "cuda/expert_prefill.cuh"
+#include "cuda/gated_deltanet.cuh"
 #include "cuda/hyper_connection.cuh"
 #include "cuda/linear.cuh"
 #include "cuda/moe_block.h"
@@ -36,6 +37,7 @@ constexpr int kAttentionRows = 64;  // rows per attention pass (bounds the scrat
 constexpr int kAttentionPasses = kChunkRows / kAttentionRows;
 constexpr int kRecordedRows = 4;   // rows whose recurrent state a pass can record for rollback; graphs up to this many
 constexpr int kMaxDecodeRows = 4;  // passes of more rows take the prefill branches (grouped expert GEMMs)
+static_assert(kRecordedRows <= kGdnDecodeMaxRows, "recorded rows run through the GDN decode kernel");
 
 // The passes a sequence captures as graphs.
 enum PassKind { kTrunk, kHead, kHeadLogits };
@@ -47,7 +49,7 @@ struct Workspace {
   int32_t* ids;
   int64_t* position;  // [kAttentionPasses]: of each attention pass's first row (the pass's first row at [0])
   float *stack, *normed, *low, *mix, *input, *inject, *output, *hidden;
-  float *qkv, *z, *beta, *decay, *core;
+  float *qkv, *z, *gate_b, *gate_a, *core, *gdn_chunks;  // gate_b, gate_a: in_proj_b, in_proj_a outputs
   float *q, *k, *v, *index_qk, *queries, *index_queries, *attended;
   float *router, *route_weights, *shared_gate_up, *shared_up, *shared_scale, *expert_gate, *expert_up, *expert_out;
   int* route_ids;
@@ -88,6 +90,11 @@ class Layout {
   std::vector<Entry> entries_;
 };
 
+GdnShape gdn_shape(const ModelConfig& c) {
+  return {c.linear_num_value_heads, c.linear_num_key_heads, c.linear_key_head_dim,
+          c.linear_value_head_dim,  int(c.gdn_conv_dim()),  int(c.gdn_key_dim())};
+}
+
 void make_workspace(const ModelConfig& c, Workspace& w) {
   const size_t r = kChunkRows, h = size_t(c.hidden_size), sh = size_t(c.hc_hidden()), s = size_t(c.hc_count);
   const size_t k = size_t(c.num_experts_per_tok);
@@ -102,8 +109,9 @@ void make_workspace(const ModelConfig& c, Workspace& w) {
   l.add(w.qkv, r * size_t(c.gdn_conv_dim()));
   l.add(w.z, r * size_t(c.gdn_value_dim()));
   l.add(w.core, r * size_t(c.gdn_value_dim()));
-  l.add(w.beta, r * size_t(c.linear_num_value_heads));
-  l.add(w.decay, r * size_t(c.linear_num_value_heads));
+  l.add(w.gate_b, r * size_t(c.linear_num_value_heads));
+  l.add(w.gate_a, r * size_t(c.linear_num_value_heads));
+  l.add(w.gdn_chunks, gdn_chunk_scratch_floats(gdn_shape(c), int(r)));
   l.add(w.q, r * size_t(c.num_attention_heads) * 2 * hd);
   l.add(w.k, r * size_t(c.num_key_value_heads) * hd);
   l.add(w.v, r * size_t(c.num_key_value_heads) * hd);
@@ -214,6 +222,9 @@ class CudaSequence final : public SequenceBackend {
         c_(model_->config),
         runner_(model_, staged_input_bytes(c_), staged_output_bytes(c_), graphs_enabled_by_environment()),
         stream_(runner_.stream()) {
+    check(c_.linear_key_head_dim <= kGdnMaxKeyDim && c_.linear_value_head_dim <= kGdnMaxValueDim,
+          "{}: the GPU's Gated DeltaNet takes linear_key_head_dim ≤ {} and linear_value_head_dim ≤ {}, got {} and {}",
+          model_->name, kGdnMaxKeyDim, kGdnMaxValueDim, c_.linear_key_head_dim, c_.linear_value_head_dim);
     for (int i = 0; i < c_.num_layers; ++i)
       layers_.push_back(new_layer_state(c_, c_.layer_kinds[size_t(i)], c_.is_ple_layer(i)));
     if (model_->mtp) mtp_state_ = new_layer_state(c_, LayerKind::SparseAttention, false);
@@ -428,19 +439,20 @@ void CudaSequence::hyper_read(const DeviceGatedResidual& w, const float* stack, 
 }
 
 void CudaSequence::gated_deltanet(const DeviceGatedDeltaNet& w, LayerState& state, int rows, bool record) {
-  const int heads = c_.linear_num_value_heads, dv = c_.linear_value_head_dim;
   linear(w.in_qkv, work_.input, rows, work_.qkv, stream_);
   linear(w.in_z, work_.input, rows, work_.z, stream_);
-  linear(w.in_b, work_.input, rows, work_.beta, stream_);
-  linear(w.in_a, work_.input, rows, work_.decay, stream_);
-  gdn_gates(work_.beta, work_.decay, w.a_log, w.dt_bias, rows, heads, stream_);
+  linear(w.in_b, work_.input, rows, work_.gate_b, stream_);
+  linear(w.in_a, work_.input, rows, work_.gate_a, stream_);
   gdn_conv(w.conv, int(c_.gdn_conv_dim()), c_.linear_conv_kernel_dim, state.gdn_conv.state<float>(), work_.qkv, rows,
            state.gdn_conv.recorded<float>(record), stream_);
-  const GdnShape shape{heads, c_.linear_num_key_heads, c_.linear_key_head_dim,
-                       dv,    int(c_.gdn_conv_dim()),  int(c_.gdn_key_dim())};
-  gdn_delta_rule(shape, work_.qkv, work_.beta, work_.decay, rows, state.gdn_recurrent.state<float>(), work_.core,
-                 state.gdn_recurrent.recorded<float>(record), stream_);
-  gdn_gated_norm(work_.core, work_.z, w.norm, rows * heads, dv, c_.rms_norm_eps, c_.gdn_gate_sigmoid, stream_);
+  const GdnInputs in{work_.qkv, work_.gate_b,    work_.gate_a,        w.a_log, w.dt_bias, work_.z,
+                     w.norm,    c_.rms_norm_eps, c_.gdn_gate_sigmoid, rows};
+  float* recurrent = state.gdn_recurrent.state<float>();
+  // Decode rows (and recorded ones, at most kRecordedRows) go one after the other; longer passes chunk-parallel.
+  if (record || rows <= kGdnDecodeMaxRows)
+    gdn_decode(gdn_shape(c_), in, recurrent, state.gdn_recurrent.recorded<float>(record), work_.core, stream_);
+  else
+    gdn_prefill(gdn_shape(c_), in, recurrent, work_.gdn_chunks, work_.core, stream_);
   linear(w.out, work_.core, rows, work_.output, stream_);
 }
 

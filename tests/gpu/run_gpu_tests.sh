@@ -14,10 +14,10 @@ export VAVILOV_SOURCE_DIR=${VAVILOV_SOURCE_DIR:-$PWD}
 status=0
 "$tests" --gtest_brief=1 || status=1
 if command -v compute-sanitizer > /dev/null; then
-  # One F32 fixture with PLE and one with the MTP head cover every kernel, the MoE tests the decode block; memcheck
-  # slows them ~100x.
+  # One F32 fixture with PLE and one with the MTP head cover every kernel, the MoE tests the decode block, CudaGdn
+  # the GDN kernels at the release's shape; memcheck slows them ~100x.
   compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 "$tests" --gtest_brief=1 \
-    --gtest_filter='*tiny_f32_hc4_ple1:*mtp_f32_hc4:*CudaMoe*' || status=1
+    --gtest_filter='*tiny_f32_hc4_ple1:*mtp_f32_hc4:*CudaMoe*:CudaGdn.*' || status=1
 else
   echo "compute-sanitizer not found: memcheck skipped"
 fi

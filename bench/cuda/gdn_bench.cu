@@ -1,0 +1,231 @@
+// Gated DeltaNet kernels (cuda/gated_deltanet.cuh) at Qwen3.8-Flash-Next's shape: 48 value heads on 16 key heads,
+// dk = dv = 128, fp32.
+//
+//   gdn_bench time OUT.json
+//     Decode (1 row; 4 rows recording every row's state): 36 launches back to back, one per layer state (113 MB, so
+//     L2 holds none), timed together and divided by 36, as in a step; and the chunked prefill (prepare, scan, outputs,
+//     gated norm) for T = 64, 512, 2048, 8192 from a zero state. Median of the repetitions, CUDA events. Writes JSON.
+//   gdn_bench profile
+//     A few launches of each kernel for ncu: decode 1 row and 4 rows, prefill T = 512 and 8192.
+//   gdn_bench check DIR T
+//     Reads DIR/{qkv,b,a,a_log,dt_bias,z,norm}.f32 (float32, little-endian, the layouts of GdnInputs for T rows),
+//     runs gdn_prefill from a zero state and writes DIR/ours_out.f32 [T, 48·128] and DIR/ours_state.f32 [48, 128, 128]
+//     (bench/cuda/gdn_vs_fla.py compares them with flash-linear-attention and a float64 recurrence).
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cuda/gated_deltanet.cuh"
+#include "cuda/random_fill.cuh"
+
+namespace {
+
+using vavilov::cuda::GdnInputs;
+using vavilov::cuda::GdnShape;
+
+#define CHECK(call)                                                                                   \
+  do {                                                                                                \
+    cudaError_t error_ = (call);                                                                      \
+    if (error_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(error_)); \
+      std::exit(1);                                                                                   \
+    }                                                                                                 \
+  } while (0)
+
+constexpr GdnShape kShape{48, 16, 128, 128, 2 * 16 * 128 + 48 * 128, 16 * 128};
+constexpr int kLayers = 36;  // GDN layers of the model: the rotating decode states
+
+float* device_floats(size_t n) {
+  float* p = nullptr;
+  CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * 4));
+  CHECK(cudaMemset(p, 0, std::max<size_t>(n, 1) * 4));
+  return p;
+}
+
+float* random_floats(size_t n, uint64_t stream_id, float lo, float hi) {
+  float* p = device_floats(n);
+  vavilov::cuda::fill_uniform(p, n, 2026, stream_id, lo, hi, nullptr);
+  return p;
+}
+
+// Random inputs for `rows` rows (the weights' ranges as in the model: β and decays spread over their ranges).
+GdnInputs random_inputs(int rows) {
+  const size_t r = size_t(rows), heads = size_t(kShape.heads);
+  return {random_floats(r * kShape.conv_dim, 1, -1.0f, 1.0f),
+          random_floats(r * heads, 2, -3.0f, 3.0f),
+          random_floats(r * heads, 3, -3.0f, 3.0f),
+          random_floats(heads, 4, -1.0f, 2.5f),
+          random_floats(heads, 5, -1.0f, 1.0f),
+          random_floats(r * heads * kShape.dv, 6, -2.0f, 2.0f),
+          random_floats(size_t(kShape.dv), 7, 0.5f, 1.5f),
+          1e-6f,
+          true,
+          rows};
+}
+
+// Median microseconds of `repeats` calls of `body(i)`, after `warmup` untimed ones.
+double median_us(int warmup, int repeats, const std::function<void(int)>& body) {
+  for (int i = 0; i < warmup; ++i) body(i);
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  std::vector<double> times;
+  for (int i = 0; i < repeats; ++i) {
+    CHECK(cudaEventRecord(start));
+    body(warmup + i);
+    CHECK(cudaEventRecord(stop));
+    CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(double(ms) * 1e3);
+  }
+  CHECK(cudaGetLastError());
+  std::sort(times.begin(), times.end());
+  CHECK(cudaEventDestroy(start));
+  CHECK(cudaEventDestroy(stop));
+  return times[times.size() / 2];
+}
+
+int time_kernels(const char* out_path) {
+  const size_t state_floats = size_t(kShape.heads) * kShape.dk * kShape.dv, state_bytes = state_floats * 4;
+  float* states = random_floats(state_floats * kLayers, 8, -0.5f, 0.5f);
+  float* row_states = device_floats(state_floats * 4 * kLayers);
+  float* out = device_floats(size_t(8192) * kShape.heads * kShape.dv);
+  std::string json =
+      "{\n  \"shape\": {\"heads\": 48, \"key_heads\": 16, \"dk\": 128, \"dv\": 128, \"dtype\": \"float32\"},\n";
+
+  // Decode: one call per layer, each on its own state (as in a step), so the state comes from HBM.
+  for (int rows : {1, 4}) {
+    const GdnInputs in = random_inputs(rows);
+    const bool record = rows > 1;
+    const double us = median_us(2, 20,
+                                [&](int) {
+                                  for (int layer = 0; layer < kLayers; ++layer)
+                                    vavilov::cuda::gdn_decode(
+                                        kShape, in, states + layer * state_floats,
+                                        record ? row_states + size_t(layer) * 4 * state_floats : nullptr, out, nullptr);
+                                }) /
+                      kLayers;
+    const double bytes = double(state_bytes) * (2 + (record ? rows : 0));
+    std::printf("decode rows %d%s: %.2f us, %.0f GB/s of state\n", rows, record ? " (recording)" : "", us,
+                bytes / us * 1e-3);
+    json += "  \"decode_rows" + std::to_string(rows) + (record ? "_recorded" : "") +
+            "\": {\"us\": " + std::to_string(us) + ", \"state_bytes\": " + std::to_string(bytes) +
+            ", \"gb_per_s\": " + std::to_string(bytes / us * 1e-3) + "},\n";
+  }
+
+  // Prefill from a zero state (the state is rewritten each call; its values do not change the work).
+  json += "  \"prefill\": [\n";
+  const std::vector<int> lengths = {64, 512, 2048, 8192};
+  float* scratch = device_floats(vavilov::cuda::gdn_chunk_scratch_floats(kShape, lengths.back()));
+  for (size_t n = 0; n < lengths.size(); ++n) {
+    const int rows = lengths[n];
+    const GdnInputs in = random_inputs(rows);
+    const double us = median_us(3, 20, [&](int) {
+      CHECK(cudaMemsetAsync(states, 0, state_bytes));
+      vavilov::cuda::gdn_prefill(kShape, in, states, scratch, out, nullptr);
+    });
+    std::printf("prefill T %d: %.1f us (%.0f tokens/ms)\n", rows, us, rows / us * 1e3);
+    json += "    {\"T\": " + std::to_string(rows) + ", \"us\": " + std::to_string(us) + "}" +
+            (n + 1 < lengths.size() ? ",\n" : "\n");
+  }
+  json +=
+      "  ],\n  \"prefill_note\": \"gdn_prefill: l2 norms, gates, chunk prepare, state scan, outputs and the gated "
+      "RMS norm; each timing includes a 3.1 MB memset of the state\"\n}\n";
+  FILE* f = std::fopen(out_path, "w");
+  if (!f) {
+    std::fprintf(stderr, "cannot write %s\n", out_path);
+    return 1;
+  }
+  std::fputs(json.c_str(), f);
+  std::fclose(f);
+  return 0;
+}
+
+int profile() {
+  const size_t state_floats = size_t(kShape.heads) * kShape.dk * kShape.dv;
+  float* state = random_floats(state_floats, 8, -0.5f, 0.5f);
+  float* row_states = device_floats(state_floats * 4);
+  float* out = device_floats(size_t(8192) * kShape.heads * kShape.dv);
+  float* scratch = device_floats(vavilov::cuda::gdn_chunk_scratch_floats(kShape, 8192));
+  for (int rows : {1, 4}) {
+    const GdnInputs in = random_inputs(rows);
+    for (int i = 0; i < 3; ++i)
+      vavilov::cuda::gdn_decode(kShape, in, state, rows > 1 ? row_states : nullptr, out, nullptr);
+  }
+  for (int rows : {512, 8192}) {
+    const GdnInputs in = random_inputs(rows);
+    for (int i = 0; i < 2; ++i) vavilov::cuda::gdn_prefill(kShape, in, state, scratch, out, nullptr);
+  }
+  CHECK(cudaDeviceSynchronize());
+  return 0;
+}
+
+std::vector<float> read_floats(const std::string& path, size_t n) {
+  std::vector<float> v(n);
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f || std::fread(v.data(), 4, n, f) != n) {
+    std::fprintf(stderr, "%s: cannot read %zu float32 values\n", path.c_str(), n);
+    std::exit(1);
+  }
+  std::fclose(f);
+  return v;
+}
+
+float* upload(const std::vector<float>& host) {
+  float* p = device_floats(host.size());
+  CHECK(cudaMemcpy(p, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+  return p;
+}
+
+void write_floats(const std::string& path, const float* device, size_t n) {
+  std::vector<float> host(n);
+  CHECK(cudaMemcpy(host.data(), device, n * 4, cudaMemcpyDeviceToHost));
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f || std::fwrite(host.data(), 4, n, f) != n) {
+    std::fprintf(stderr, "cannot write %s\n", path.c_str());
+    std::exit(1);
+  }
+  std::fclose(f);
+}
+
+int check(const std::string& dir, int rows) {
+  const size_t r = size_t(rows), heads = size_t(kShape.heads), dv = size_t(kShape.dv);
+  const GdnInputs in{upload(read_floats(dir + "/qkv.f32", r * kShape.conv_dim)),
+                     upload(read_floats(dir + "/b.f32", r * heads)),
+                     upload(read_floats(dir + "/a.f32", r * heads)),
+                     upload(read_floats(dir + "/a_log.f32", heads)),
+                     upload(read_floats(dir + "/dt_bias.f32", heads)),
+                     upload(read_floats(dir + "/z.f32", r * heads * dv)),
+                     upload(read_floats(dir + "/norm.f32", dv)),
+                     1e-6f,
+                     true,
+                     rows};
+  const size_t state_floats = heads * kShape.dk * dv;
+  float* state = device_floats(state_floats);
+  float* scratch = device_floats(vavilov::cuda::gdn_chunk_scratch_floats(kShape, rows));
+  float* out = device_floats(r * heads * dv);
+  vavilov::cuda::gdn_prefill(kShape, in, state, scratch, out, nullptr);
+  CHECK(cudaGetLastError());
+  CHECK(cudaDeviceSynchronize());
+  write_floats(dir + "/ours_out.f32", out, r * heads * dv);
+  write_floats(dir + "/ours_state.f32", state, state_floats);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "time" && argc == 3) return time_kernels(argv[2]);
+  if (mode == "profile" && argc == 2) return profile();
+  if (mode == "check" && argc == 4) {
+    const int rows = std::atoi(argv[3]);
+    if (rows > 0) return check(argv[2], rows);
+  }
+  std::fprintf(stderr, "usage: gdn_bench time OUT.json | gdn_bench profile | gdn_bench check DIR T\n");
+  return 2;
+}

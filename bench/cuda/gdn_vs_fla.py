@@ -1,0 +1,218 @@
+#!/usr/bin/env python3
+"""Our chunked Gated DeltaNet prefill against flash-linear-attention's chunk_gated_delta_rule on one GPU.
+
+Shape of Qwen3.8-Flash-Next: batch 1, 48 value heads on 16 key heads (fla's GVA), dk = dv = 128, T = 512 and 8192.
+
+- Timing: ours through `vavilov_gdn_bench time` (fp32 CUDA cores; l2 norms, gates, the chunk kernels and the gated
+  RMS norm), fla in float32 (Triton's tl.dot on fp32 inputs: TF32 tensor cores) and bfloat16 inputs, with
+  use_qk_l2norm_in_kernel and precomputed g, beta (their computation is left out of fla's time). Median of CUDA-event
+  timings after warm-up (Triton compiles and autotunes in the warm-up).
+- Agreement: on the same random inputs (zero initial state), ours (`vavilov_gdn_bench check`), fla fp32 and a float64
+  recurrence of the spec (torch, token by token): the gated, normalised outputs and the final state.
+
+Needs torch and triton (the GPU machine's image) plus fla-core==0.6.0 and einops==0.8.2 (its only pure-python
+import). The GPU machine has no internet: fetch the wheels elsewhere with
+`pip download --no-deps fla-core==0.6.0 einops==0.8.2`, then `pip install --no-deps --target DIR *.whl` there and put
+DIR on PYTHONPATH. fla compiles and autotunes each dtype on first use (over a minute on the H200).
+
+Usage: gdn_vs_fla.py --bench BUILD/vavilov_gdn_bench --out RESULT.json [--commit C] [--budget-s S]
+"""
+import argparse
+import datetime
+import json
+import math
+import os
+import subprocess
+import tempfile
+import time
+
+import torch
+
+H, HV, D = 16, 48, 128
+EPS = 1e-6
+
+
+def random_inputs(t, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        "q": torch.randn(t, H, D, generator=gen),
+        "k": torch.randn(t, H, D, generator=gen),
+        "v": torch.randn(t, HV, D, generator=gen),
+        "b": 2 * torch.randn(t, HV, generator=gen),
+        "a": 2 * torch.randn(t, HV, generator=gen),
+        "a_log": -1 + 3.5 * torch.rand(HV, generator=gen),
+        "dt_bias": torch.randn(HV, generator=gen),
+        "z": torch.randn(t, HV, D, generator=gen),
+        "norm": 0.5 + torch.rand(D, generator=gen),
+    }
+
+
+def gates(x):
+    g = -torch.exp(x["a_log"].double()) * torch.nn.functional.softplus(x["a"].double() + x["dt_bias"].double())
+    return g, torch.sigmoid(x["b"].double())
+
+
+def gated_norm(o, x):
+    o = o.double()
+    z = x["z"].double().to(o.device)
+    return x["norm"].double().to(o.device) * o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + EPS) * torch.sigmoid(z)
+
+
+def reference(x, device):
+    """float64 recurrence, token by token: S ← e^g S; δ = β(v − Sᵀk); S ← S + kδᵀ; o = Sᵀq."""
+    q, k, v = (x[n].double().to(device) for n in ("q", "k", "v"))
+    q = q * torch.rsqrt(q.pow(2).sum(-1, keepdim=True) + 1e-6) / math.sqrt(D)
+    k = k * torch.rsqrt(k.pow(2).sum(-1, keepdim=True) + 1e-6)
+    q, k = q.repeat_interleave(HV // H, dim=1), k.repeat_interleave(HV // H, dim=1)
+    g, beta = (y.to(device) for y in gates(x))
+    state = torch.zeros(HV, D, D, dtype=torch.float64, device=device)
+    out = torch.empty(q.shape[0], HV, D, dtype=torch.float64, device=device)
+    for t in range(q.shape[0]):
+        state *= torch.exp(g[t])[:, None, None]
+        delta = beta[t][:, None] * (v[t] - torch.einsum("hij,hi->hj", state, k[t]))
+        state += k[t][:, :, None] * delta[:, None, :]
+        out[t] = torch.einsum("hij,hi->hj", state, q[t])
+    return gated_norm(out, x), state
+
+
+def run_ours(bench, x, t):
+    with tempfile.TemporaryDirectory() as d:
+        qkv = torch.cat([x["q"].reshape(t, -1), x["k"].reshape(t, -1), x["v"].reshape(t, -1)], dim=1)
+        for name, tensor in {"qkv": qkv, "b": x["b"], "a": x["a"], "a_log": x["a_log"], "dt_bias": x["dt_bias"],
+                             "z": x["z"], "norm": x["norm"]}.items():
+            tensor.contiguous().float().numpy().tofile(os.path.join(d, name + ".f32"))
+        subprocess.run([bench, "check", d, str(t)], check=True)
+        out = torch.from_file(os.path.join(d, "ours_out.f32"), size=t * HV * D, dtype=torch.float32)
+        state = torch.from_file(os.path.join(d, "ours_state.f32"), size=HV * D * D, dtype=torch.float32)
+        return out.reshape(t, HV, D).clone(), state.reshape(HV, D, D).clone()
+
+
+def fla_call(fla, x, dtype, device):
+    g, beta = gates(x)
+    q, k, v, beta = (a.to(device=device, dtype=dtype).unsqueeze(0).contiguous() for a in (x["q"], x["k"], x["v"], beta))
+    g = g.to(device=device, dtype=torch.float32).unsqueeze(0).contiguous()  # log decays stay fp32
+    return lambda: fla(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, output_final_state=True)
+
+
+def median_us(fn, warmup, repeats):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) * 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def relative_error(got, want):
+    got, want = got.double().to(want.device), want
+    return float((got - want).abs().max() / max(1.0, float(want.abs().max())))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bench", required=True, help="the vavilov_gdn_bench binary")
+    parser.add_argument("--out", required=True, help="result JSON")
+    parser.add_argument("--commit", default="unknown")
+    parser.add_argument("--budget-s", type=float, default=110.0, help="skip what is left after this many seconds")
+    args = parser.parse_args()
+    begin = time.time()
+    device = torch.device("cuda")
+    result = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "gpu": torch.cuda.get_device_name(0),
+        "commit": args.commit,
+        "torch": torch.__version__,
+        "shape": {"batch": 1, "value_heads": HV, "key_heads": H, "dk": D, "dv": D},
+        "ours": "vavilov_gdn_bench: fp32 CUDA cores, gates and l2 norms in the kernels, gated RMS norm included",
+        "fla": "chunk_gated_delta_rule(use_qk_l2norm_in_kernel=True, output_final_state=True), g and beta precomputed; "
+               "no gated norm",
+        "timings_us": {},
+        "agreement": {},
+        "skipped": [],
+    }
+    try:
+        import triton
+
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        import fla
+
+        result["triton"], result["fla_version"] = triton.__version__, fla.__version__
+    except Exception as error:  # noqa: BLE001 - the result says why fla is missing
+        chunk_gated_delta_rule = None
+        result["fla_error"] = repr(error)
+
+    ours_json = args.out + ".ours.json"
+    subprocess.run([args.bench, "time", ours_json], check=True)
+    with open(ours_json) as f:
+        ours = json.load(f)
+    os.remove(ours_json)
+    result["ours_kernels"] = ours
+    ours_prefill = {p["T"]: p["us"] for p in ours["prefill"]}
+
+    def agreement(t, with_fla):
+        if time.time() - begin > args.budget_s:
+            result["skipped"].append(f"agreement T={t}: over the time budget")
+            return
+        print(f"[{time.time() - begin:.1f} s] agreement T={t}", flush=True)
+        x = random_inputs(t, 2)
+        want_out, want_state = reference(x, device)
+        got_out, got_state = run_ours(args.bench, x, t)
+        entry = {"ours_vs_float64": {"out": relative_error(got_out, want_out),
+                                     "state": relative_error(got_state, want_state)}}
+        if with_fla and chunk_gated_delta_rule is not None:
+            try:
+                o, state = fla_call(chunk_gated_delta_rule, x, torch.float32, device)()
+                fla_out = gated_norm(o[0], x)
+                entry["fla_fp32_vs_float64"] = {"out": relative_error(fla_out, want_out),
+                                                "state": relative_error(state[0], want_state)}
+                entry["ours_vs_fla_fp32"] = {"out": relative_error(got_out, fla_out)}
+            except Exception as error:  # noqa: BLE001 - recorded in the result
+                entry["fla_error"] = repr(error)
+        entry["metric"] = "max |x − ref| / max(1, max |ref|) over the gated normalised outputs / the final state"
+        result["agreement"][str(t)] = entry
+        print(t, entry, flush=True)
+
+    def save():
+        result["seconds"] = time.time() - begin
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+    def fla_timing(t, dtype, name):
+        timing = result["timings_us"].setdefault(str(t), {"ours_fp32": ours_prefill.get(t)})
+        if chunk_gated_delta_rule is None:
+            return
+        if time.time() - begin > args.budget_s:
+            result["skipped"].append(f"{name} T={t}: over the time budget")
+            return
+        print(f"[{time.time() - begin:.1f} s] {name} T={t}", flush=True)
+        try:
+            timing[name] = median_us(fla_call(chunk_gated_delta_rule, random_inputs(t, 1), dtype, device), 3, 20)
+            timing["fla_over_ours_" + name] = timing[name] / timing["ours_fp32"]
+        except Exception as error:  # noqa: BLE001 - recorded in the result
+            timing[name + "_error"] = repr(error)
+        print(t, timing, flush=True)
+
+    # Each stage saves what it has: a run cut short still leaves its results.
+    # fla compiles and autotunes per dtype on first use (tens of seconds): bf16, its fastest path, first.
+    save()
+    agreement(512, with_fla=False)
+    save()
+    for dtype, name in ((torch.bfloat16, "fla_bf16"), (torch.float32, "fla_fp32_inputs")):
+        for t in (512, 8192):
+            fla_timing(t, dtype, name)
+            save()
+    agreement(512, with_fla=True)
+    save()
+    agreement(8192, with_fla=True)
+    save()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+#pragma once
+// Gated DeltaNet on the GPU (spec §7, CPU mirror: src/cpu/gated_deltanet.cpp): the causal conv, the decode step
+// (gates, delta rule and gated output norm in one launch, the state split over many blocks) and the chunk-parallel
+// prefill (64-token chunks in the WY form, the state passed from chunk to chunk). All fp32; no kernel allocates or
+// waits for the host, so a captured CUDA graph can hold them.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+namespace vavilov::cuda {
+
+struct GdnShape {
+  int heads, key_heads, dk, dv, conv_dim, key_dim;
+};
+
+// The limits of these kernels (the release has dk = dv = 128).
+constexpr int kGdnMaxKeyDim = 128;
+constexpr int kGdnMaxValueDim = 256;
+
+// One pass of `rows` tokens through a GDN layer after its projections and conv.
+struct GdnInputs {
+  const float* qkv;      // [rows, conv_dim]: q | k | v after the conv (q, k not yet l2-normalised)
+  const float* b;        // [rows, heads] in_proj_b outputs: β = σ(b)
+  const float* a;        // [rows, heads] in_proj_a outputs: g = −e^{a_log}·softplus(a + dt_bias)
+  const float* a_log;    // [heads]
+  const float* dt_bias;  // [heads]
+  const float* z;        // [rows, heads·dv] output gate inputs
+  const float* norm;     // [dv] output norm weight (plain w)
+  float eps;
+  bool sigmoid_gate;  // output gate σ(z), else silu(z)
+  int rows;
+};
+
+// Causal depthwise conv with silu over x [rows, channels] in place; state [kernel−1, channels] advanced;
+// row_states (optional) [rows, kernel−1, channels] gets the state after every row.
+void gdn_conv(const float* taps, int channels, int kernel, float* state, float* x, int rows, float* row_states,
+              cudaStream_t stream);
+
+// Decode: at most kGdnDecodeMaxRows rows, one after the other. recurrent [heads, dk, dv] advanced; row_states
+// (optional) [rows, heads, dk, dv] gets the state after every row; out [rows, heads·dv] = the gated, normalised
+// core output.
+constexpr int kGdnDecodeMaxRows = 8;
+void gdn_decode(const GdnShape& shape, const GdnInputs& in, float* recurrent, float* row_states, float* out,
+                cudaStream_t stream);
+
+// Prefill: any number of rows, 64-token chunks in parallel (no per-row states). scratch holds
+// gdn_chunk_scratch_floats(shape, rows) floats; out as for gdn_decode.
+constexpr int kGdnChunk = 64;
+size_t gdn_chunk_scratch_floats(const GdnShape& shape, int rows);
+void gdn_prefill(const GdnShape& shape, const GdnInputs& in, float* recurrent, float* scratch, float* out,
+                 cudaStream_t stream);
+
+}  // namespace vavilov::cuda
