@@ -4,9 +4,12 @@
 // Measures the device's copy bandwidth (device-to-device, bytes read + written), checks every kernel against a
 // double-precision host reference, then times grouped launches of real-geometry matrices (weights far larger than
 // L2) for 1–4 activation rows, and single-layer launches back to back over rotating copies (so L2 holds none of
-// them). Prints a table and writes JSON.
-// Usage: gemv_bench OUT.json [LABEL]   (LABEL: the commit / kernel variant, recorded in the JSON)
-// Build: nvcc -O3 -std=c++17 -arch=sm_90 -Isrc bench/cuda/gemv_bench.cu src/cuda/gemv.cu -o gemv_bench
+// them). Then cuda::linear() itself at every decode shape of Flash-Next: a CUDA graph of calls over rotating copies
+// (at least 200 MB of them where 2048 copies reach it), so the time per call is the kernel's plus the graph's gap
+// between kernels (~1 µs), as in a captured decode step. Prints a table and writes JSON.
+// Usage: gemv_bench OUT.json [LABEL] [--linear-only]   (LABEL: the commit / kernel variant, recorded in the JSON)
+// Build: nvcc -O3 -std=c++17 -arch=sm_90 -Isrc bench/cuda/gemv_bench.cu src/cuda/gemv.cu src/cuda/linear.cu -o
+// gemv_bench
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -16,6 +19,7 @@
 #include <vector>
 
 #include "cuda/gemv.cuh"
+#include "cuda/linear.cuh"
 
 using vavilov::cuda::GemvMatrix;
 
@@ -151,7 +155,7 @@ cudaError_t launch(const Buffers& b, Format format, int batch) {
     case Format::q2:
       return vavilov::cuda::gemv_q2(b.device, count, b.max_rows, b.max_cols, batch, nullptr);
     case Format::bf16:
-      return vavilov::cuda::gemv_bf16(b.device, count, b.max_rows, batch, nullptr);
+      return vavilov::cuda::gemv_bf16(b.device, count, b.max_rows, b.max_cols, batch, nullptr);
   }
   return cudaErrorInvalidValue;
 }
@@ -253,6 +257,135 @@ double check(Format format, int batch) {
   return worst;
 }
 
+// One decode shape of cuda::linear.
+struct LinearShape {
+  std::string name;
+  vavilov::cuda::WeightFormat format;
+  int rows, cols;
+};
+
+size_t round_up(size_t n) { return (n + 255) / 256 * 256; }
+
+// Times cuda::linear over `copies` rotating copies of one shape, captured into a graph; returns µs per call.
+float time_linear(const LinearShape& shape, int batch, const float* x, float* y, size_t& weight_bytes, int& copies) {
+  using vavilov::cuda::WeightFormat;
+  const size_t n = size_t(shape.rows) * shape.cols;
+  const size_t data_bytes = shape.format == WeightFormat::Q4     ? n / 2
+                            : shape.format == WeightFormat::BF16 ? 2 * n
+                                                                 : 4 * n;
+  const size_t affine_bytes = shape.format == WeightFormat::Q4 ? n / 64 * 2 : 0;
+  weight_bytes = data_bytes + 2 * affine_bytes;
+  copies = int(std::clamp<size_t>((size_t(200) << 20) / weight_bytes + 1, 1, 2048));
+  const size_t stride = round_up(data_bytes) + 2 * round_up(affine_bytes);
+  auto* pool = device_alloc<char>(stride * copies);
+  fill_words<<<1024, 256>>>(reinterpret_cast<uint32_t*>(pool), stride * copies / 4, 7);  // codes (Q4), overwritten
+  std::vector<vavilov::cuda::DeviceMatrix> matrices(static_cast<size_t>(copies));
+  for (int i = 0; i < copies; ++i) {
+    auto& m = matrices[size_t(i)];
+    char* base = pool + stride * i;
+    m.format = shape.format;
+    m.rows = shape.rows;
+    m.cols = shape.cols;
+    m.data = base;
+    if (shape.format == WeightFormat::Q4) {
+      auto* scales = reinterpret_cast<__nv_bfloat16*>(base + round_up(data_bytes));
+      auto* biases = reinterpret_cast<__nv_bfloat16*>(base + round_up(data_bytes) + round_up(affine_bytes));
+      fill_bf16<<<64, 256>>>(scales, n / 64, 100 + i, 0.01f);
+      fill_bf16<<<64, 256>>>(biases, n / 64, 200 + i, 0.05f);
+      m.scales = reinterpret_cast<const uint16_t*>(scales);
+      m.biases = reinterpret_cast<const uint16_t*>(biases);
+    } else if (shape.format == WeightFormat::BF16) {
+      fill_bf16<<<256, 256>>>(reinterpret_cast<__nv_bfloat16*>(base), n, 300 + i, 0.05f);
+    } else {
+      fill_floats<<<256, 256>>>(reinterpret_cast<float*>(base), n, 400 + i);
+    }
+  }
+  CHECK(cudaGetLastError());
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  vavilov::cuda::linear(matrices[0], x, batch, y, stream);  // first use outside the capture
+  CHECK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  for (const auto& m : matrices) vavilov::cuda::linear(m, x, batch, y, stream);
+  CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  std::vector<float> times;
+  for (int rep = 0; rep < 13; ++rep) {
+    CHECK(cudaEventRecord(start, stream));
+    CHECK(cudaGraphLaunch(exec, stream));
+    CHECK(cudaEventRecord(stop, stream));
+    CHECK(cudaEventSynchronize(stop));
+    float ms;
+    CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (rep >= 3) times.push_back(ms);
+  }
+  std::sort(times.begin(), times.end());
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(graph));
+  CHECK(cudaStreamDestroy(stream));
+  cudaFree(pool);
+  return times[times.size() / 2] * 1e3f / float(copies);
+}
+
+// Every cuda::linear shape of a Flash-Next decode step (src/cuda/synthetic.cpp), Q4 as the model stores them, and the
+// hyper-connection matrices also dense (checkpoints may keep them unquantized).
+void bench_linear(FILE* json, double copy) {
+  using vavilov::cuda::WeightFormat;
+  const std::vector<LinearShape> shapes = {
+      {"gdn in_qkv, ple key", WeightFormat::Q4, 10240, 2560},
+      {"gdn in_z", WeightFormat::Q4, 6144, 2560},
+      {"gdn in_b / in_a", WeightFormat::Q4, 48, 2560},
+      {"gdn out, attn o", WeightFormat::Q4, 2560, 6144},
+      {"attn q", WeightFormat::Q4, 12288, 2560},
+      {"attn k / v, router", WeightFormat::Q4, 512, 2560},
+      {"indexer qk, shared gate/up", WeightFormat::Q4, 640, 2560},
+      {"shared down", WeightFormat::Q4, 2560, 640},
+      {"shared gate", WeightFormat::Q4, 1, 2560},
+      {"hc mix_down", WeightFormat::Q4, 320, 10240},
+      {"hc mix_up", WeightFormat::Q4, 10240, 320},
+      {"hc inject", WeightFormat::Q4, 4, 10240},
+      {"lm_head", WeightFormat::Q4, 248320, 2560},
+      {"mtp fc, ple value", WeightFormat::Q4, 2560, 2560},
+      {"mtp fc hidden (wide)", WeightFormat::Q4, 2560, 10240},
+      {"hc mix_down bf16", WeightFormat::BF16, 320, 10240},
+      {"hc inject bf16", WeightFormat::BF16, 4, 10240},
+      {"hc mix_down f32", WeightFormat::F32, 320, 10240},
+      {"hc inject f32", WeightFormat::F32, 4, 10240},
+  };
+  const char* format_names[] = {"f32", "bf16", "q4"};
+  float* x = device_alloc<float>(size_t(4) * 10240);
+  float* y = device_alloc<float>(size_t(4) * 248320);
+  fill_floats<<<64, 256>>>(x, size_t(4) * 10240, 9);
+  std::printf("\ncuda::linear, graph of calls over rotating copies\n%-28s %-4s %6s %6s %5s %5s %9s %8s %7s %8s\n",
+              "shape", "fmt", "rows", "cols", "batch", "copies", "MB", "us", "GB/s", "of copy");
+  std::fprintf(json, "  \"linear\": [\n");
+  bool first = true;
+  for (const LinearShape& shape : shapes)
+    for (int batch : {1, 4}) {
+      size_t bytes = 0;
+      int copies = 0;
+      const float us = time_linear(shape, batch, x, y, bytes, copies);
+      const double gbs = double(bytes) / (us * 1e-6) / 1e9;
+      const char* format = format_names[int(shape.format)];
+      std::printf("%-28s %-4s %6d %6d %5d %5d %9.2f %8.2f %7.0f %7.1f%%\n", shape.name.c_str(), format, shape.rows,
+                  shape.cols, batch, copies, bytes / 1e6, us, gbs, 100.0 * gbs / copy);
+      std::fprintf(json,
+                   "%s    {\"shape\": \"%s\", \"format\": \"%s\", \"rows\": %d, \"cols\": %d, \"batch\": %d, "
+                   "\"copies\": %d, \"weight_bytes\": %zu, \"us\": %.3f, \"gbs\": %.1f, \"fraction_of_copy\": %.4f}",
+                   first ? "" : ",\n", shape.name.c_str(), format, shape.rows, shape.cols, batch, copies, bytes, us,
+                   gbs, gbs / copy);
+      first = false;
+    }
+  std::fprintf(json, "\n  ]");
+  cudaFree(x);
+  cudaFree(y);
+}
+
 struct Case {
   std::string name;
   Format format;
@@ -265,6 +398,7 @@ struct Case {
 int main(int argc, char** argv) {
   const char* out_path = argc > 1 ? argv[1] : "gemv.json";
   const char* label = argc > 2 ? argv[2] : "";
+  const bool linear_only = argc > 3 && std::string(argv[3]) == "--linear-only";  // cuda::linear's shapes alone
   cudaDeviceProp props;
   CHECK(cudaGetDeviceProperties(&props, 0));
   const double copy = copy_bandwidth_gbs();
@@ -273,7 +407,7 @@ int main(int argc, char** argv) {
 
   bool correct = true;
   for (Format format : {Format::q4, Format::q3, Format::q2, Format::bf16})
-    for (int batch = 1; batch <= 4; ++batch) {
+    for (int batch = 1; batch <= 4 && !linear_only; ++batch) {
       double error = check(format, batch);
       // fp32 accumulation of ≤ 1280 products against double; the quantized kernels' activations carry 22 bits.
       bool ok = error <= 1e-5;
@@ -308,12 +442,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::fprintf(json,
-               "{\n  \"gpu\": \"%s\",\n  \"label\": \"%s\",\n  \"copy_bandwidth_gbs\": %.1f,\n  \"correct\": %s,\n"
-               "  \"cases\": [\n",
+               "{\n  \"gpu\": \"%s\",\n  \"label\": \"%s\",\n  \"copy_bandwidth_gbs\": %.1f,\n  \"correct\": %s,\n",
                props.name, label, copy, correct ? "true" : "false");
-  std::printf("\n%-30s %-4s %4s %9s %9s %7s %8s\n", "case", "fmt", "rows", "MB", "us", "GB/s", "of copy");
+  if (!linear_only)
+    std::printf("\n%-30s %-4s %4s %9s %9s %7s %8s\n", "case", "fmt", "rows", "MB", "us", "GB/s", "of copy");
+  if (!linear_only) std::fprintf(json, "  \"cases\": [\n");
   bool first = true;
-  for (const Case& c : cases) {
+  for (const Case& c : linear_only ? std::vector<Case>{} : cases) {
     std::vector<Buffers> copies;
     for (int i = 0; i < c.copies; ++i) copies.push_back(make_matrices(c.shapes, c.format, x, y, 42 + 1000 * i));
     for (int batch = 1; batch <= 4; ++batch) {
@@ -336,7 +471,9 @@ int main(int argc, char** argv) {
     }
     for (Buffers& b : copies) free_matrices(b);
   }
-  std::fprintf(json, "\n  ]\n}\n");
+  if (!linear_only) std::fprintf(json, "\n  ],\n");
+  bench_linear(json, copy);
+  std::fprintf(json, "\n}\n");
   std::fclose(json);
   return correct ? 0 : 1;
 }

@@ -1,6 +1,7 @@
 #pragma once
 // Decode-time matrix-vector products on the GPU for 1–4 activation rows: every weight byte is read once with 16-byte
-// loads and dequantized in registers. Several matrices (e.g. a layer's selected experts) run in one launch.
+// loads and dequantized in registers. One matrix passes by value (no descriptor in device memory); several (e.g. a
+// layer's selected experts) can run in one launch from a device array of descriptors.
 // Self-contained (CUDA runtime only) so that it also builds where the engine's host libraries are absent.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -14,25 +15,41 @@ constexpr int kQuantGroup = 64;
 
 // One weight matrix W [rows, cols] with y = W x. Quantized (Q4, Q3, Q2): each row's codes packed densely,
 // least-significant bit first, code i at bit i·bits of the row (Q4: 8 per uint32 word), bf16 scale and bias per group
-// of 64 columns, w = scale·q + bias (MLX's layout). BF16: dense rows.
+// of 64 columns, w = scale·q + bias (MLX's layout). BF16, F32: dense rows, each 16-byte aligned.
 struct GemvMatrix {
   const uint32_t* codes = nullptr;        // quantized codes [rows, cols·bits / 32]; Q4: 8-byte aligned
   const __nv_bfloat16* scales = nullptr;  // quantized [rows, cols / 64]
   const __nv_bfloat16* biases = nullptr;
   const __nv_bfloat16* dense = nullptr;  // BF16 [rows, cols]
+  const float* dense_f32 = nullptr;      // F32 [rows, cols]
   int rows = 0, cols = 0;
   const float* x = nullptr;  // [batch, cols] activations for this matrix
   float* y = nullptr;        // [batch, rows] results
 };
 
+// How a launch divides its work, chosen from the shape and batch alone (so results never depend on the device or on
+// scheduling): a block holds `tiles` tiles of 16 output rows (dense formats: rows) × `splits` warps per tile, each
+// warp summing one slice of the columns. Partial sums are added in slice order, so every run gives the same bits.
+struct GemvSplit {
+  int tiles = 1, splits = 1;
+};
+GemvSplit gemv_quant_split(int rows, int cols, int count, int batch);
+GemvSplit gemv_dense_split(int rows, int cols, int count);
+
 // Runs `count` matrices described by the device array `matrices`, each against `batch` (1–4) activation rows;
 // max_rows/max_cols bound them (grid and shared-memory size). All matrices of one call share the format.
-// cols must be a multiple of 64 (quantized) or 8 (BF16); x 16-byte aligned. The quantized kernels run on the tensor
-// cores with the activations split exactly into two fp16 halves (error ≤ 2^-22 relative, see gemv.cu); they stage
-// those in shared memory: 4.125·batch·max_cols bytes must fit (227 KB on Hopper: max_cols ≤ 14080 at batch 4).
+// cols must be a multiple of 64 (quantized), 8 (BF16) or 4 (F32); x 16-byte aligned. The quantized kernels run on the
+// tensor cores with the activations split exactly into two fp16 halves (error ≤ 2^-22 relative, see gemv.cu); a block
+// stages those in shared memory: 4.125·batch·max_cols bytes must fit (223 KB on Hopper: max_cols ≤ 13824 at batch 4).
 cudaError_t gemv_q4(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream);
 cudaError_t gemv_q3(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream);
 cudaError_t gemv_q2(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream);
-cudaError_t gemv_bf16(const GemvMatrix* matrices, int count, int max_rows, int batch, cudaStream_t stream);
+cudaError_t gemv_bf16(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch,
+                      cudaStream_t stream);
+
+// One matrix (cuda::linear's formats), its descriptor passed by value as a kernel parameter.
+cudaError_t gemv_q4(const GemvMatrix& matrix, int batch, cudaStream_t stream);
+cudaError_t gemv_bf16(const GemvMatrix& matrix, int batch, cudaStream_t stream);
+cudaError_t gemv_f32(const GemvMatrix& matrix, int batch, cudaStream_t stream);
 
 }  // namespace vavilov::cuda

@@ -1,6 +1,5 @@
 #include <cuda_bf16.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "cuda/gemm.cuh"
@@ -161,127 +160,38 @@ void gather(const DeviceMatrix& table, const Index* ids, int rows, int copies, f
   }
 }
 
-// Short, wide matrices (a few rows, thousands of columns: hyper-connection inject weights, GDN gate projections)
-// give the row-parallel kernels one or two blocks. Split-K instead: block (row, split) sums its slice of columns
-// for 1–4 activation rows into partial[split][b][row]; a second kernel adds the splits in a fixed order, so results
-// do not depend on scheduling.
-constexpr int kSplitThreads = 128;
-constexpr int kSplitMaxRows = 64;
-constexpr int kSplitMaxWideRows = 512;  // rows up to this many when there are at least kSplitWideCols columns
-constexpr int kSplitWideCols = 4096;
-constexpr int kSplitMinChunks = 32;  // 256 columns
-
-template <WeightFormat F>
-__global__ void __launch_bounds__(kSplitThreads)
-    split_k_kernel(DeviceMatrix w, const float* x, int x_rows, int chunks_per_split, float* partial) {
-  const int row = blockIdx.x, chunks = w.cols / 8;
-  const int first = blockIdx.y * chunks_per_split, last = min(first + chunks_per_split, chunks);
-  float acc[kRowsPerPass] = {};
-  for (int chunk = first + int(threadIdx.x); chunk < last; chunk += kSplitThreads) {
-    float weights[8];
-    load_chunk<F>(w, row, chunk, weights);
-#pragma unroll
-    for (int b = 0; b < kRowsPerPass; ++b) {
-      if (b >= x_rows) break;
-      const float4* xs = reinterpret_cast<const float4*>(x + size_t(b) * w.cols + size_t(chunk) * 8);
-      const float4 lo = xs[0], hi = xs[1];
-      acc[b] += weights[0] * lo.x + weights[1] * lo.y + weights[2] * lo.z + weights[3] * lo.w + weights[4] * hi.x +
-                weights[5] * hi.y + weights[6] * hi.z + weights[7] * hi.w;
-    }
-  }
-  __shared__ float warp_partials[kRowsPerPass][kSplitThreads / 32];
-  const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
-#pragma unroll
-  for (int b = 0; b < kRowsPerPass; ++b) {
-    const float v = warp_sum(acc[b]);
-    if (lane == 0) warp_partials[b][warp] = v;
-  }
-  __syncthreads();
-  if (threadIdx.x < kRowsPerPass && int(threadIdx.x) < x_rows) {
-    float sum = 0.0f;
-    for (int i = 0; i < kSplitThreads / 32; ++i) sum += warp_partials[threadIdx.x][i];
-    partial[(size_t(blockIdx.y) * x_rows + threadIdx.x) * w.rows + row] = sum;
-  }
-}
-
-__global__ void sum_splits_kernel(const float* partial, int splits, int count, float* y) {
-  const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
-  if (i >= count) return;
-  float sum = 0.0f;
-  for (int s = 0; s < splits; ++s) sum += partial[size_t(s) * count + i];
-  y[i] = sum;
-}
-
-bool split_k_path(const DeviceMatrix& w, const float* x, int x_rows, float* y, cudaStream_t stream) {
-  const int chunks = w.cols / 8;
-  const auto x_address = reinterpret_cast<uintptr_t>(x);
-  const bool short_wide = w.rows <= kSplitMaxRows || (w.rows <= kSplitMaxWideRows && w.cols >= kSplitWideCols);
-  if (x_rows > kRowsPerPass || !short_wide || w.cols % 8 != 0 || chunks < 2 * kSplitMinChunks || x_address % 16 != 0)
-    return false;
-  // About two blocks per multiprocessor of an H200 in all, each with at least kSplitMinChunks chunks.
-  const int wanted_splits = std::max(1, 264 / w.rows);
-  const int chunks_per_split = std::max(kSplitMinChunks, (chunks + wanted_splits - 1) / wanted_splits);
-  const int splits = (chunks + chunks_per_split - 1) / chunks_per_split;
-  const size_t partial_floats = size_t(splits) * size_t(x_rows) * size_t(w.rows);
-  thread_local float* partial = nullptr;
-  thread_local size_t capacity = 0;
-  if (partial_floats > capacity) {
-    if (partial) cudaFree(partial);
-    partial = nullptr;
-    capacity = 0;
-    if (cudaMalloc(&partial, partial_floats * sizeof(float)) != cudaSuccess) return false;
-    capacity = partial_floats;
-  }
-  const dim3 grid(unsigned(w.rows), unsigned(splits));
-  switch (w.format) {
-    case WeightFormat::F32:
-      split_k_kernel<WeightFormat::F32><<<grid, kSplitThreads, 0, stream>>>(w, x, x_rows, chunks_per_split, partial);
-      break;
-    case WeightFormat::BF16:
-      split_k_kernel<WeightFormat::BF16><<<grid, kSplitThreads, 0, stream>>>(w, x, x_rows, chunks_per_split, partial);
-      break;
-    case WeightFormat::Q4:
-      split_k_kernel<WeightFormat::Q4><<<grid, kSplitThreads, 0, stream>>>(w, x, x_rows, chunks_per_split, partial);
-      break;
-  }
-  const int count = x_rows * w.rows;
-  sum_splits_kernel<<<(count + 255) / 256, 256, 0, stream>>>(partial, splits, count, y);
-  return true;
-}
-
-__global__ void set_gemv_matrix(GemvMatrix* slot, GemvMatrix matrix) { *slot = matrix; }
-
-// Decode-sized products (1–4 rows) of Q4 and BF16 matrices go to the bandwidth-bound GEMV kernels of gemv.cuh when
-// the matrix meets their layout needs (Q4: whole groups, 8-byte aligned codes, activations fitting shared memory;
-// BF16: 16-byte aligned rows). Their descriptor is written into a device slot by a one-thread kernel on the same
-// stream, so the write is ordered before the product that reads it.
+// Decode-sized products (1–4 rows) go to the bandwidth-bound GEMV kernels of gemv.cuh when the matrix meets their
+// layout needs (Q4: whole groups, 8-byte aligned codes; dense: 16-byte aligned rows; activations 16-byte aligned).
+// They choose their own split of rows and columns from the shape, so short, wide matrices get as many blocks as tall
+// ones. The descriptor travels by value as a kernel parameter: one launch, nothing allocated, nothing synchronised.
 bool gemv_fast_path(const DeviceMatrix& w, const float* x, int x_rows, float* y, cudaStream_t stream) {
-  constexpr int kMaxStagedCols = 12288;  // 4.125 · 4 rows · cols bytes of shared memory must fit (gemv.cuh)
   const auto address = reinterpret_cast<uintptr_t>(w.data);
-  const bool q4 = w.format == WeightFormat::Q4 && w.cols % kQuantGroup == 0 && w.cols <= kMaxStagedCols &&
-                  address % 8 == 0;
-  const bool bf16 = w.format == WeightFormat::BF16 && w.cols % 8 == 0 && address % 16 == 0;
-  if (x_rows > kMaxGemvRows || !(q4 || bf16)) return false;
-  thread_local GemvMatrix* slot = [] {
-    GemvMatrix* p = nullptr;
-    return cudaMalloc(&p, sizeof(GemvMatrix)) == cudaSuccess ? p : nullptr;
-  }();
-  if (!slot) return false;
+  if (x_rows > kMaxGemvRows || reinterpret_cast<uintptr_t>(x) % 16 != 0) return false;
   GemvMatrix m;
   m.rows = w.rows;
   m.cols = w.cols;
   m.x = x;
   m.y = y;
-  if (q4) {
-    m.codes = static_cast<const uint32_t*>(w.data);
-    m.scales = reinterpret_cast<const __nv_bfloat16*>(w.scales);
-    m.biases = reinterpret_cast<const __nv_bfloat16*>(w.biases);
-  } else {
-    m.dense = static_cast<const __nv_bfloat16*>(w.data);
+  cudaError_t error = cudaErrorInvalidValue;
+  switch (w.format) {
+    case WeightFormat::Q4:
+      if (w.cols % kQuantGroup != 0 || address % 8 != 0) return false;
+      m.codes = static_cast<const uint32_t*>(w.data);
+      m.scales = reinterpret_cast<const __nv_bfloat16*>(w.scales);
+      m.biases = reinterpret_cast<const __nv_bfloat16*>(w.biases);
+      error = gemv_q4(m, x_rows, stream);
+      break;
+    case WeightFormat::BF16:
+      if (w.cols % 8 != 0 || address % 16 != 0) return false;
+      m.dense = static_cast<const __nv_bfloat16*>(w.data);
+      error = gemv_bf16(m, x_rows, stream);
+      break;
+    case WeightFormat::F32:
+      if (w.cols % 4 != 0 || address % 16 != 0) return false;
+      m.dense_f32 = static_cast<const float*>(w.data);
+      error = gemv_f32(m, x_rows, stream);
+      break;
   }
-  set_gemv_matrix<<<1, 1, 0, stream>>>(slot, m);
-  const cudaError_t error =
-      q4 ? gemv_q4(slot, 1, w.rows, w.cols, x_rows, stream) : gemv_bf16(slot, 1, w.rows, x_rows, stream);
   if (error == cudaSuccess) return true;
   cudaGetLastError();  // a refused launch is not sticky; clear it so the fallback's checks do not see it
   return false;
@@ -292,7 +202,7 @@ bool gemv_fast_path(const DeviceMatrix& w, const float* x, int x_rows, float* y,
 void linear(const DeviceMatrix& w, const float* x, int x_rows, float* y, cudaStream_t stream) {
   if (x_rows == 0 || w.rows == 0) return;
   if (x_rows > kRowsPerPass && gemm_linear(w, x, x_rows, y, stream)) return;  // prefill chunks: cuBLAS (gemm.cuh)
-  if (split_k_path(w, x, x_rows, y, stream) || gemv_fast_path(w, x, x_rows, y, stream)) return;
+  if (gemv_fast_path(w, x, x_rows, y, stream)) return;
   const dim3 grid((w.rows + kWarps - 1) / kWarps, (x_rows + kRowsPerPass - 1) / kRowsPerPass);
   switch (w.format) {
     case WeightFormat::F32:

@@ -1,7 +1,8 @@
 #pragma once
-// Matrix products on the GPU for any number of activation rows and any stored format (F32, BF16, Q4): one warp per
-// output row reads each weight once for up to four activation rows. Also the expert variant, whose matrices are
-// chosen per row by expert ids that live in device memory (no host round trip for routing).
+// Matrix products on the GPU for any number of activation rows and any stored format (F32, BF16, Q4): 1–4 rows go to
+// gemv.cuh's bandwidth-bound kernels, more rows to one warp per output row that reads each weight once for up to four
+// activation rows. Never allocates or synchronises, so it can be captured into a CUDA graph. Also the expert variant,
+// whose matrices are chosen per row by expert ids that live in device memory (no host round trip for routing).
 #include <cuda_runtime.h>
 
 #include <cstdint>

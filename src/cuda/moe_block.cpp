@@ -30,7 +30,7 @@ bool gemv_reads_all(const DeviceMatrix* device, int count, int rows, int cols) {
 void run_gemv(WeightFormat format, const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch,
               cudaStream_t stream) {
   const cudaError_t status = format == WeightFormat::Q4 ? gemv_q4(matrices, count, max_rows, max_cols, batch, stream)
-                                                        : gemv_bf16(matrices, count, max_rows, batch, stream);
+                                                        : gemv_bf16(matrices, count, max_rows, max_cols, batch, stream);
   cuda_check(status, "MoE products");
 }
 

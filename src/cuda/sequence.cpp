@@ -220,7 +220,7 @@ class CudaSequence final : public SequenceBackend {
   explicit CudaSequence(std::shared_ptr<const DeviceModel> model)
       : model_(std::move(model)),
         c_(model_->config),
-        runner_(model_, staged_input_bytes(c_), staged_output_bytes(c_), graphs_enabled_by_environment()),
+        runner_(staged_input_bytes(c_), staged_output_bytes(c_), graphs_enabled_by_environment()),
         stream_(runner_.stream()) {
     check(c_.linear_key_head_dim <= kGdnMaxKeyDim && c_.linear_value_head_dim <= kGdnMaxValueDim,
           "{}: the GPU's Gated DeltaNet takes linear_key_head_dim ≤ {} and linear_value_head_dim ≤ {}, got {} and {}",

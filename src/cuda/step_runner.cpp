@@ -1,81 +1,17 @@
 #include "cuda/step_runner.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
-
-#include "cuda/linear.cuh"
 
 namespace vavilov::cuda {
 
 namespace {
 
-constexpr int kWarmRows = 4;       // the most activation rows of a captured pass (CudaSequence's kRecordedRows)
 constexpr size_t kAlignment = 64;  // of each staged copy in pinned memory
 
 size_t aligned(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
-
-void add_residual(const DeviceGatedResidual& r, std::vector<const DeviceMatrix*>& out) {
-  out.insert(out.end(), {&r.mix_down, &r.mix_up});
-  if (r.has_inject) out.push_back(&r.inject);
-}
-
-void add_layer(const DeviceLayer& l, std::vector<const DeviceMatrix*>& out) {
-  add_residual(l.attn_hc, out);
-  add_residual(l.mlp_hc, out);
-  if (l.kind == LayerKind::GatedDeltaNet)
-    out.insert(out.end(), {&l.gdn.in_qkv, &l.gdn.in_z, &l.gdn.in_b, &l.gdn.in_a, &l.gdn.out});
-  else
-    out.insert(out.end(), {&l.attn.q, &l.attn.k, &l.attn.v, &l.attn.o, &l.attn.index_qk});
-  out.insert(out.end(), {&l.moe.router, &l.moe.shared_gate, &l.moe.shared.gate, &l.moe.shared.up, &l.moe.shared.down});
-  if (l.ple) out.insert(out.end(), {&l.ple->key_proj, &l.ple->value_proj});
-}
-
-// Every matrix a step passes to linear().
-std::vector<const DeviceMatrix*> linear_matrices(const DeviceModel& m) {
-  std::vector<const DeviceMatrix*> out{&m.lm_head};
-  for (const DeviceLayer& layer : m.layers) add_layer(layer, out);
-  add_residual(m.final_mixer, out);
-  if (m.mtp) {
-    out.insert(out.end(), {&m.mtp->fc_embedding, &m.mtp->fc_hidden});
-    add_layer(m.mtp->layer, out);
-    add_residual(m.mtp->final_mixer, out);
-  }
-  return out;
-}
-
-// linear() keeps thread-local scratch (split-K partial sums, the GEMV descriptor slot) that it allocates on first use
-// and reallocates when a call needs more; a captured graph holds its address. Before the first capture of a model on
-// a thread, every matrix of the model runs once at the most rows a graph has, so that the model's later calls never
-// grow it. A warm-up may still reallocate the scratch that graphs of another model captured: each warm-up therefore
-// gives the thread a new epoch, and graphs captured in an older one are captured again.
-std::atomic<uint64_t> next_epoch{1};
-
-struct LinearWarmth {
-  uint64_t epoch = 0;
-  std::vector<std::weak_ptr<const DeviceModel>> models;
-};
-
-uint64_t linear_scratch_epoch(const std::shared_ptr<const DeviceModel>& model, cudaStream_t stream) {
-  thread_local LinearWarmth warmth;
-  std::erase_if(warmth.models, [](const auto& m) { return m.expired(); });
-  for (const auto& warmed : warmth.models)
-    if (!warmed.owner_before(model) && !model.owner_before(warmed)) return warmth.epoch;
-  const std::vector<const DeviceMatrix*> matrices = linear_matrices(*model);
-  int rows = 1, cols = 1;
-  for (const DeviceMatrix* m : matrices) rows = std::max(rows, m->rows), cols = std::max(cols, m->cols);
-  DeviceAllocation x = device_alloc(size_t(kWarmRows) * size_t(cols) * sizeof(float), "linear warm-up");
-  DeviceAllocation y = device_alloc(size_t(kWarmRows) * size_t(rows) * sizeof(float), "linear warm-up");
-  cuda_check(cudaMemsetAsync(x.get(), 0, size_t(kWarmRows) * size_t(cols) * sizeof(float), stream), "linear warm-up");
-  for (const DeviceMatrix* m : matrices)
-    linear(*m, static_cast<const float*>(x.get()), kWarmRows, static_cast<float*>(y.get()), stream);
-  cuda_check(cudaStreamSynchronize(stream), "linear warm-up");
-  warmth.models.push_back(model);
-  warmth.epoch = next_epoch++;
-  return warmth.epoch;
-}
 
 }  // namespace
 
@@ -84,9 +20,8 @@ bool graphs_enabled_by_environment() {
   return !(value && std::string_view(value) == "0");
 }
 
-StepRunner::StepRunner(std::shared_ptr<const DeviceModel> model, size_t input_bytes, size_t output_bytes, bool graphs)
-    : model_(std::move(model)),
-      graphs_(graphs),
+StepRunner::StepRunner(size_t input_bytes, size_t output_bytes, bool graphs)
+    : graphs_(graphs),
       input_capacity_(aligned(input_bytes)),
       output_capacity_(aligned(output_bytes)) {
   cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "sequence stream");
@@ -108,12 +43,10 @@ void StepRunner::run(const PassShape& shape, uint64_t generation, const std::fun
     launch();
     return;
   }
-  const uint64_t epoch = linear_scratch_epoch(model_, stream_);
   Captured& captured = captured_[shape];
-  if (!captured.exec || captured.generation != generation || captured.linear_epoch != epoch) {
+  if (!captured.exec || captured.generation != generation) {
     capture(captured, launch);
     captured.generation = generation;
-    captured.linear_epoch = epoch;
   }
   cuda_check(cudaGraphLaunch(captured.exec.get(), stream_), "CUDA graph launch");
 }

@@ -31,7 +31,7 @@ bool graphs_enabled_by_environment();
 class StepRunner {
  public:
   // input_bytes / output_bytes: pinned staging for one call's host inputs and outputs.
-  StepRunner(std::shared_ptr<const DeviceModel> model, size_t input_bytes, size_t output_bytes, bool graphs);
+  StepRunner(size_t input_bytes, size_t output_bytes, bool graphs);
   ~StepRunner();
   StepRunner(const StepRunner&) = delete;
   StepRunner& operator=(const StepRunner&) = delete;
@@ -57,7 +57,7 @@ class StepRunner {
   using GraphExec = std::unique_ptr<std::remove_pointer_t<cudaGraphExec_t>, ExecDestroy>;
   struct Captured {
     GraphExec exec;
-    uint64_t generation = 0, linear_epoch = 0;
+    uint64_t generation = 0;
   };
   struct PinnedFree {
     void operator()(void* p) const { cudaFreeHost(p); }
@@ -69,7 +69,6 @@ class StepRunner {
 
   void capture(Captured& captured, const std::function<void()>& launch);
 
-  std::shared_ptr<const DeviceModel> model_;
   bool graphs_;
   cudaStream_t stream_ = nullptr;
   std::map<PassShape, Captured> captured_;
