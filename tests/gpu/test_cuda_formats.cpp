@@ -66,10 +66,13 @@ struct TestMatrix {
   std::vector<float> values;  // [rows, cols]
 };
 
-// e4m3 bytes with exponent 1..14: positive normal block scales (no NaN, no zero).
+// Any e4m3 byte but NaN (zero, subnormals and the largest exponent included); without the sign bit when not signed.
 uint8_t random_e4m3(std::mt19937& rng, bool allow_sign) {
-  std::uniform_int_distribution<int> exponent(1, 14), mantissa(0, 7), sign(0, 1);
-  return uint8_t((allow_sign && sign(rng) ? 0x80 : 0) | exponent(rng) << 3 | mantissa(rng));
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (;;) {
+    const uint8_t b = uint8_t(byte(rng) & (allow_sign ? 0xff : 0x7f));
+    if ((b & 0x7f) != 0x7f) return b;
+  }
 }
 
 TestMatrix make_matrix(WeightFormat format, int rows, int cols, int bits, int group, std::mt19937& rng,
