@@ -16,22 +16,16 @@ __device__ inline float warp_sum(float v) {
   return v;
 }
 
-// Σ_i e2m1(code i of word)·x[i] over the eight columns of one word.
-__device__ inline float word_dot(uint32_t word, const float (&x)[8]) {
-  float sum = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) sum = fmaf(e2m1_value(word >> (4 * i)), x[i], sum);
-  return sum;
-}
+__device__ inline uint32_t word_of(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
 struct Chunk {
   uint4 codes[kRowsPerWarp];
   uint32_t scales[kRowsPerWarp];  // the chunk's two e4m3 block scales, low byte first
 };
 
-// Each warp: kRowsPerWarp rows; each lane: 16-byte chunks lane, lane + 32, ... of those rows, every code decoded in
-// registers and multiplied by B activation rows read as float4; per 16-column block the e4m3 scale (times the tensor
-// scale) multiplies the block's sum, as the CPU kernel does.
+// Each warp: kRowsPerWarp rows; each lane: 16-byte chunks lane, lane + 32, ... of those rows, every code decoded once
+// in registers and multiplied by B activation rows read as float4; per 16-column block the e4m3 scale (times the
+// tensor scale) multiplies the block's sum.
 template <int B>
 __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv_kernel(DeviceMatrix w, const float* x, float* y) {
   const int lane = threadIdx.x % 32;
@@ -62,27 +56,34 @@ __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv_kernel(DeviceMatrix w,
     for (int u = 0; u < kChunksInFlight; ++u) {
       const int chunk = base + 32 * u;
       if (chunk >= chunks) break;
+      const float* xs = x + size_t(chunk) * kChunkColumns;
+      float block_sum[kRowsPerWarp][B][2] = {};
 #pragma unroll
-      for (int b = 0; b < B; ++b) {
-        const float4* xs = reinterpret_cast<const float4*>(x + size_t(b) * w.cols + size_t(chunk) * kChunkColumns);
-        float block_sum[kRowsPerWarp][2] = {};
+      for (int word = 0; word < 4; ++word) {  // eight columns a word; words 0-1 and 2-3 are the two scale blocks
+        float weights[kRowsPerWarp][8];
 #pragma unroll
-        for (int word = 0; word < 4; ++word) {
-          const float4 lo = __ldg(xs + 2 * word), hi = __ldg(xs + 2 * word + 1);
+        for (int r = 0; r < kRowsPerWarp; ++r)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) weights[r][i] = e2m1_value(word_of(loaded[u].codes[r], word) >> (4 * i));
+#pragma unroll
+        for (int b = 0; b < B; ++b) {
+          const float4* p = reinterpret_cast<const float4*>(xs + size_t(b) * w.cols) + 2 * word;
+          const float4 lo = __ldg(p), hi = __ldg(p + 1);
           const float values[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
-          for (int r = 0; r < kRowsPerWarp; ++r) {
-            const uint4& c = loaded[u].codes[r];
-            const uint32_t bits = word == 0 ? c.x : word == 1 ? c.y : word == 2 ? c.z : c.w;
-            block_sum[r][word / 2] += word_dot(bits, values);
-          }
-        }
+          for (int r = 0; r < kRowsPerWarp; ++r)
 #pragma unroll
-        for (int r = 0; r < kRowsPerWarp; ++r) {
-          const float scale0 = e4m3_value(loaded[u].scales[r] & 0xffu) * w.tensor_scale;
-          const float scale1 = e4m3_value(loaded[u].scales[r] >> 8) * w.tensor_scale;
-          acc[r][b] = fmaf(block_sum[r][1], scale1, fmaf(block_sum[r][0], scale0, acc[r][b]));
+            for (int i = 0; i < 8; ++i)
+              block_sum[r][b][word / 2] = fmaf(weights[r][i], values[i], block_sum[r][b][word / 2]);
         }
+      }
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        const float scale0 = e4m3_value(loaded[u].scales[r] & 0xffu) * w.tensor_scale;
+        const float scale1 = e4m3_value(loaded[u].scales[r] >> 8) * w.tensor_scale;
+#pragma unroll
+        for (int b = 0; b < B; ++b)
+          acc[r][b] = fmaf(block_sum[r][b][1], scale1, fmaf(block_sum[r][b][0], scale0, acc[r][b]));
       }
     }
   }

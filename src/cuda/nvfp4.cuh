@@ -18,13 +18,12 @@ __device__ inline float e4m3_value(uint32_t bits) {
   return bits & 0x80u ? -magnitude : magnitude;
 }
 
-// One e2m1 code (bit 3 the sign; bits 0-2 index {0, 0.5, 1, 1.5, 2, 3, 4, 6}): exponent e = bits 1-2, mantissa bit 0,
-// value 2^(e-1)·(1 + m/2), or m/2 when e is 0. Built as fp32 bits, no denormals.
+// The e2m1 code in bits 0-3 of `code` (bit 3 the sign; bits 0-2 index {0, 0.5, 1, 1.5, 2, 3, 4, 6}, i.e. exponent e
+// = bits 1-2 and mantissa m = bit 0: 2^(e-1)·(1 + m/2), or m/2 when e is 0). Bits 0-2 placed at fp32 bits 22-24 are
+// exactly that value times 2^-126 (e = 0 lands on the subnormals, m·2^-127), so one exact multiplication by 2^126
+// finishes it (the kernels are built without flush-to-zero); the sign goes to bit 31.
 __device__ inline float e2m1_value(uint32_t code) {
-  const uint32_t exponent = (code >> 1) & 3u, mantissa = code & 1u;
-  const float magnitude =
-      exponent == 0 ? 0.5f * float(mantissa) : __uint_as_float(((exponent + 126u) << 23) | (mantissa << 22));
-  return code & 8u ? -magnitude : magnitude;
+  return __uint_as_float(((code & 7u) << 22) | ((code & 8u) << 28)) * 0x1p126f;
 }
 
 // y[r, :] = W · x[r, :] for r < x_rows ≤ 4, W in NVFP4 with cols a multiple of 32 and codes 16-byte aligned; x 16-byte
