@@ -44,14 +44,13 @@ inline double matrix_bytes(const DeviceMatrix& m) {
     case WeightFormat::Q4:
     case WeightFormat::Q3:
     case WeightFormat::Q2:
-    case WeightFormat::Affine:
-      return n *
-                 (m.bits                         ? m.bits
-                  : m.format == WeightFormat::Q4 ? 4
-                  : m.format == WeightFormat::Q3 ? 3
-                                                 : 2) /
-                 8 +
-             n / m.group * 4;  // bf16 scale and bias per group
+    case WeightFormat::Affine: {
+      const int bits = m.format == WeightFormat::Q4   ? 4
+                       : m.format == WeightFormat::Q3 ? 3
+                       : m.format == WeightFormat::Q2 ? 2
+                                                      : m.bits;
+      return n * bits / 8 + n / m.group * 4;  // codes, bf16 scale and bias per group
+    }
     case WeightFormat::NVFP4:
       return n / 2 + n / 16;
     case WeightFormat::Mixed:
