@@ -23,7 +23,7 @@ namespace vavilov::cli {
 namespace {
 struct BenchArgs {
   std::string synthetic, model, weights = "q4", out, commit = "unknown", prefill = "512,8192";
-  int layers = 0;
+  int layers = 0, experts = 0;
   uint64_t seed = 1;
   int64_t context = 64;
   int steps = 20;
@@ -33,9 +33,11 @@ struct BenchArgs {
 // The weights to measure: synthetic at a config's geometry (optionally its first N layers), or a checkpoint.
 std::shared_ptr<const cuda::DeviceModel> bench_weights(const BenchArgs& args, nlohmann::json& geometry) {
   check(args.synthetic.empty() != args.model.empty(), "bench: give either --synthetic CONFIG.json or --model DIR");
+  check(args.experts == 0 || !args.model.empty(), "bench: --experts needs --model");
   if (!args.model.empty()) {
-    auto model = load_model_quantized(args.model, QuantizeOptions{args.weights == "q4" ? "q4" : "none", 0});
+    auto model = load_model_quantized(args.model, QuantizeOptions{args.weights == "q4" ? "q4" : "none", args.experts});
     geometry["model"] = args.model;
+    if (args.experts) geometry["expert_bits"] = args.experts;
     return cuda::upload_model(*model);
   }
   ModelConfig c = load_model_config(args.synthetic);
@@ -131,6 +133,10 @@ void register_bench(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   command->add_option("--seed", args->seed, "Synthetic weights' and token ids' seed");
   command->add_option("--weights", args->weights, "q4 or bf16")->check(CLI::IsMember({"q4", "bf16"}));
+  command
+      ->add_option("--experts", args->experts,
+                   "--model: routed experts at 4, 3 or 2 bits (a packed store's records of that precision)")
+      ->check(CLI::IsMember({4, 3, 2}));
   command->add_option("--context", args->context, "Prompt tokens before the decode steps")->check(CLI::PositiveNumber);
   command->add_option("--steps", args->steps, "Timed decode steps per draft count")->check(CLI::PositiveNumber);
   command->add_option("--prefill", args->prefill, "Prefill lengths, comma-separated");

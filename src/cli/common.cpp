@@ -81,13 +81,12 @@ void add_device_option(CLI::App* command, std::string& device) {
 
 namespace {
 
-// The weight formats the GPU backend runs: dense (no per-tensor scale) and 4-bit affine at group 64. Returns the
-// first matrix it cannot run, or an empty string.
+#ifdef VAVILOV_HAVE_CUDA
+// The first matrix the GPU backend cannot run as stored (cuda::runs_on_gpu), or an empty string.
 std::string first_matrix_off_gpu(Model& model) {
   std::string name;
   const auto visit = [&](const Matrix& m) {
-    const bool dense = !m.quantized() && m.tensor_scale == 1.0f;
-    if (name.empty() && !m.empty() && !dense && !(m.bits == 4 && m.group64_affine())) name = m.name;
+    if (name.empty() && !m.empty() && !cuda::runs_on_gpu(m)) name = m.name;
   };
   for_each_matrix(model, visit);
   for (const LayerWeights& layer : model.layers)
@@ -95,6 +94,7 @@ std::string first_matrix_off_gpu(Model& model) {
       for (const Matrix& shard : layer.ple->table_shards) visit(shard);
   return name;
 }
+#endif
 
 }  // namespace
 
@@ -105,8 +105,8 @@ bool cuda_selected(const std::string& device, Model& model) {
   if (device == "cpu") return false;
   check(cuda::device_count() > 0, "--device cuda: no CUDA device is available");
   check(unsupported.empty(),
-        "--device cuda: tensor {} is in a format the GPU backend does not run yet (it runs dense weights and 4-bit "
-        "group-64 affine ones: --quantize none|q4, --experts 4)",
+        "--device cuda: tensor {} is in a format the GPU backend does not run (it runs dense F32/BF16/F16/FP8 weights, "
+        "NVFP4, and MLX affine weights of 2-8 bits in whole groups of a multiple of 8 columns)",
         unsupported);
   return true;
 #else

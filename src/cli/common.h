@@ -31,7 +31,7 @@ void add_experts_option(CLI::App* command, int& experts);
 std::unique_ptr<Model> load_model_quantized(const std::string& directory, const QuantizeOptions& quantize);
 
 // --device auto|cpu|cuda. auto: the GPU when the binary has CUDA, a GPU is present and every weight is in a format
-// it runs (dense, or 4-bit affine at group 64: --quantize none|q4), else the CPU.
+// it runs (cuda::runs_on_gpu: dense, NVFP4/FP8, MLX affine 2-8 bits, mixed experts), else the CPU.
 void add_device_option(CLI::App* command, std::string& device);
 // Whether --device selects the GPU for this loaded model; a clear error when cuda is asked for but unavailable.
 bool cuda_selected(const std::string& device, Model& model);

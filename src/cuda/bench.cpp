@@ -11,19 +11,6 @@ namespace vavilov::cuda {
 
 namespace {
 
-double matrix_bytes(const DeviceMatrix& m) {
-  const double n = double(m.rows) * double(m.cols);
-  switch (m.format) {
-    case WeightFormat::Q4:
-      return n / 2 + n / 64 * 4;  // codes, bf16 scale and bias per 64
-    case WeightFormat::BF16:
-      return n * 2;
-    case WeightFormat::F32:
-      return n * 4;
-  }
-  return 0;
-}
-
 double residual_bytes(const DeviceGatedResidual& g) {
   return matrix_bytes(g.mix_down) + matrix_bytes(g.mix_up) + (g.has_inject ? matrix_bytes(g.inject) : 0.0);
 }
@@ -48,7 +35,8 @@ class ByteModel {
   explicit ByteModel(const DeviceModel& m) : m_(m), c_(m.config) {
     const DeviceMatrix gate{m.layers.front().moe.gate_up_format, int(c_.moe_intermediate_size), int(c_.hidden_size)};
     const DeviceMatrix down{m.layers.front().moe.down_format, int(c_.hidden_size), int(c_.moe_intermediate_size)};
-    expert_ = 2 * matrix_bytes(gate) + matrix_bytes(down);
+    expert_ = m.layers.front().moe.expert_bytes > 0 ? m.layers.front().moe.expert_bytes  // uploaded: measured
+                                                    : 2 * matrix_bytes(gate) + matrix_bytes(down);
   }
   // Expected distinct experts of `rows` rows under uniform random routing.
   double experts(int rows) const {

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "cuda/backend.h"
 
 namespace vavilov::cuda {
 
@@ -30,6 +31,24 @@ class Uploader {
     model_.bytes += size;
     return device;
   }
+  struct Part {
+    const void* host;
+    size_t size;
+  };
+  // One device allocation holding `parts` back to back.
+  const void* concatenated(const std::vector<Part>& parts) {
+    size_t total = 0;
+    for (const Part& part : parts) total += part.size;
+    model_.memory.push_back(device_alloc(total, "weight upload"));
+    auto* device = static_cast<std::byte*>(model_.memory.back().get());
+    size_t offset = 0;
+    for (const Part& part : parts) {
+      cuda_check(cudaMemcpy(device + offset, part.host, part.size, cudaMemcpyHostToDevice), "weight upload");
+      offset += part.size;
+    }
+    model_.bytes += total;
+    return device;
+  }
   template <typename T>
   const T* array(const std::vector<T>& values) {
     return static_cast<const T*>(bytes(values.data(), values.size() * sizeof(T)));
@@ -37,26 +56,49 @@ class Uploader {
   const float* vector(const Vector& values) { return array(values); }
 
   DeviceMatrix matrix(const Matrix& m) {
+    check(runs_on_gpu(m), "{}: weights of {} bits at group {} ({}, {} columns) are not supported on the GPU", m.name,
+          m.bits, m.group, dtype_name(m.dtype), m.cols);
     DeviceMatrix d;
     d.rows = int(m.rows);
     d.cols = int(m.cols);
-    if (m.quantized()) {
-      check(m.bits == 4, "{}: {}-bit weights are not supported on the GPU (use --quantize q4 or none)", m.name, m.bits);
-      d.format = WeightFormat::Q4;
+    d.tensor_scale = m.tensor_scale;
+    if (m.nvfp4()) {
+      d.format = WeightFormat::NVFP4;
+      d.data = bytes(m.data, size_t(m.rows) * size_t(m.cols / 2));
+      d.block_scales = static_cast<const uint8_t*>(bytes(m.block_scales, size_t(m.rows) * size_t(m.cols / 16)));
+    } else if (m.quantized()) {
+      affine(m, d);
       d.data = bytes(m.data, size_t(m.rows) * m.row_bytes());
-      const size_t groups = size_t(m.rows) * size_t(m.cols / kQuantGroup);
+      const size_t groups = size_t(m.rows) * size_t(m.cols / m.group);
       d.scales = static_cast<const uint16_t*>(bytes(m.scales, groups * 2));
       d.biases = static_cast<const uint16_t*>(bytes(m.biases, groups * 2));
-    } else if (m.dtype == DType::BF16 || m.dtype == DType::F32) {
-      d.format = m.dtype == DType::BF16 ? WeightFormat::BF16 : WeightFormat::F32;
+    } else if (m.dtype == DType::BF16 || m.dtype == DType::F32 || m.dtype == DType::F8_E4M3) {
+      d.format = m.dtype == DType::BF16  ? WeightFormat::BF16
+                 : m.dtype == DType::F32 ? WeightFormat::F32
+                                         : WeightFormat::F8;  // e4m3 bytes as stored, times tensor_scale in the kernels
       d.data = bytes(m.data, size_t(m.rows) * m.row_bytes());
-    } else {  // F16, F8: widened once
+    } else {  // F16: widened once
       std::vector<float> wide(size_t(m.rows * m.cols));
-      for (int64_t r = 0; r < m.rows; ++r) to_f32(m.dtype, m.row(r), wide.data() + r * m.cols, size_t(m.cols));
+      for (int64_t r = 0; r < m.rows; ++r) {
+        float* row = wide.data() + r * m.cols;
+        to_f32(m.dtype, m.row(r), row, size_t(m.cols));
+        for (int64_t i = 0; m.tensor_scale != 1.0f && i < m.cols; ++i) row[i] *= m.tensor_scale;
+      }
       d.format = WeightFormat::F32;
+      d.tensor_scale = 1.0f;
       d.data = array(wide);
     }
     return d;
+  }
+
+  // Format, bits and group of an MLX affine matrix: Q4/Q3/Q2 at group 64 (the fast kernels), Affine otherwise.
+  static void affine(const Matrix& m, DeviceMatrix& d) {
+    d.bits = m.bits;
+    d.group = int(m.group);
+    d.format = WeightFormat::Affine;
+    if (m.group == kQuantGroup && m.bits == 4) d.format = WeightFormat::Q4;
+    if (m.group == kQuantGroup && m.bits == 3) d.format = WeightFormat::Q3;
+    if (m.group == kQuantGroup && m.bits == 2) d.format = WeightFormat::Q2;
   }
 
   DeviceGatedResidual gated_residual(const GatedResidualWeights& w) {
@@ -82,17 +124,20 @@ class Uploader {
       up.push_back(matrix(expert.up));
       down.push_back(matrix(expert.down));
     }
-    auto same_format = [](const std::vector<DeviceMatrix>& all, const std::vector<DeviceMatrix>& other) {
-      for (const DeviceMatrix& m : all)
-        if (m.format != all.front().format) return false;
-      for (const DeviceMatrix& m : other)
-        if (m.format != all.front().format) return false;
-      return true;
+    // Per-expert precision (--experts with a mixed store, MLX per-module overrides): a layer whose experts differ
+    // in format is summarised as Mixed, and the expert kernels read each matrix's own format.
+    auto common_format = [](std::initializer_list<const std::vector<DeviceMatrix>*> lists) {
+      const DeviceMatrix& first = lists.begin()[0]->front();
+      for (const std::vector<DeviceMatrix>* list : lists)
+        for (const DeviceMatrix& m : *list)
+          if (m.format != first.format || m.bits != first.bits || m.group != first.group) return WeightFormat::Mixed;
+      return first.format;
     };
-    check(same_format(gate, up) && same_format(down, {}), "{}: experts of one layer differ in weight format",
-          w.router.name);
-    d.gate_up_format = gate.front().format;
-    d.down_format = down.front().format;
+    d.gate_up_format = common_format({&gate, &up});
+    d.down_format = common_format({&down});
+    for (size_t e = 0; e < gate.size(); ++e)
+      d.expert_bytes += matrix_bytes(gate[e]) + matrix_bytes(up[e]) + matrix_bytes(down[e]);
+    d.expert_bytes /= double(gate.size());
     d.expert_gate = array(gate);
     d.expert_up = array(up);
     d.expert_down = array(down);
@@ -101,7 +146,47 @@ class Uploader {
 
   DevicePle ple(const PleWeights& w) {
     DevicePle d;
-    // Dense BF16 shards keep their bytes; any other table format (F32, F16, F8, MLX-quantized) is widened to F32.
+    d.table = affine_table(w);
+    if (d.table.data == nullptr) d.table = dense_table(w);
+    d.multipliers = array(w.multipliers);
+    d.head_sizes = array(w.head_sizes);
+    d.head_offsets = array(w.head_offsets);
+    d.key_proj = matrix(w.key_proj);
+    d.value_proj = matrix(w.value_proj);
+    d.norm_key = vector(w.norm_key);
+    d.norm_query = vector(w.norm_query);
+    d.norm_conv = vector(w.norm_conv);
+    d.conv = vector(w.conv);
+    return d;
+  }
+
+  // MLX-quantized shards of one width and group (the released conversion: 4 bits at group 32) keep their codes,
+  // scales and biases, each concatenated over the shards; a table stored otherwise gives an empty matrix.
+  DeviceMatrix affine_table(const PleWeights& w) {
+    const Matrix& first = w.table_shards.front();
+    for (const Matrix& shard : w.table_shards)
+      if (!shard.quantized() || shard.nvfp4() || shard.bits != first.bits || shard.group != first.group ||
+          !runs_on_gpu(shard))
+        return {};
+    DeviceMatrix d;
+    d.rows = int(w.table_rows);
+    d.cols = int(w.head_width());
+    affine(first, d);
+    std::vector<Part> codes, scales, biases;
+    for (const Matrix& shard : w.table_shards) {
+      const size_t groups = size_t(shard.rows) * size_t(shard.cols / shard.group);
+      codes.push_back({shard.data, size_t(shard.rows) * shard.row_bytes()});
+      scales.push_back({shard.scales, groups * 2});
+      biases.push_back({shard.biases, groups * 2});
+    }
+    d.data = concatenated(codes);
+    d.scales = static_cast<const uint16_t*>(concatenated(scales));
+    d.biases = static_cast<const uint16_t*>(concatenated(biases));
+    return d;
+  }
+
+  // Dense BF16 shards keep their bytes; any other table format (F32, F16, F8, NVFP4) is widened to F32.
+  DeviceMatrix dense_table(const PleWeights& w) {
     bool keep = true;
     for (const Matrix& shard : w.table_shards) keep = keep && !shard.quantized() && shard.dtype == DType::BF16;
     const DType dtype = keep ? DType::BF16 : DType::F32;
@@ -118,19 +203,11 @@ class Uploader {
       for (int64_t r = 0; r < w.table_rows; ++r)
         w.table_row(r, reinterpret_cast<float*>(table.data() + size_t(r) * row_bytes));
     }
-    d.table.format = dtype == DType::BF16 ? WeightFormat::BF16 : WeightFormat::F32;
-    d.table.rows = int(w.table_rows);
-    d.table.cols = int(width);
-    d.table.data = bytes(table.data(), table.size());
-    d.multipliers = array(w.multipliers);
-    d.head_sizes = array(w.head_sizes);
-    d.head_offsets = array(w.head_offsets);
-    d.key_proj = matrix(w.key_proj);
-    d.value_proj = matrix(w.value_proj);
-    d.norm_key = vector(w.norm_key);
-    d.norm_query = vector(w.norm_query);
-    d.norm_conv = vector(w.norm_conv);
-    d.conv = vector(w.conv);
+    DeviceMatrix d;
+    d.format = dtype == DType::BF16 ? WeightFormat::BF16 : WeightFormat::F32;
+    d.rows = int(w.table_rows);
+    d.cols = int(width);
+    d.data = bytes(table.data(), table.size());
     return d;
   }
 
@@ -159,6 +236,14 @@ class Uploader {
 };
 
 }  // namespace
+
+bool runs_on_gpu(const Matrix& m) {
+  if (m.nvfp4()) return m.cols % 16 == 0;
+  if (m.quantized())
+    return m.bits >= 2 && m.bits <= 8 && m.group % 8 == 0 && m.cols % m.group == 0 && (m.cols * m.bits) % 32 == 0;
+  const bool scaled = m.dtype == DType::F8_E4M3 || m.dtype == DType::F16;  // the scale is applied (kernel, widening)
+  return (m.dtype == DType::F32 || m.dtype == DType::BF16 || scaled) && (scaled || m.tensor_scale == 1.0f);
+}
 
 void check_supported(const ModelConfig& c, const std::string& name) {
   check(c.linear_key_head_dim <= 128, "{}: linear_key_head_dim {} > 128 is not supported on the GPU", name,

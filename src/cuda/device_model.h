@@ -1,6 +1,7 @@
 #pragma once
-// The model's weights on the GPU, uploaded once from a loaded Model: dense F32/BF16 matrices stay in their dtype
-// (F16 and F8 become F32), 4-bit quantized matrices keep their codes, scales and biases; vectors become fp32.
+// The model's weights on the GPU, uploaded once from a loaded Model: dense F32/BF16/F8 matrices stay in their dtype
+// (F16 becomes F32), MLX affine matrices (any width and group) keep their codes, scales and biases, NVFP4 ones their
+// codes, block scales and tensor scale; the PLE table keeps BF16 or affine shards as stored; vectors become fp32.
 #include <cuda_runtime.h>
 
 #include <memory>
@@ -44,9 +45,11 @@ struct DeviceFeedForward {
 struct DeviceMoe {
   DeviceMatrix router, shared_gate;
   DeviceFeedForward shared;
-  // Device arrays of num_experts matrices each; gate and up share a format, down has its own.
+  // Device arrays of num_experts matrices each. gate_up_format: the format all gate and up matrices share, or Mixed
+  // when they differ (per-expert precision, or gate and up apart); down_format likewise for the down matrices.
   const DeviceMatrix *expert_gate = nullptr, *expert_up = nullptr, *expert_down = nullptr;
   WeightFormat gate_up_format = WeightFormat::F32, down_format = WeightFormat::F32;
+  double expert_bytes = 0;  // weight bytes of one expert (gate, up, down), the mean over the layer's experts
 };
 
 struct DevicePle {
@@ -87,7 +90,8 @@ struct DeviceModel {
 // The geometry limits the kernels were written for (ops.cu); an error naming the config field otherwise.
 void check_supported(const ModelConfig& config, const std::string& name);
 
-// Uploads every weight; 2- and 3-bit matrices are refused (the GPU runs Q4).
+// Uploads every weight in its stored format (F16 widened to F32); an error naming the tensor for affine layouts the
+// kernels cannot address (device_model.cpp, `affine`).
 std::unique_ptr<DeviceModel> upload_model(const Model& model);
 
 }  // namespace vavilov::cuda

@@ -90,6 +90,8 @@ void widen_rows(const DeviceMatrix& w, int first_row, int rows, T* out, cudaStre
     case WeightFormat::Q4:
       widen_rows_kernel<WeightFormat::Q4><<<blocks_for(count), kThreads, 0, stream>>>(w, first_row, count, out);
       break;
+    default:  // gemm_widens() keeps every other format away
+      break;
   }
 }
 
@@ -106,6 +108,8 @@ void widen_experts(const DeviceMatrix* experts, WeightFormat format, const int* 
       break;
     case WeightFormat::Q4:
       widen_experts_kernel<WeightFormat::Q4><<<grid, kThreads, 0, stream>>>(experts, ids, count, out);
+      break;
+    default:  // gemm_widens() keeps every other format away
       break;
   }
 }
@@ -159,7 +163,12 @@ bool gemm(cublasHandle_t handle, const void* a, cudaDataType_t type, int m, int 
 
 void set_weight_scratch_limit(size_t bytes) { g_scratch_limit = bytes; }
 
+bool gemm_widens(WeightFormat format) {
+  return format == WeightFormat::F32 || format == WeightFormat::BF16 || format == WeightFormat::Q4;
+}
+
 bool gemm_linear(const DeviceMatrix& w, const float* x, int x_rows, float* y, cudaStream_t stream) {
+  if (!gemm_widens(w.format)) return false;
   Blas& b = blas();
   if (!b.handle || cublasSetStream(b.handle, stream) != CUBLAS_STATUS_SUCCESS) return false;
   const GemmPrecision p = gemm_precision();
@@ -194,6 +203,7 @@ bool gemm_linear(const DeviceMatrix& w, const float* x, int x_rows, float* y, cu
 
 bool grouped_expert_gemm(const DeviceMatrix* experts, WeightFormat format, int rows_out, int cols,
                          const std::vector<ExpertGroup>& groups, const float* x, float* y, cudaStream_t stream) {
+  if (!gemm_widens(format)) return false;
   if (groups.empty()) return true;
   Blas& b = blas();
   if (!b.handle || cublasSetStream(b.handle, stream) != CUBLAS_STATUS_SUCCESS) return false;

@@ -25,8 +25,11 @@ void set_gemm_precision(GemmPrecision precision);
 constexpr size_t kWeightScratchBytes = size_t(256) << 20;
 void set_weight_scratch_limit(size_t bytes);
 
-// y[r, :] = W · x[r, :] for r < x_rows through cuBLAS. False when cuBLAS or its scratch is unavailable (the caller's
-// generic kernels then run the product).
+// The formats the GEMMs widen (F32, BF16, Q4); the others run on the generic kernels.
+bool gemm_widens(WeightFormat format);
+
+// y[r, :] = W · x[r, :] for r < x_rows through cuBLAS. False when cuBLAS or its scratch is unavailable or the format
+// is not one gemm_widens takes (the caller's generic kernels then run the product).
 bool gemm_linear(const DeviceMatrix& w, const float* x, int x_rows, float* y, cudaStream_t stream);
 
 // One routed expert's share of a prefill chunk: rows [offset, offset + count) of the grouped activations.
@@ -36,7 +39,8 @@ struct ExpertGroup {
 
 // For every group g: y[offset_g + i, :] = E[expert_g] · x[offset_g + i, :] for i < count_g, where `experts` is a device
 // array of matrices of one format and shape (rows_out × cols), x is [*, cols] and y [*, rows_out]. Experts are widened
-// in batches that fit kWeightScratchBytes, each batch one grouped cuBLAS call. False when cuBLAS is unavailable.
+// in batches that fit kWeightScratchBytes, each batch one grouped cuBLAS call. False when cuBLAS is unavailable or
+// gemm_widens(format) is false.
 bool grouped_expert_gemm(const DeviceMatrix* experts, WeightFormat format, int rows_out, int cols,
                          const std::vector<ExpertGroup>& groups, const float* x, float* y, cudaStream_t stream);
 

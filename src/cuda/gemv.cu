@@ -522,6 +522,14 @@ cudaError_t gemv_q4(const GemvMatrix& matrix, int batch, cudaStream_t stream) {
   return gemv_quant<4>(matrix, nullptr, 1, matrix.rows, matrix.cols, batch, stream);
 }
 
+cudaError_t gemv_q3(const GemvMatrix& matrix, int batch, cudaStream_t stream) {
+  return gemv_quant<3>(matrix, nullptr, 1, matrix.rows, matrix.cols, batch, stream);
+}
+
+cudaError_t gemv_q2(const GemvMatrix& matrix, int batch, cudaStream_t stream) {
+  return gemv_quant<2>(matrix, nullptr, 1, matrix.rows, matrix.cols, batch, stream);
+}
+
 cudaError_t gemv_bf16(const GemvMatrix& matrix, int batch, cudaStream_t stream) {
   return gemv_dense<__nv_bfloat16>(matrix, nullptr, 1, matrix.rows, matrix.cols, batch, stream);
 }

@@ -49,6 +49,8 @@ cudaError_t gemv_bf16(const GemvMatrix* matrices, int count, int max_rows, int m
 
 // One matrix (cuda::linear's formats), its descriptor passed by value as a kernel parameter.
 cudaError_t gemv_q4(const GemvMatrix& matrix, int batch, cudaStream_t stream);
+cudaError_t gemv_q3(const GemvMatrix& matrix, int batch, cudaStream_t stream);
+cudaError_t gemv_q2(const GemvMatrix& matrix, int batch, cudaStream_t stream);
 cudaError_t gemv_bf16(const GemvMatrix& matrix, int batch, cudaStream_t stream);
 cudaError_t gemv_f32(const GemvMatrix& matrix, int batch, cudaStream_t stream);
 

@@ -5,6 +5,7 @@
 #include "cuda/gemm.cuh"
 #include "cuda/gemv.cuh"
 #include "cuda/linear.cuh"
+#include "cuda/nvfp4.cuh"
 
 namespace vavilov::cuda {
 
@@ -20,10 +21,51 @@ __device__ inline float warp_sum(float v) {
   return v;
 }
 
+// The code width of an affine format: fixed for Q3/Q2, the matrix's own for Affine.
+template <WeightFormat F>
+__device__ inline int affine_bits(const DeviceMatrix& w) {
+  if constexpr (F == WeightFormat::Q3) return 3;
+  if constexpr (F == WeightFormat::Q2) return 2;
+  return w.bits;
+}
+
+// `count` ≤ 8 codes of `bits` ≤ 8 bits from bit `first_bit` of a row's least-significant-first bit stream, in the low
+// bits of the result (at most 64 bits from two neighbouring words; the second is read only when the codes reach it).
+__device__ inline uint64_t affine_codes(const uint32_t* row_words, int first_bit, int count, int bits) {
+  const int word = first_bit / 32, shift = first_bit % 32;
+  uint64_t stream = __ldg(row_words + word);
+  if (shift + count * bits > 32) stream |= uint64_t(__ldg(row_words + word + 1)) << 32;
+  return stream >> shift;
+}
+
+// A row's first code word (cols·bits is a multiple of 32: MLX's layout, checked at upload).
+__device__ inline const uint32_t* affine_row(const DeviceMatrix& w, int row, int bits) {
+  return static_cast<const uint32_t*>(w.data) + size_t(row) * (size_t(w.cols) * size_t(bits) / 32);
+}
+
 // The eight weights of columns [8·chunk, 8·chunk + 8) of one row, as fp32.
 template <WeightFormat F>
 __device__ inline void load_chunk(const DeviceMatrix& w, int row, int chunk, float* out) {
-  if constexpr (F == WeightFormat::Q4) {
+  if constexpr (F == WeightFormat::Q3 || F == WeightFormat::Q2 || F == WeightFormat::Affine) {
+    const int bits = affine_bits<F>(w);
+    const uint64_t codes = affine_codes(affine_row(w, row, bits), 8 * chunk * bits, 8, bits);
+    const size_t group = size_t(row) * (w.cols / w.group) + 8 * chunk / w.group;  // groups are multiples of 8
+    const float scale = bf16_value(w.scales[group]), bias = bf16_value(w.biases[group]);
+    const uint32_t mask = (1u << bits) - 1u;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) out[i] = scale * float(uint32_t(codes >> (bits * i)) & mask) + bias;
+  } else if constexpr (F == WeightFormat::NVFP4) {
+    const uint32_t word = __ldg(static_cast<const uint32_t*>(w.data) + size_t(row) * (w.cols / 8) + chunk);
+    const float scale = e4m3_value(__ldg(w.block_scales + size_t(row) * (w.cols / 16) + chunk / 2)) * w.tensor_scale;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) out[i] = e2m1_value(word >> (4 * i)) * scale;
+  } else if constexpr (F == WeightFormat::F8) {
+    const uint2 packed =
+        __ldg(reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(w.data) + size_t(row) * w.cols) + chunk);
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      out[i] = e4m3_value(((i < 4 ? packed.x : packed.y) >> (8 * (i % 4))) & 0xffu) * w.tensor_scale;
+  } else if constexpr (F == WeightFormat::Q4) {
     const uint32_t word = __ldg(static_cast<const uint32_t*>(w.data) + size_t(row) * (w.cols / 8) + chunk);
     const size_t group = size_t(row) * (w.cols / 64) + chunk / 8;
     const float scale = bf16_value(w.scales[group]), bias = bf16_value(w.biases[group]);
@@ -49,7 +91,18 @@ __device__ inline void load_chunk(const DeviceMatrix& w, int row, int chunk, flo
 
 template <WeightFormat F>
 __device__ inline float load_one(const DeviceMatrix& w, int row, int col) {
-  if constexpr (F == WeightFormat::Q4) {
+  if constexpr (F == WeightFormat::Q3 || F == WeightFormat::Q2 || F == WeightFormat::Affine) {
+    const int bits = affine_bits<F>(w);
+    const uint32_t code = uint32_t(affine_codes(affine_row(w, row, bits), col * bits, 1, bits)) & ((1u << bits) - 1u);
+    const size_t group = size_t(row) * (w.cols / w.group) + col / w.group;
+    return bf16_value(w.scales[group]) * float(code) + bf16_value(w.biases[group]);
+  } else if constexpr (F == WeightFormat::NVFP4) {
+    const uint8_t pair = static_cast<const uint8_t*>(w.data)[size_t(row) * (w.cols / 2) + col / 2];
+    const float scale = e4m3_value(w.block_scales[size_t(row) * (w.cols / 16) + col / 16]) * w.tensor_scale;
+    return e2m1_value(pair >> (4 * (col % 2))) * scale;
+  } else if constexpr (F == WeightFormat::F8) {
+    return e4m3_value(static_cast<const uint8_t*>(w.data)[size_t(row) * w.cols + col]) * w.tensor_scale;
+  } else if constexpr (F == WeightFormat::Q4) {
     const uint32_t word = static_cast<const uint32_t*>(w.data)[size_t(row) * (w.cols / 8) + col / 8];
     const size_t group = size_t(row) * (w.cols / 64) + col / 64;
     return bf16_value(w.scales[group]) * float((word >> (4 * (col % 8))) & 0xfu) + bf16_value(w.biases[group]);
@@ -121,6 +174,36 @@ __global__ void __launch_bounds__(kWarps * 32) linear_kernel(DeviceMatrix w, con
     for (int b = 0; b < batch; ++b) y[size_t(first + b) * w.rows + row] = acc[b];
 }
 
+// row_products for a matrix of format F, or, for Mixed, of the format the matrix itself names (uniform across a
+// block, which reads one expert).
+template <WeightFormat F>
+__device__ inline void expert_row_products(const DeviceMatrix& w, int row, const float* x, float (&acc)[kRowsPerPass]) {
+  if constexpr (F != WeightFormat::Mixed) {
+    row_products<F>(w, row, x, 1, acc);
+  } else {
+    switch (w.format) {
+      case WeightFormat::F32:
+        return row_products<WeightFormat::F32>(w, row, x, 1, acc);
+      case WeightFormat::BF16:
+        return row_products<WeightFormat::BF16>(w, row, x, 1, acc);
+      case WeightFormat::Q4:
+        return row_products<WeightFormat::Q4>(w, row, x, 1, acc);
+      case WeightFormat::Q3:
+        return row_products<WeightFormat::Q3>(w, row, x, 1, acc);
+      case WeightFormat::Q2:
+        return row_products<WeightFormat::Q2>(w, row, x, 1, acc);
+      case WeightFormat::Affine:
+        return row_products<WeightFormat::Affine>(w, row, x, 1, acc);
+      case WeightFormat::NVFP4:
+        return row_products<WeightFormat::NVFP4>(w, row, x, 1, acc);
+      case WeightFormat::F8:
+        return row_products<WeightFormat::F8>(w, row, x, 1, acc);
+      case WeightFormat::Mixed:
+        break;
+    }
+  }
+}
+
 template <WeightFormat F>
 __global__ void __launch_bounds__(kWarps * 32)
     expert_kernel(const DeviceMatrix* experts, const int* ids, const float* x, int x_divisor, float* y) {
@@ -129,7 +212,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int row = blockIdx.x * kWarps + threadIdx.x / 32;
   if (row >= w.rows) return;
   float acc[kRowsPerPass];
-  row_products<F>(w, row, x + size_t(slot / x_divisor) * w.cols, 1, acc);
+  expert_row_products<F>(w, row, x + size_t(slot / x_divisor) * w.cols, acc);
   if (threadIdx.x % 32 == 0) y[size_t(slot) * w.rows + row] = acc[0];
 }
 
@@ -157,11 +240,29 @@ void gather(const DeviceMatrix& table, const Index* ids, int rows, int copies, f
     case WeightFormat::Q4:
       gather_kernel<WeightFormat::Q4><<<grid, 256, 0, stream>>>(table, ids, rows, copies, out);
       break;
+    case WeightFormat::Q3:
+      gather_kernel<WeightFormat::Q3><<<grid, 256, 0, stream>>>(table, ids, rows, copies, out);
+      break;
+    case WeightFormat::Q2:
+      gather_kernel<WeightFormat::Q2><<<grid, 256, 0, stream>>>(table, ids, rows, copies, out);
+      break;
+    case WeightFormat::Affine:
+      gather_kernel<WeightFormat::Affine><<<grid, 256, 0, stream>>>(table, ids, rows, copies, out);
+      break;
+    case WeightFormat::NVFP4:
+      gather_kernel<WeightFormat::NVFP4><<<grid, 256, 0, stream>>>(table, ids, rows, copies, out);
+      break;
+    case WeightFormat::F8:
+      gather_kernel<WeightFormat::F8><<<grid, 256, 0, stream>>>(table, ids, rows, copies, out);
+      break;
+    case WeightFormat::Mixed:  // a summary of several experts, never one matrix
+      break;
   }
 }
 
 // Decode-sized products (1–4 rows) go to the bandwidth-bound GEMV kernels of gemv.cuh when the matrix meets their
-// layout needs (Q4: whole groups, 8-byte aligned codes; dense: 16-byte aligned rows; activations 16-byte aligned).
+// layout needs (quantized: whole groups, codes 8-byte (Q4) or 4-byte (Q3, Q2) aligned; dense: 16-byte aligned rows;
+// activations 16-byte aligned).
 // They choose their own split of rows and columns from the shape, so short, wide matrices get as many blocks as tall
 // ones. The descriptor travels by value as a kernel parameter: one launch, nothing allocated, nothing synchronised.
 bool gemv_fast_path(const DeviceMatrix& w, const float* x, int x_rows, float* y, cudaStream_t stream) {
@@ -181,6 +282,14 @@ bool gemv_fast_path(const DeviceMatrix& w, const float* x, int x_rows, float* y,
       m.biases = reinterpret_cast<const __nv_bfloat16*>(w.biases);
       error = gemv_q4(m, x_rows, stream);
       break;
+    case WeightFormat::Q3:
+    case WeightFormat::Q2:
+      if (w.cols % kQuantGroup != 0 || address % 4 != 0) return false;
+      m.codes = static_cast<const uint32_t*>(w.data);
+      m.scales = reinterpret_cast<const __nv_bfloat16*>(w.scales);
+      m.biases = reinterpret_cast<const __nv_bfloat16*>(w.biases);
+      error = w.format == WeightFormat::Q3 ? gemv_q3(m, x_rows, stream) : gemv_q2(m, x_rows, stream);
+      break;
     case WeightFormat::BF16:
       if (w.cols % 8 != 0 || address % 16 != 0) return false;
       m.dense = static_cast<const __nv_bfloat16*>(w.data);
@@ -191,6 +300,11 @@ bool gemv_fast_path(const DeviceMatrix& w, const float* x, int x_rows, float* y,
       m.dense_f32 = static_cast<const float*>(w.data);
       error = gemv_f32(m, x_rows, stream);
       break;
+    case WeightFormat::Affine:  // other widths or groups, NVFP4 (nvfp4.cuh), FP8 and expert summaries: not here
+    case WeightFormat::NVFP4:
+    case WeightFormat::F8:
+    case WeightFormat::Mixed:
+      return false;
   }
   if (error == cudaSuccess) return true;
   cudaGetLastError();  // a refused launch is not sticky; clear it so the fallback's checks do not see it
@@ -202,7 +316,8 @@ bool gemv_fast_path(const DeviceMatrix& w, const float* x, int x_rows, float* y,
 void linear(const DeviceMatrix& w, const float* x, int x_rows, float* y, cudaStream_t stream) {
   if (x_rows == 0 || w.rows == 0) return;
   if (x_rows > kRowsPerPass && gemm_linear(w, x, x_rows, y, stream)) return;  // prefill chunks: cuBLAS (gemm.cuh)
-  if (gemv_fast_path(w, x, x_rows, y, stream)) return;
+  if (gemv_fast_path(w, x, x_rows, y, stream) || (x_rows <= kMaxGemvRows && nvfp4_gemv(w, x, x_rows, y, stream)))
+    return;
   const dim3 grid((w.rows + kWarps - 1) / kWarps, (x_rows + kRowsPerPass - 1) / kRowsPerPass);
   switch (w.format) {
     case WeightFormat::F32:
@@ -213,6 +328,23 @@ void linear(const DeviceMatrix& w, const float* x, int x_rows, float* y, cudaStr
       break;
     case WeightFormat::Q4:
       linear_kernel<WeightFormat::Q4><<<grid, kWarps * 32, 0, stream>>>(w, x, x_rows, y);
+      break;
+    case WeightFormat::Q3:
+      linear_kernel<WeightFormat::Q3><<<grid, kWarps * 32, 0, stream>>>(w, x, x_rows, y);
+      break;
+    case WeightFormat::Q2:
+      linear_kernel<WeightFormat::Q2><<<grid, kWarps * 32, 0, stream>>>(w, x, x_rows, y);
+      break;
+    case WeightFormat::Affine:
+      linear_kernel<WeightFormat::Affine><<<grid, kWarps * 32, 0, stream>>>(w, x, x_rows, y);
+      break;
+    case WeightFormat::NVFP4:
+      linear_kernel<WeightFormat::NVFP4><<<grid, kWarps * 32, 0, stream>>>(w, x, x_rows, y);
+      break;
+    case WeightFormat::F8:
+      linear_kernel<WeightFormat::F8><<<grid, kWarps * 32, 0, stream>>>(w, x, x_rows, y);
+      break;
+    case WeightFormat::Mixed:  // a summary of several experts, never one matrix
       break;
   }
 }
@@ -230,6 +362,24 @@ void expert_linear(const DeviceMatrix* experts, WeightFormat format, int rows_ou
       break;
     case WeightFormat::Q4:
       expert_kernel<WeightFormat::Q4><<<grid, kWarps * 32, 0, stream>>>(experts, ids, x, x_divisor, y);
+      break;
+    case WeightFormat::Q3:
+      expert_kernel<WeightFormat::Q3><<<grid, kWarps * 32, 0, stream>>>(experts, ids, x, x_divisor, y);
+      break;
+    case WeightFormat::Q2:
+      expert_kernel<WeightFormat::Q2><<<grid, kWarps * 32, 0, stream>>>(experts, ids, x, x_divisor, y);
+      break;
+    case WeightFormat::Affine:
+      expert_kernel<WeightFormat::Affine><<<grid, kWarps * 32, 0, stream>>>(experts, ids, x, x_divisor, y);
+      break;
+    case WeightFormat::NVFP4:
+      expert_kernel<WeightFormat::NVFP4><<<grid, kWarps * 32, 0, stream>>>(experts, ids, x, x_divisor, y);
+      break;
+    case WeightFormat::F8:
+      expert_kernel<WeightFormat::F8><<<grid, kWarps * 32, 0, stream>>>(experts, ids, x, x_divisor, y);
+      break;
+    case WeightFormat::Mixed:
+      expert_kernel<WeightFormat::Mixed><<<grid, kWarps * 32, 0, stream>>>(experts, ids, x, x_divisor, y);
       break;
   }
 }

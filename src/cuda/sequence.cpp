@@ -13,6 +13,7 @@
 #include "cuda/device_model.h"
 #include "cuda/expert_prefill.cuh"
 #include "cuda/gated_deltanet.cuh"
+#include "cuda/gemm.cuh"
 #include "cuda/hyper_connection.cuh"
 #include "cuda/linear.cuh"
 #include "cuda/moe_block.h"
@@ -419,7 +420,7 @@ void CudaSequence::run_layer(const DeviceLayer& w, LayerState& state, int64_t fi
     attention(w.attn, state, first, rows);
   hc_write(work_.inject, work_.output, rows, s, h, stack, w.mlp_hc.norm, eps, work_.normed, stream_);
   hyper_read(w.mlp_hc, stack, rows, work_.input, true);
-  if (rows > kMaxDecodeRows)
+  if (rows > kMaxDecodeRows && gemm_widens(w.moe.gate_up_format) && gemm_widens(w.moe.down_format))
     moe_prefill(w.moe, rows);
   else
     moe(w.moe, state.moe, rows);
