@@ -195,48 +195,6 @@ TEST(CudaGemm, Tf32AndBf16WithinTheirBounds) {
   cuda::set_gemm_precision(GemmPrecision::Fp32);
 }
 
-// Speed of each precision at a prefill chunk's real shape (512 rows through a 10240×2560 matrix), printed for the
-// record; the assertion is only that every product ran.
-TEST(CudaGemm, ThroughputAtTheRealShapeIsMeasured) {
-  constexpr int kRows = 10240, kCols = 2560, kXRows = 512, kRepeats = 10;
-  std::mt19937 rng(8);
-  std::uniform_int_distribution<uint32_t> word;
-  std::vector<uint32_t> codes(size_t(kRows) * kCols / 8);
-  for (uint32_t& c : codes) c = word(rng);
-  std::vector<uint16_t> scales(size_t(kRows) * kCols / 64, f32_to_bf16(0.01f)),
-      biases(scales.size(), f32_to_bf16(-0.08f));
-  std::vector<uint16_t> dense(size_t(kRows) * kCols);
-  for (uint16_t& v : dense) v = f32_to_bf16(float(int(word(rng) % 2001) - 1000) * 1e-5f);
-  cuda::DeviceMatrix q4{WeightFormat::Q4, kRows, kCols, device_copy(codes), device_copy(scales), device_copy(biases)};
-  cuda::DeviceMatrix bf16{WeightFormat::BF16, kRows, kCols, device_copy(dense), nullptr, nullptr};
-  float* x = device_copy(random_rows(kXRows, kCols, rng));
-  float* y = device_buffer<float>(size_t(kXRows) * kRows);
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  for (const cuda::DeviceMatrix& m : {q4, bf16})
-    for (auto [precision, name] : {std::pair{GemmPrecision::Fp32, "fp32"}, std::pair{GemmPrecision::Tf32, "tf32"},
-                                   std::pair{GemmPrecision::Bf16, "bf16"}}) {
-      cuda::set_gemm_precision(precision);
-      ASSERT_TRUE(cuda::gemm_linear(m, x, kXRows, y, nullptr));  // warm-up: handle, scratch
-      cudaEventRecord(start);
-      for (int i = 0; i < kRepeats; ++i) ASSERT_TRUE(cuda::gemm_linear(m, x, kXRows, y, nullptr));
-      cudaEventRecord(stop);
-      ASSERT_EQ(cudaEventSynchronize(stop), cudaSuccess);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, start, stop);
-      ms /= kRepeats;
-      std::printf("gemm speed %s weights %s, %d rows x %dx%d: %.3f ms, %.1f TFLOP/s\n", name, name_of(m.format), kXRows,
-                  kRows, kCols, ms, 2.0 * kXRows * kRows * kCols / (ms * 1e-3) / 1e12);
-    }
-  cuda::set_gemm_precision(GemmPrecision::Fp32);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  for (const void* p : {q4.data, static_cast<const void*>(q4.scales), static_cast<const void*>(q4.biases), bf16.data,
-                        static_cast<const void*>(x), static_cast<const void*>(y)})
-    cudaFree(const_cast<void*>(p));
-}
-
 struct Grouping {
   std::vector<int> counts, offsets, order, position;
 };
