@@ -219,9 +219,13 @@ TEST(CudaMoeDecodePlan, F32ExpertsTakeTheGeneralPath) {
 // 512 experts, top 10 (Flash-Next's router) over logits on a 1/4 grid, so that many are exactly equal: equal logits
 // give bit-equal probabilities on both sides, and unequal ones differ by a factor e^(1/4), so the CPU's order
 // (probability descending, then index ascending: src/cpu/moe.cpp's partial_sort) is the only right answer. Rows
-// span two blocks; one row is all ties, one has its winners at the highest indices.
-TEST(CudaMoeRoute, TopKMatchesTheCpuOrderWithTies) {
-  constexpr int experts = 512, top_k = 10, rows = 6;
+// span two blocks; one row is all ties, one has its winners at the highest indices. Also the kernel's other register
+// layout (2048 experts, the most, with top 32, the most) and an expert count that is no multiple of 32.
+class CudaMoeRoute : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(CudaMoeRoute, TopKMatchesTheCpuOrderWithTies) {
+  const auto [experts, top_k] = GetParam();
+  constexpr int rows = 6;
   std::mt19937 rng(5);
   std::uniform_int_distribution<int> level(0, 23);
   std::vector<float> logits(size_t(rows) * experts);
@@ -251,13 +255,19 @@ TEST(CudaMoeRoute, TopKMatchesTheCpuOrderWithTies) {
         const size_t at = size_t(r) * top_k + size_t(j);
         EXPECT_EQ(got_ids[at], order[size_t(j)]) << "row " << r << ", pick " << j;
         const double p = std::exp(double(row[order[size_t(j)]]) - 5.75) / sum;
-        // fp32 exp and a 512-term fp32 sum: a few 1e-7 relative (the sum cancels in the renormalised weights).
+        // fp32 exp and a ≤ 2048-term fp32 sum: a few 1e-7 relative (the sum cancels in the renormalised weights).
         EXPECT_NEAR(got_weights[at], norm_topk ? p / total : p, 1e-5 * p / (norm_topk ? total : 1.0))
             << "row " << r << ", pick " << j;
       }
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Experts, CudaMoeRoute,
+                         ::testing::Values(std::pair{512, 10}, std::pair{2048, 32}, std::pair{100, 8}),
+                         [](const auto& info) {
+                           return std::to_string(info.param.first) + "_top" + std::to_string(info.param.second);
+                         });
 
 }  // namespace
 }  // namespace vavilov
