@@ -15,76 +15,88 @@ __device__ inline float warp_max(float v) {
   return v;
 }
 
-// Probabilities of taken experts are set to this; real ones are ≥ 0 or NaN.
+// Probabilities of taken experts (and of the lanes' slots past the last expert) are set to this; real ones are ≥ 0
+// or NaN.
 constexpr float kTaken = -INFINITY;
 
-// The lane's best untaken expert among e ≡ lane (mod 32): highest probability, the lower index on ties (the scan
-// goes up and replaces only on a strictly higher value). Without one (all NaN or taken): value −1, index `experts`.
-__device__ inline void lane_best(const float* prob, int experts, int lane, float& value, int& index) {
+// Experts a lane holds in registers: e = lane + 32·i for i < PerLane (route_row).
+constexpr int route_slots_per_lane(int experts) { return experts <= 512 ? 16 : kMaxMoeExperts / 32; }
+
+// The lane's best untaken expert among its own: highest probability, the lower index on ties (the scan goes up and
+// replaces only on a strictly higher value). Without one (all NaN or taken): value −1, index `experts`.
+template <int PerLane>
+__device__ inline void lane_best(const float (&prob)[PerLane], int experts, int lane, float& value, int& index) {
   value = -1.0f;
   index = experts;
-  for (int e = lane; e < experts; e += 32)
-    if (prob[e] > value) value = prob[e], index = e;
+#pragma unroll
+  for (int i = 0; i < PerLane; ++i)
+    if (prob[i] > value) value = prob[i], index = lane + 32 * i;
 }
 
 // The lowest untaken expert, for when every remaining probability is NaN (the CPU's order is then unspecified).
-__device__ inline int lowest_untaken(const float* prob, int experts, int lane) {
+template <int PerLane>
+__device__ inline int lowest_untaken(const float (&prob)[PerLane], int experts, int lane) {
   int first = experts;
-  for (int e = lane; e < experts; e += 32)
-    if (prob[e] != kTaken) {
-      first = e;
-      break;
-    }
-  for (int offset = 16; offset > 0; offset >>= 1) first = min(first, __shfl_xor_sync(kFullMask, first, offset));
-  return first;
+#pragma unroll
+  for (int i = PerLane - 1; i >= 0; --i)
+    if (prob[i] != kTaken) first = lane + 32 * i;
+  return int(__reduce_min_sync(kFullMask, unsigned(first)));
 }
 
-// One warp routes one row: softmax as the CPU computes it (exp(l − max) / Σ), then top_k picks, each the warp-wide
-// best of the lanes' bests; only the lane that owned the pick rescans. Selection j is kept by lane j, so the
-// renormalising total is summed in selection order like the CPU's. prob: the warp's shared scratch [experts].
-__device__ void route_row(const RouteShape& s, const float* logits, float* prob, int* ids, float* weights,
-                          int* ids_copy) {
+// One warp routes one row: softmax as the CPU computes it (exp(l − max) / Σ), then top_k picks. Each lane keeps the
+// probabilities of its experts in registers (fully unrolled loops, so no local memory); a pick is the warp-wide best
+// of the lanes' bests, found by two warp reductions — the highest probability (non-negative floats order as their
+// bits), then the lowest index among the lanes holding it — and only the lane that owned the pick rescans its
+// registers. Selection j is kept by lane j, so the renormalising total is summed in selection order like the CPU's.
+template <int PerLane>
+__device__ void route_row(const RouteShape& s, const float* logits, int* ids, float* weights, int* ids_copy) {
   const int lane = int(threadIdx.x) % 32;
+  float prob[PerLane];
   float peak = -INFINITY;
-  for (int e = lane; e < s.experts; e += 32) {
-    const float v = logits[e];
-    prob[e] = v;
-    peak = fmaxf(peak, v);
+#pragma unroll
+  for (int i = 0; i < PerLane; ++i) {
+    const int e = lane + 32 * i;
+    prob[i] = e < s.experts ? logits[e] : kTaken;
+    peak = fmaxf(peak, prob[i]);
   }
   peak = warp_max(peak);
   float sum = 0.0f;
-  for (int e = lane; e < s.experts; e += 32) {
-    const float v = expf(prob[e] - peak);
-    prob[e] = v;
-    sum += v;
+#pragma unroll
+  for (int i = 0; i < PerLane; ++i) {
+    if (lane + 32 * i >= s.experts) continue;
+    prob[i] = expf(prob[i] - peak);
+    sum += prob[i];
   }
   sum = warp_sum(sum);
-  for (int e = lane; e < s.experts; e += 32) prob[e] /= sum;
-  __syncwarp();  // every lane reads every lane's probabilities from here on
+#pragma unroll
+  for (int i = 0; i < PerLane; ++i)
+    if (lane + 32 * i < s.experts) prob[i] /= sum;
   float best;
   int best_index;
   lane_best(prob, s.experts, lane, best, best_index);
   float kept_value = 0.0f;
   int kept_id = 0;
   for (int j = 0; j < s.top_k; ++j) {
-    float value = best;
-    int index = best_index;
-    // (value, index) pairs are totally ordered (values are never NaN here), so every lane ends with the same pick.
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      const float other_value = __shfl_xor_sync(kFullMask, value, offset);
-      const int other_index = __shfl_xor_sync(kFullMask, index, offset);
-      if (other_value > value || (other_value == value && other_index < index))
-        value = other_value, index = other_index;
+    // 0 for a lane without a candidate, else the probability's bits + 1 (≤ +inf's + 1: no overflow).
+    const unsigned key = best_index < s.experts ? __float_as_uint(best) + 1u : 0u;
+    const unsigned top = __reduce_max_sync(kFullMask, key);
+    int index = int(__reduce_min_sync(kFullMask, key == top ? unsigned(best_index) : ~0u));
+    float picked = __uint_as_float(top - 1u);
+    if (top == 0) {  // every remaining probability is NaN: the lowest untaken expert, its (NaN) probability
+      index = lowest_untaken(prob, s.experts, lane);
+      float mine = 0.0f;
+#pragma unroll
+      for (int i = 0; i < PerLane; ++i)
+        if (lane + 32 * i == index) mine = prob[i];
+      picked = __shfl_sync(kFullMask, mine, index % 32);
     }
-    if (index >= s.experts) index = lowest_untaken(prob, s.experts, lane);
-    const float picked = prob[index];
-    __syncwarp();
     if (lane == j) kept_value = picked, kept_id = index;
     if (lane == index % 32) {
-      prob[index] = kTaken;
+#pragma unroll
+      for (int i = 0; i < PerLane; ++i)
+        if (lane + 32 * i == index) prob[i] = kTaken;
       lane_best(prob, s.experts, lane, best, best_index);
     }
-    __syncwarp();
   }
   float total = 0.0f;
   for (int j = 0; j < s.top_k; ++j) total += __shfl_sync(kFullMask, kept_value, j);
@@ -131,19 +143,29 @@ __device__ void write_plan(const RouteShape& s, int rows, const int* selected, c
   if (threadIdx.x == 0 && plan.shared_down.rows > 0) plan.down_products[selections] = plan.shared_down;
 }
 
-template <bool Plan>
+template <bool Plan, int PerLane>
 __global__ void __launch_bounds__(kRouteWarps * 32)
     route_kernel(RouteShape s, const float* logits, int rows, int* ids, float* weights, ExpertPlan plan) {
-  __shared__ float prob[kRouteWarps][kMaxMoeExperts];
   __shared__ int selected[kRouteWarps * kMaxMoeTopK];
   const int warp = int(threadIdx.x) / 32, row = int(blockIdx.x) * kRouteWarps + warp;
   if (row < rows)
-    route_row(s, logits + size_t(row) * size_t(s.experts), prob[warp], ids + size_t(row) * s.top_k,
-              weights + size_t(row) * s.top_k, Plan ? selected + warp * s.top_k : nullptr);
+    route_row<PerLane>(s, logits + size_t(row) * size_t(s.experts), ids + size_t(row) * s.top_k,
+                       weights + size_t(row) * s.top_k, Plan ? selected + warp * s.top_k : nullptr);
   if constexpr (Plan) {
     __syncthreads();
     write_plan(s, rows, selected, plan);
   }
+}
+
+template <bool Plan>
+void launch_route(const RouteShape& s, const float* logits, int rows, int* ids, float* weights, const ExpertPlan& plan,
+                  cudaStream_t stream) {
+  const int blocks = Plan ? 1 : blocks_for(rows, kRouteWarps);
+  if (route_slots_per_lane(s.experts) == 16)
+    route_kernel<Plan, 16><<<blocks, kRouteWarps * 32, 0, stream>>>(s, logits, rows, ids, weights, plan);
+  else
+    route_kernel<Plan, kMaxMoeExperts / 32>
+        <<<blocks, kRouteWarps * 32, 0, stream>>>(s, logits, rows, ids, weights, plan);
 }
 
 __global__ void swiglu_kernel(float* gate, const float* up, int64_t n) {
@@ -195,13 +217,12 @@ __global__ void moe_combine_slots_kernel(float* y, const float* shared_gate, con
 
 void moe_route(const RouteShape& shape, const float* logits, int rows, int* ids, float* weights, cudaStream_t stream) {
   if (rows == 0) return;
-  route_kernel<false>
-      <<<blocks_for(rows, kRouteWarps), kRouteWarps * 32, 0, stream>>>(shape, logits, rows, ids, weights, ExpertPlan{});
+  launch_route<false>(shape, logits, rows, ids, weights, ExpertPlan{}, stream);
 }
 
 void moe_route_and_plan(const RouteShape& shape, const float* logits, int rows, int* ids, float* weights,
                         const ExpertPlan& plan, cudaStream_t stream) {
-  route_kernel<true><<<1, kRouteWarps * 32, 0, stream>>>(shape, logits, rows, ids, weights, plan);
+  launch_route<true>(shape, logits, rows, ids, weights, plan, stream);
 }
 
 void swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream) {

@@ -11,7 +11,7 @@
 
 namespace vavilov::cuda {
 
-constexpr int kMaxMoeExperts = 2048;  // router probabilities of one row fit in shared memory
+constexpr int kMaxMoeExperts = 2048;  // router probabilities of one row fit in a warp's registers (64 a lane)
 constexpr int kMaxMoeTopK = 32;       // one lane per selected expert
 
 struct RouteShape {

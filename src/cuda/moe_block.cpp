@@ -3,21 +3,11 @@
 #include <algorithm>
 
 #include "cuda/linear.cuh"
+#include "cuda/product_groups.h"
 
 namespace vavilov::cuda {
 
 namespace {
-
-constexpr int kMaxStagedCols = 12288;  // 4.125 · 4 rows · cols bytes of shared memory must fit (gemv.cuh)
-
-// Whether the GEMV kernels read m: Q4 in whole groups with 8-byte aligned codes and activations that fit their
-// staging, or BF16 with 16-byte aligned rows.
-bool gemv_reads(const DeviceMatrix& m) {
-  const auto address = reinterpret_cast<uintptr_t>(m.data);
-  if (m.format == WeightFormat::Q4) return m.cols % kQuantGroup == 0 && m.cols <= kMaxStagedCols && address % 8 == 0;
-  if (m.format == WeightFormat::BF16) return m.cols % 8 == 0 && address % 16 == 0;
-  return false;
-}
 
 bool gemv_reads_all(const DeviceMatrix* device, int count, int rows, int cols) {
   std::vector<DeviceMatrix> host(static_cast<size_t>(count));
@@ -57,43 +47,17 @@ MoeDecodePlan plan_moe_decode(const DeviceMoe& w, const MoeShape& shape, const M
                  gemv_reads_all(w.expert_down, experts, shape.hidden, shape.inner);
   if (!plan.decodes) return plan;
   plan.shared_down_joins = w.shared.down.format == w.down_format && gemv_reads(w.shared.down);
-  std::vector<GemvMatrix> q4, bf16;
-  const std::pair<const DeviceMatrix*, float*> inputs[] = {{&w.router, buffers.router},
-                                                           {&w.shared.gate, buffers.shared_gate},
-                                                           {&w.shared.up, buffers.shared_up},
-                                                           {&w.shared_gate, buffers.shared_scale}};
-  for (const auto& [m, y] : inputs) {
-    if (!gemv_reads(*m)) {
-      plan.other_inputs.emplace_back(*m, y);
-    } else if (m->format == WeightFormat::Q4) {
-      q4.push_back(gemv_matrix(*m, buffers.input, y));
-      plan.q4_input_rows = std::max(plan.q4_input_rows, m->rows);
-    } else {
-      bf16.push_back(gemv_matrix(*m, buffers.input, y));
-      plan.bf16_input_rows = std::max(plan.bf16_input_rows, m->rows);
-    }
-  }
-  plan.q4_inputs = int(q4.size());
-  plan.bf16_inputs = int(bf16.size());
-  q4.insert(q4.end(), bf16.begin(), bf16.end());
-  if (!q4.empty()) {
-    const size_t bytes = q4.size() * sizeof(GemvMatrix);
-    plan.input_descriptors = device_alloc(bytes, "MoE decode plan");
-    cuda_check(cudaMemcpy(plan.input_descriptors.get(), q4.data(), bytes, cudaMemcpyHostToDevice), "MoE decode plan");
-  }
+  plan.inputs = make_product_group(buffers.input, {{w.router, buffers.router},
+                                                   {w.shared.gate, buffers.shared_gate},
+                                                   {w.shared.up, buffers.shared_up},
+                                                   {w.shared_gate, buffers.shared_scale}});
   return plan;
 }
 
 void moe_decode(const DeviceMoe& w, const MoeShape& shape, const MoeDecodePlan& plan, const MoeBuffers& buffers,
                 int rows, cudaStream_t stream) {
   const int top_k = shape.route.top_k, selections = rows * top_k, slots = kMaxGemvRows * top_k;
-  const auto* inputs = static_cast<const GemvMatrix*>(plan.input_descriptors.get());
-  if (plan.q4_inputs)
-    run_gemv(WeightFormat::Q4, inputs, plan.q4_inputs, plan.q4_input_rows, shape.hidden, rows, stream);
-  if (plan.bf16_inputs)
-    run_gemv(WeightFormat::BF16, inputs + plan.q4_inputs, plan.bf16_inputs, plan.bf16_input_rows, shape.hidden, rows,
-             stream);
-  for (const auto& [m, y] : plan.other_inputs) linear(m, buffers.input, rows, y, stream);
+  run_products(plan.inputs, rows, stream);
 
   ExpertPlan experts;
   experts.gate = w.expert_gate;

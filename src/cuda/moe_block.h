@@ -18,6 +18,7 @@
 #include "cuda/device_model.h"
 #include "cuda/gemv.cuh"
 #include "cuda/moe.cuh"
+#include "cuda/product_groups.h"
 
 namespace vavilov::cuda {
 
@@ -46,11 +47,9 @@ size_t moe_slot_count(int top_k);
 // One layer's decode setup, made once per sequence: whether the experts take the decode path, and the descriptors
 // of the input's products grouped by format.
 struct MoeDecodePlan {
-  bool decodes = false;                // every expert matrix is Q4 or BF16 in the GEMV kernels' layout
-  bool shared_down_joins = false;      // the shared expert's down runs in the experts' down launch
-  DeviceAllocation input_descriptors;  // Q4 products, then BF16 ones
-  int q4_inputs = 0, bf16_inputs = 0, q4_input_rows = 0, bf16_input_rows = 0;
-  std::vector<std::pair<DeviceMatrix, float*>> other_inputs;  // products in other formats, by linear()
+  bool decodes = false;            // every expert matrix is Q4 or BF16 in the GEMV kernels' layout
+  bool shared_down_joins = false;  // the shared expert's down runs in the experts' down launch
+  ProductGroup inputs;             // router, shared expert gate and up, shared-expert gate
 };
 
 // Reads the expert descriptors back once to check every expert's format, shape and alignment.

@@ -19,6 +19,7 @@
 #include "cuda/moe_block.h"
 #include "cuda/ops.cuh"
 #include "cuda/ple.cuh"
+#include "cuda/product_groups.h"
 #include "cuda/step_runner.h"
 
 namespace vavilov::cuda {
@@ -182,6 +183,9 @@ struct LayerState {
   AttentionCache attention;
   RecurrentBuffer ple_previous, ple_conv;  // [ngram−1] int64, [(kernel−1)·ngram, S·H]
   MoeDecodePlan moe;
+  // Products that share their input, one grouped launch per format in decode passes (product_groups.h): the GDN or
+  // attention input projections, each hyper-connection read's mix_down and inject, PLE's key and value projections.
+  ProductGroup mixer_inputs, attention_read, mlp_read, ple_inputs;
 };
 
 template <typename T>
@@ -230,9 +234,12 @@ class CudaSequence final : public SequenceBackend {
       layers_.push_back(new_layer_state(c_, c_.layer_kinds[size_t(i)], c_.is_ple_layer(i)));
     if (model_->mtp) mtp_state_ = new_layer_state(c_, LayerKind::SparseAttention, false);
     make_workspace(c_, work_);
-    for (int i = 0; i < c_.num_layers; ++i)
-      layers_[size_t(i)].moe = plan_moe_decode(model_->layers[size_t(i)].moe, moe_shape(c_), moe_buffers());
-    if (model_->mtp) mtp_state_.moe = plan_moe_decode(model_->mtp->layer.moe, moe_shape(c_), moe_buffers());
+    for (int i = 0; i < c_.num_layers; ++i) plan_layer(model_->layers[size_t(i)], layers_[size_t(i)]);
+    final_read_ = read_products(model_->final_mixer);
+    if (model_->mtp) {
+      plan_layer(model_->mtp->layer, mtp_state_);
+      mtp_final_read_ = read_products(model_->mtp->final_mixer);
+    }
     // The state's memsets and the plans' uploads ran on the legacy stream, which the sequence's non-blocking stream
     // does not wait for.
     cuda_check(cudaDeviceSynchronize(), "sequence state");
@@ -265,7 +272,7 @@ class CudaSequence final : public SequenceBackend {
         runner_.download(out.logits + (out.all_rows ? begin * vocab : 0), work_.logits, size_t(logit_rows * vocab) * 4);
       for (int first = 0; logits_after && first < rows; first += kLogitRows) {
         const int count = std::min(kLogitRows, rows - first);
-        logits_from_stacks(model_->final_mixer, work_.stack + size_t(first) * size_t(sh), count, false);
+        logits_from_stacks(model_->final_mixer, final_read_, work_.stack + size_t(first) * size_t(sh), count, false);
         runner_.download(out.logits + (begin + first) * vocab, work_.logits, size_t(count * vocab) * 4);
       }
       runner_.finish();
@@ -316,7 +323,7 @@ class CudaSequence final : public SequenceBackend {
       const int count = int(std::min<int64_t>(kLogitRows, rows - begin));
       runner_.upload(work_.stack, head_stacks + begin * sh, size_t(count * sh) * 4);
       run_pass({kHeadLogits, count, false, count},
-               [&] { logits_from_stacks(model_->mtp->final_mixer, work_.stack, count, false); });
+               [&] { logits_from_stacks(model_->mtp->final_mixer, mtp_final_read_, work_.stack, count, false); });
       runner_.download(logits + begin * vocab, work_.logits, size_t(count * vocab) * 4);
       runner_.finish();
     }
@@ -346,11 +353,14 @@ class CudaSequence final : public SequenceBackend {
     else
       launch();
   }
+  void plan_layer(const DeviceLayer& w, LayerState& state) const;
+  ProductGroup read_products(const DeviceGatedResidual& w) const;
   void trunk_pass(int rows, bool record, int logit_rows);
   void head_pass(int rows);
   void run_layer(const DeviceLayer& w, LayerState& state, int64_t first, int rows, bool record, float* stack,
                  bool normed, const float* next_norm);
-  void hyper_read(const DeviceGatedResidual& w, const float* stack, int rows, float* input, bool normed);
+  void hyper_read(const DeviceGatedResidual& w, const ProductGroup& reads, const float* stack, int rows, float* input,
+                  bool normed);
   void gated_deltanet(const DeviceGatedDeltaNet& w, LayerState& state, int rows, bool record);
   void attention(const DeviceAttention& w, LayerState& state, int64_t first, int rows);
   MoeBuffers moe_buffers() const;
@@ -358,7 +368,8 @@ class CudaSequence final : public SequenceBackend {
   void moe_prefill(const DeviceMoe& w, int rows);
   void route_and_shared_expert(const DeviceMoe& w, int rows);
   void ple(const DevicePle& w, LayerState& state, int rows, bool record, float* stack);
-  void logits_from_stacks(const DeviceGatedResidual& mixer, const float* stacks, int rows, bool normed);
+  void logits_from_stacks(const DeviceGatedResidual& mixer, const ProductGroup& reads, const float* stacks, int rows,
+                          bool normed);
   void reserve_trunk(int64_t tokens);
   void reserve_attention(AttentionCache& cache, int64_t tokens);
 
@@ -369,7 +380,8 @@ class CudaSequence final : public SequenceBackend {
   std::vector<LayerState> layers_;
   LayerState mtp_state_;
   Workspace work_;
-  uint64_t generation_ = 0;  // counts reallocations of memory that captured graphs address
+  ProductGroup final_read_, mtp_final_read_;  // the final mixers' reads (trunk and MTP head)
+  uint64_t generation_ = 0;                   // counts reallocations of memory that captured graphs address
   int64_t position_ = 0, mtp_position_ = 0;
   int64_t recorded_from_ = -1, recorded_rows_ = 0;
 };
@@ -387,8 +399,8 @@ void CudaSequence::trunk_pass(int rows, bool record, int logit_rows) {
     normed = next_norm != nullptr;
   }
   if (logit_rows)
-    logits_from_stacks(model_->final_mixer, work_.stack + size_t(rows - logit_rows) * size_t(c_.hc_hidden()),
-                       logit_rows, normed);
+    logits_from_stacks(model_->final_mixer, final_read_,
+                       work_.stack + size_t(rows - logit_rows) * size_t(c_.hc_hidden()), logit_rows, normed);
 }
 
 // e = fc_embedding · RMS0(embed[next]);  R'[s] = fc_hidden · RMS0(R)[s] + e; then the head's layer. The stacks R
@@ -413,13 +425,13 @@ void CudaSequence::run_layer(const DeviceLayer& w, LayerState& state, int64_t fi
   const int s = c_.hc_count, h = int(c_.hidden_size);
   const float eps = c_.rms_norm_eps;
   if (w.ple) ple(*w.ple, state, rows, record, stack);
-  hyper_read(w.attn_hc, stack, rows, work_.input, normed && !w.ple);
+  hyper_read(w.attn_hc, state.attention_read, stack, rows, work_.input, normed && !w.ple);
   if (w.kind == LayerKind::GatedDeltaNet)
     gated_deltanet(w.gdn, state, rows, record);
   else
     attention(w.attn, state, first, rows);
   hc_write(work_.inject, work_.output, rows, s, h, stack, w.mlp_hc.norm, eps, work_.normed, stream_);
-  hyper_read(w.mlp_hc, stack, rows, work_.input, true);
+  hyper_read(w.mlp_hc, state.mlp_read, stack, rows, work_.input, true);
   if (rows > kMaxDecodeRows && gemm_widens(w.moe.gate_up_format) && gemm_widens(w.moe.down_format))
     moe_prefill(w.moe, rows);
   else
@@ -427,23 +439,46 @@ void CudaSequence::run_layer(const DeviceLayer& w, LayerState& state, int64_t fi
   hc_write(work_.inject, work_.output, rows, s, h, stack, next_norm, eps, work_.normed, stream_);
 }
 
+// The products of one layer's inputs that read the same workspace buffer, grouped once for the sequence's life.
+void CudaSequence::plan_layer(const DeviceLayer& w, LayerState& state) const {
+  state.moe = plan_moe_decode(w.moe, moe_shape(c_), moe_buffers());
+  if (w.kind == LayerKind::GatedDeltaNet)
+    state.mixer_inputs = make_product_group(
+        work_.input,
+        {{w.gdn.in_qkv, work_.qkv}, {w.gdn.in_z, work_.z}, {w.gdn.in_b, work_.gate_b}, {w.gdn.in_a, work_.gate_a}});
+  else
+    state.mixer_inputs = make_product_group(
+        work_.input,
+        {{w.attn.q, work_.q}, {w.attn.k, work_.k}, {w.attn.v, work_.v}, {w.attn.index_qk, work_.index_qk}});
+  state.attention_read = read_products(w.attn_hc);
+  state.mlp_read = read_products(w.mlp_hc);
+  if (w.ple)
+    state.ple_inputs =
+        make_product_group(work_.embedding, {{w.ple->key_proj, work_.ple_keys}, {w.ple->value_proj, work_.ple_value}});
+}
+
+// A hyper-connection read's products of the normed stack: mix_down, and inject when the read has one.
+ProductGroup CudaSequence::read_products(const DeviceGatedResidual& w) const {
+  std::vector<std::pair<DeviceMatrix, float*>> products{{w.mix_down, work_.low}};
+  if (w.has_inject) products.emplace_back(w.inject, work_.inject);
+  return make_product_group(work_.normed, std::move(products));
+}
+
 // input = the hyper-connection read of stack; work_.inject = the raw inject projection (hc_write applies its gate).
-void CudaSequence::hyper_read(const DeviceGatedResidual& w, const float* stack, int rows, float* input, bool normed) {
+// reads: w's read_products.
+void CudaSequence::hyper_read(const DeviceGatedResidual& w, const ProductGroup& reads, const float* stack, int rows,
+                              float* input, bool normed) {
   const int s = c_.hc_count, h = int(c_.hidden_size);
   const int64_t sh = c_.hc_hidden();
   if (!normed) rms_norm(stack, sh, h, rows, s, h, w.norm, h, c_.rms_norm_eps, work_.normed, stream_);
-  linear(w.mix_down, work_.normed, rows, work_.low, stream_);
+  run_products(reads, rows, stream_);
   hc_low_activation(work_.low, int64_t(rows) * c_.hc_lowrank, s, stream_);
   linear(w.mix_up, work_.low, rows, work_.mix, stream_);
   hc_combine(work_.mix, work_.normed, rows, s, h, input, stream_);
-  if (w.has_inject) linear(w.inject, work_.normed, rows, work_.inject, stream_);
 }
 
 void CudaSequence::gated_deltanet(const DeviceGatedDeltaNet& w, LayerState& state, int rows, bool record) {
-  linear(w.in_qkv, work_.input, rows, work_.qkv, stream_);
-  linear(w.in_z, work_.input, rows, work_.z, stream_);
-  linear(w.in_b, work_.input, rows, work_.gate_b, stream_);
-  linear(w.in_a, work_.input, rows, work_.gate_a, stream_);
+  run_products(state.mixer_inputs, rows, stream_);  // in_qkv, in_z, in_b, in_a
   gdn_conv(w.conv, int(c_.gdn_conv_dim()), c_.linear_conv_kernel_dim, state.gdn_conv.state<float>(), work_.qkv, rows,
            state.gdn_conv.recorded<float>(record), stream_);
   const GdnInputs in{work_.qkv, work_.gate_b,    work_.gate_a,        w.a_log, w.dt_bias, work_.z,
@@ -511,10 +546,7 @@ void CudaSequence::attention(const DeviceAttention& w, LayerState& state, int64_
   const AttentionCache& cache = state.attention;
   const AttentionCaches caches{ptr<float>(cache.keys), ptr<float>(cache.values), ptr<float>(cache.index_keys),
                                ptr<float>(cache.block_keys)};
-  linear(w.q, work_.input, rows, work_.q, stream_);
-  linear(w.k, work_.input, rows, work_.k, stream_);
-  linear(w.v, work_.input, rows, work_.v, stream_);
-  linear(w.index_qk, work_.input, rows, work_.index_qk, stream_);
+  run_products(state.mixer_inputs, rows, stream_);  // q, k, v, index_qk
   const AttentionInputs in{work_.q,  work_.k,        work_.v,          work_.index_qk, w.q_norm,
                            w.k_norm, w.index_q_norm, model_->inv_freq, c_.rotary_dim,  c_.rms_norm_eps};
   attention_inputs(shape, in, rows, work_.position, work_.queries, work_.index_queries, caches, stream_);
@@ -620,8 +652,7 @@ void CudaSequence::ple(const DevicePle& w, LayerState& state, int rows, bool rec
   ple_table_rows(shape, w.multipliers, w.head_sizes, w.head_offsets, state.ple_previous.state<int64_t>(), work_.ids,
                  rows, work_.table_rows, state.ple_previous.recorded<int64_t>(record), stream_);
   gather_rows(w.table, work_.table_rows, rows * c_.ngram_heads(), 1, work_.embedding, stream_);
-  linear(w.key_proj, work_.embedding, rows, work_.ple_keys, stream_);
-  linear(w.value_proj, work_.embedding, rows, work_.ple_value, stream_);
+  run_products(state.ple_inputs, rows, stream_);  // key_proj, value_proj
   ple_mix(work_.ple_keys, stack, work_.ple_value, {w.norm_key, w.norm_query, w.norm_conv, c_.rms_norm_eps}, rows, s, h,
           work_.ple_out, work_.ple_normed, stream_);
   ple_conv(w.conv, sh, c_.ple_conv_kernel_size, c_.ngram_size, state.ple_conv.state<float>(), work_.ple_normed, rows,
@@ -629,8 +660,9 @@ void CudaSequence::ple(const DevicePle& w, LayerState& state, int rows, bool rec
 }
 
 // normed: work_.normed already holds the mixer's norm of `stacks`.
-void CudaSequence::logits_from_stacks(const DeviceGatedResidual& mixer, const float* stacks, int rows, bool normed) {
-  hyper_read(mixer, stacks, rows, work_.hidden, normed);
+void CudaSequence::logits_from_stacks(const DeviceGatedResidual& mixer, const ProductGroup& reads, const float* stacks,
+                                      int rows, bool normed) {
+  hyper_read(mixer, reads, stacks, rows, work_.hidden, normed);
   linear(model_->lm_head, work_.hidden, rows, work_.logits, stream_);
 }
 

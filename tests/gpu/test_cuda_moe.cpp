@@ -12,79 +12,16 @@
 
 #include "core/dtype.h"
 #include "cuda/moe_block.h"
-#include "model/quantize.h"
+#include "device_matrices.h"
 
 namespace vavilov {
 namespace {
 
 using cuda::WeightFormat;
-
-// Device allocations of one test, freed at its end.
-class DeviceMemory {
- public:
-  ~DeviceMemory() {
-    for (void* p : blocks_) cudaFree(p);
-  }
-  template <typename T>
-  T* zeros(size_t count) {
-    void* p = nullptr;
-    EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)), cudaSuccess);
-    EXPECT_EQ(cudaMemset(p, 0, std::max<size_t>(count, 1) * sizeof(T)), cudaSuccess);
-    blocks_.push_back(p);
-    return static_cast<T*>(p);
-  }
-  template <typename T>
-  T* copy(const std::vector<T>& host) {
-    T* p = zeros<T>(host.size());
-    EXPECT_EQ(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-    return p;
-  }
-
- private:
-  std::vector<void*> blocks_;
-};
-
-// A weight matrix on the device and the exact fp32 values the GPU sees (after quantization or bf16 rounding).
-struct TestMatrix {
-  cuda::DeviceMatrix device;
-  std::vector<float> exact;  // [rows, cols]
-  int rows = 0, cols = 0;
-  double at(int r, int c) const { return exact[size_t(r) * size_t(cols) + size_t(c)]; }
-};
-
-TestMatrix make_matrix(DeviceMemory& memory, WeightFormat format, const std::vector<float>& w, int rows, int cols) {
-  TestMatrix m;
-  m.rows = rows;
-  m.cols = cols;
-  m.exact.resize(w.size());
-  m.device.format = format;
-  m.device.rows = rows;
-  m.device.cols = cols;
-  if (format == WeightFormat::Q4) {
-    QuantizedRows q = quantize_rows(w.data(), rows, cols, 4);
-    Matrix host{"w", DType::BF16,     rows,           cols, reinterpret_cast<const std::byte*>(q.codes.data()),
-                4,   q.scales.data(), q.biases.data()};
-    for (int r = 0; r < rows; ++r) dequantize_row(host, r, m.exact.data() + size_t(r) * size_t(cols));
-    m.device.data = memory.copy(q.codes);
-    m.device.scales = memory.copy(q.scales);
-    m.device.biases = memory.copy(q.biases);
-  } else if (format == WeightFormat::BF16) {
-    std::vector<uint16_t> bits(w.size());
-    for (size_t i = 0; i < w.size(); ++i) m.exact[i] = bf16_to_f32(bits[i] = f32_to_bf16(w[i]));
-    m.device.data = memory.copy(bits);
-  } else {
-    m.exact = w;
-    m.device.data = memory.copy(w);
-  }
-  return m;
-}
-
-std::vector<float> normal_values(std::mt19937& rng, size_t n, float scale) {
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(rng);
-  return v;
-}
+using test::DeviceMemory;
+using test::make_matrix;
+using test::normal_values;
+using test::TestMatrix;
 
 struct Formats {
   WeightFormat router, shared, gate_up, down;
@@ -282,9 +219,13 @@ TEST(CudaMoeDecodePlan, F32ExpertsTakeTheGeneralPath) {
 // 512 experts, top 10 (Flash-Next's router) over logits on a 1/4 grid, so that many are exactly equal: equal logits
 // give bit-equal probabilities on both sides, and unequal ones differ by a factor e^(1/4), so the CPU's order
 // (probability descending, then index ascending: src/cpu/moe.cpp's partial_sort) is the only right answer. Rows
-// span two blocks; one row is all ties, one has its winners at the highest indices.
-TEST(CudaMoeRoute, TopKMatchesTheCpuOrderWithTies) {
-  constexpr int experts = 512, top_k = 10, rows = 6;
+// span two blocks; one row is all ties, one has its winners at the highest indices. Also the kernel's other register
+// layout (2048 experts, the most, with top 32, the most) and an expert count that is no multiple of 32.
+class CudaMoeRoute : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(CudaMoeRoute, TopKMatchesTheCpuOrderWithTies) {
+  const auto [experts, top_k] = GetParam();
+  constexpr int rows = 6;
   std::mt19937 rng(5);
   std::uniform_int_distribution<int> level(0, 23);
   std::vector<float> logits(size_t(rows) * experts);
@@ -314,13 +255,19 @@ TEST(CudaMoeRoute, TopKMatchesTheCpuOrderWithTies) {
         const size_t at = size_t(r) * top_k + size_t(j);
         EXPECT_EQ(got_ids[at], order[size_t(j)]) << "row " << r << ", pick " << j;
         const double p = std::exp(double(row[order[size_t(j)]]) - 5.75) / sum;
-        // fp32 exp and a 512-term fp32 sum: a few 1e-7 relative (the sum cancels in the renormalised weights).
+        // fp32 exp and a ≤ 2048-term fp32 sum: a few 1e-7 relative (the sum cancels in the renormalised weights).
         EXPECT_NEAR(got_weights[at], norm_topk ? p / total : p, 1e-5 * p / (norm_topk ? total : 1.0))
             << "row " << r << ", pick " << j;
       }
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Experts, CudaMoeRoute,
+                         ::testing::Values(std::pair{512, 10}, std::pair{2048, 32}, std::pair{100, 8}),
+                         [](const auto& info) {
+                           return std::to_string(info.param.first) + "_top" + std::to_string(info.param.second);
+                         });
 
 }  // namespace
 }  // namespace vavilov
