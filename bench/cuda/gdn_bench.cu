@@ -1,5 +1,5 @@
 // Gated DeltaNet kernels (cuda/gated_deltanet.cuh) at Qwen3.8-Flash-Next's shape: 48 value heads on 16 key heads,
-// dk = dv = 128, fp32.
+// dk = dv = 128, fp32 data (the prefill's products on tensor cores as 3×TF32).
 //
 //   gdn_bench time OUT.json
 //     Decode (1 row; 4 rows recording every row's state): 36 launches back to back, one per layer state (113 MB, so
