@@ -3,8 +3,8 @@
 
 Shape of Qwen3.8-Flash-Next: batch 1, 48 value heads on 16 key heads (fla's GVA), dk = dv = 128, T = 512 and 8192.
 
-- Timing: ours through `vavilov_gdn_bench time` (fp32 CUDA cores; l2 norms, gates, the chunk kernels and the gated
-  RMS norm), fla in float32 (Triton's tl.dot on fp32 inputs: TF32 tensor cores) and bfloat16 inputs, with
+- Timing: ours through `vavilov_gdn_bench time` (3×TF32 tensor cores, fp32 accuracy; l2 norms, gates, the chunk
+  kernels and the gated RMS norm), fla in float32 (Triton's tl.dot on fp32 inputs: TF32 tensor cores) and bfloat16 inputs, with
   use_qk_l2norm_in_kernel and precomputed g, beta (their computation is left out of fla's time). Median of CUDA-event
   timings after warm-up (Triton compiles and autotunes in the warm-up).
 - Agreement: on the same random inputs (zero initial state), ours (`vavilov_gdn_bench check`), fla fp32 and a float64
@@ -130,7 +130,7 @@ def main():
         "commit": args.commit,
         "torch": torch.__version__,
         "shape": {"batch": 1, "value_heads": HV, "key_heads": H, "dk": D, "dv": D},
-        "ours": "vavilov_gdn_bench: fp32 CUDA cores, gates and l2 norms in the kernels, gated RMS norm included",
+        "ours": "vavilov_gdn_bench: 3×TF32 tensor cores (fp32 accuracy), gates and l2 norms in the kernels, gated RMS norm included",
         "fla": "chunk_gated_delta_rule(use_qk_l2norm_in_kernel=True, output_final_state=True), g and beta precomputed; "
                "no gated norm",
         "timings_us": {},
