@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "check.cuh"
 #include "cuda/gated_deltanet.cuh"
 #include "cuda/random_fill.cuh"
 
@@ -25,15 +26,6 @@ namespace {
 
 using vavilov::cuda::GdnInputs;
 using vavilov::cuda::GdnShape;
-
-#define CHECK(call)                                                                                   \
-  do {                                                                                                \
-    cudaError_t error_ = (call);                                                                      \
-    if (error_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(error_)); \
-      std::exit(1);                                                                                   \
-    }                                                                                                 \
-  } while (0)
 
 constexpr GdnShape kShape{48, 16, 128, 128, 2 * 16 * 128 + 48 * 128, 16 * 128};
 constexpr int kLayers = 36;  // GDN layers of the model: the rotating decode states

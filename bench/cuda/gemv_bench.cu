@@ -18,19 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "check.cuh"
 #include "cuda/gemv.cuh"
 #include "cuda/linear.cuh"
 
 using vavilov::cuda::GemvMatrix;
-
-#define CHECK(call)                                                                                   \
-  do {                                                                                                \
-    cudaError_t error_ = (call);                                                                      \
-    if (error_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(error_)); \
-      std::exit(1);                                                                                   \
-    }                                                                                                 \
-  } while (0)
 
 namespace {
 

@@ -1,26 +1,21 @@
 #!/usr/bin/env bash
-# On the device machine (nvcc, no Debian libraries): builds the GPU benchmark with nvcc alone and runs it.
-# Usage: bench/cuda/run.sh OUTDIR [VARIANT...]
-#   VARIANT sets src/cuda/gemv.cu's tuning knob: u<groups per load batch>, e.g. u8; "default" (or none) builds the
-#   default. Variants build in parallel and run in turn, each writing
-#   OUTDIR/gemv-VARIANT.json and OUTDIR/ptxas-VARIANT.log.
+# On the device machine: runs the GEMV benchmark of one or more builds (each built here with CMake and carried, with
+# the shared libraries it needs on LD_LIBRARY_PATH) and records the kernels' register use.
+# Usage: bench/cuda/run.sh OUTDIR BUILD_DIR...
+#   A tuning variant is a build with the knob set, e.g.
+#   cmake -S . -B build-u8 -G Ninja -DCMAKE_CUDA_FLAGS=-DVAVILOV_GEMV_UNROLL=8 && ninja -C build-u8 vavilov_gemv_bench
+#   Each BUILD_DIR writes OUTDIR/gemv-<its name>.json.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-out=${1:-build/gpu}
-shift || true
-variants=("$@")
-[ ${#variants[@]} -eq 0 ] && variants=(default)
+out=${1:?OUTDIR}
+shift
+[ $# -gt 0 ] || { echo "usage: bench/cuda/run.sh OUTDIR BUILD_DIR..." >&2; exit 2; }
 mkdir -p "$out"
 label=${GEMV_LABEL:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}  # GEMV_LABEL: where no .git travels
-for v in "${variants[@]}"; do
-  flags=()
-  [[ $v =~ u([0-9]+) ]] && flags+=(-DVAVILOV_GEMV_UNROLL="${BASH_REMATCH[1]}")
-  nvcc -O3 -std=c++17 -arch=sm_90 -Xptxas -v -Isrc "${flags[@]}" bench/cuda/gemv_bench.cu src/cuda/gemv.cu src/cuda/linear.cu \
-    -o "$out/gemv_bench-$v" 2> "$out/ptxas-$v.log" &
-done
-wait
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv
-for v in "${variants[@]}"; do
-  grep -E "registers|spill" "$out/ptxas-$v.log" | sort | uniq -c | head -20
-  "$out/gemv_bench-$v" "$out/gemv-$v.json" "$label $v" || echo "variant $v: FAILED"
+for build in "$@"; do
+  name=$(basename "$build")
+  cuobjdump --dump-resource-usage "$build/vavilov_gemv_bench" 2> /dev/null | grep -E "REG|STACK" | sort | uniq -c |
+    head -20 || true
+  "$build/vavilov_gemv_bench" "$out/gemv-$name.json" "$label $name" || echo "build $name: FAILED"
 done

@@ -8,7 +8,8 @@ namespace vavilov::cuda {
 
 namespace {
 
-// Tuning knob of the quantized kernels; bench/cuda/run.sh sweeps it with -D, the default is the measured best.
+// Tuning knob of the quantized kernels (set with -D in a variant build, compared by bench/cuda/run.sh); the default is
+// the measured best.
 #ifndef VAVILOV_GEMV_UNROLL
 #define VAVILOV_GEMV_UNROLL 4
 #endif
