@@ -296,9 +296,11 @@ void quantized_row_times_inputs(const Matrix& w, const float* x, int64_t rows, i
 
 void matmul(const Matrix& w, const float* x, int64_t rows, float* y) {
   const int64_t out_dim = w.rows, in_dim = w.cols;
-  // Enough output rows per task that a task streams at least ~256 KiB of weights: waking a worker costs tens of
-  // microseconds, more than a small matrix takes on one core.
-  size_t grain = std::max<size_t>(1, (256 << 10) / std::max<size_t>(1, w.row_bytes()));
+  // Enough output rows per task that a task does the work of streaming ~256 KiB of weights against one input row:
+  // waking a worker costs tens of microseconds, more than a small matrix takes on one core. A verify step's 2–4 input
+  // rows make each weight row that much more work, so its matrices split into that many times more tasks.
+  const size_t work_per_row = std::max<size_t>(1, w.row_bytes()) * size_t(std::clamp<int64_t>(rows, 1, 4));
+  const size_t grain = std::max<size_t>(1, (256 << 10) / work_per_row);
   // bf16 weights are widened in registers while few rows reuse them; for many rows (prefill) a row is widened once.
   // Quantized weights (group 64) likewise: decoded in registers for decode and verify steps.
   const bool quantized_in_registers =
