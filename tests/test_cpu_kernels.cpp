@@ -1,5 +1,5 @@
 // The CPU kernels against plain double-precision arithmetic: the blocked matmul for every row count and shape tail,
-// and the vectorised gates against std::exp.
+// the int8 draft product within its rounding bound, and the vectorised gates against std::exp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "cpu/int8_linear.h"
 #include "cpu/linear.h"
 #include "cpu/ops.h"
 
@@ -64,6 +65,52 @@ TEST(CpuKernels, MatmulMatchesDoublePrecisionForEveryBlockShape) {
             }
           }
         }
+}
+
+// The int8 product (draft logits) against the double-precision product of the original weights: within the error
+// that rounding weights to max|w|/63 and inputs to max|x|/127 steps allows, scale_w/2·Σ|x| + scale_x/2·Σ(|w| +
+// scale_w/2), plus fp32 slack. A subset of rows comes out in the order asked for.
+TEST(CpuKernels, Int8MatvecWithinItsRoundingBound) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  for (DType dtype : {DType::F32, DType::BF16})
+    for (int64_t out_dim : {1, 5, 37})
+      for (int64_t in_dim : {5, 32, 45, 320}) {
+        std::vector<std::byte> storage;
+        Matrix w = dense_matrix(storage, dtype, out_dim, in_dim, rng);
+        std::vector<float> x(static_cast<size_t>(in_dim)), row(static_cast<size_t>(in_dim));
+        for (float& v : x) v = 3.0f * normal(rng);
+        std::vector<int32_t> rows;
+        for (int64_t o = out_dim - 1; o >= 0; o -= 2) rows.push_back(int32_t(o));
+        for (bool subset : {false, true}) {
+          const cpu::Int8Matrix q =
+              cpu::quantize_int8(w, subset ? std::span<const int32_t>(rows) : std::span<const int32_t>());
+          const int64_t count = subset ? int64_t(rows.size()) : out_dim;
+          ASSERT_EQ(q.rows, count);
+          std::vector<float> y(static_cast<size_t>(count));
+          cpu::int8_matvec(q, x.data(), y.data());
+          double x_abs = 0, x_max = 0;
+          for (float v : x) {
+            x_abs += std::abs(v);
+            x_max = std::max(x_max, double(std::abs(v)));
+          }
+          for (int64_t i = 0; i < count; ++i) {
+            cpu::matrix_row(w, subset ? rows[size_t(i)] : i, row.data());
+            double want = 0, w_max = 0, magnitude = 0;
+            for (int64_t k = 0; k < in_dim; ++k) {
+              want += double(row[size_t(k)]) * x[size_t(k)];
+              w_max = std::max(w_max, double(std::abs(row[size_t(k)])));
+              magnitude += std::abs(double(row[size_t(k)]) * x[size_t(k)]);
+            }
+            const double w_step = w_max / 63, x_step = x_max / 127;
+            double w_abs = 0;
+            for (float v : row) w_abs += std::abs(v) + w_step / 2;
+            const double bound = w_step / 2 * x_abs + x_step / 2 * w_abs + 1e-6 * (magnitude + 1);
+            ASSERT_NEAR(y[size_t(i)], want, bound) << dtype_name(dtype) << " out " << out_dim << " in " << in_dim
+                                                   << (subset ? " subset" : "") << " row " << i;
+          }
+        }
+      }
 }
 
 // 2 ulp of the correctly rounded result, which is what simd::exp8 promises, plus the rounding of the divide; where

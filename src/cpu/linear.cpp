@@ -136,23 +136,37 @@ using simd::load8;
 inline float load1(const float* p) { return *p; }
 inline float load1(const uint16_t* p) { return bf16_to_f32(*p); }
 
-// y[r·y_stride] = Σ_k w[k]·x[r·n + k] for R input rows: each weight vector is widened once and feeds R
-// accumulators, so decode and verify steps (1–4 rows) read every weight once. Measured on the bundled model, this
-// beats both two accumulators per row and blocks of several weight rows (which halved decode speed in the engine
-// although they ran as fast in isolation).
+// y[r·y_stride] = Σ_k w[k]·x[r·n + k] for R input rows: each weight vector is widened once and feeds R rows, so
+// decode and verify steps (1–4 rows) read every weight once. Every row gets 4/R accumulators over consecutive
+// vectors (at least one): a single chain of dependent FMAs waits out the FMA latency at every step, which left a
+// one-row product (the decode step, the routed experts, the MTP head) latency-bound.
 template <int R, typename T>
 void dot_rows(const T* w, const float* x, int64_t n, float* y, int64_t y_stride) {
-  __m256 acc[R];
+  constexpr int A = R >= 4 ? 1 : 4 / R;  // accumulators per row
+  __m256 acc[R][A];
 #pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int a = 0; a < A; ++a) acc[r][a] = _mm256_setzero_ps();
   int64_t k = 0;
+  for (; k + 8 * A <= n; k += 8 * A) {
+#pragma GCC unroll 4
+    for (int a = 0; a < A; ++a) {
+      const __m256 wv = load8(w + k + 8 * a);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) acc[r][a] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * n + k + 8 * a), acc[r][a]);
+    }
+  }
   for (; k + 8 <= n; k += 8) {
     const __m256 wv = load8(w + k);
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * n + k), acc[r]);
+    for (int r = 0; r < R; ++r) acc[r][0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * n + k), acc[r][0]);
   }
   for (int r = 0; r < R; ++r) {
-    float sum = horizontal_sum(acc[r]);
+    __m256 total = acc[r][0];
+#pragma GCC unroll 4
+    for (int a = 1; a < A; ++a) total = _mm256_add_ps(total, acc[r][a]);
+    float sum = horizontal_sum(total);
     for (int64_t tail = k; tail < n; ++tail) sum += load1(w + tail) * x[r * n + tail];
     y[r * y_stride] = sum;
   }
@@ -169,10 +183,18 @@ void rows_times_inputs(const T* w, int64_t w_stride, int64_t o_begin, int64_t o_
       const float* xr = x + r * n;
       float* yr = y + r * out_dim + o;
       switch (std::min<int64_t>(4, rows - r)) {
-        case 4: dot_rows<4>(row, xr, n, yr, out_dim); break;
-        case 3: dot_rows<3>(row, xr, n, yr, out_dim); break;
-        case 2: dot_rows<2>(row, xr, n, yr, out_dim); break;
-        default: dot_rows<1>(row, xr, n, yr, out_dim); break;
+        case 4:
+          dot_rows<4>(row, xr, n, yr, out_dim);
+          break;
+        case 3:
+          dot_rows<3>(row, xr, n, yr, out_dim);
+          break;
+        case 2:
+          dot_rows<2>(row, xr, n, yr, out_dim);
+          break;
+        default:
+          dot_rows<1>(row, xr, n, yr, out_dim);
+          break;
       }
     }
   }
@@ -274,9 +296,11 @@ void quantized_row_times_inputs(const Matrix& w, const float* x, int64_t rows, i
 
 void matmul(const Matrix& w, const float* x, int64_t rows, float* y) {
   const int64_t out_dim = w.rows, in_dim = w.cols;
-  // Enough output rows per task that a task streams at least ~256 KiB of weights: waking a worker costs tens of
-  // microseconds, more than a small matrix takes on one core.
-  size_t grain = std::max<size_t>(1, (256 << 10) / std::max<size_t>(1, w.row_bytes()));
+  // Enough output rows per task that a task does the work of streaming ~256 KiB of weights against one input row:
+  // waking a worker costs tens of microseconds, more than a small matrix takes on one core. A verify step's 2–4 input
+  // rows make each weight row that much more work, so its matrices split into that many times more tasks.
+  const size_t work_per_row = std::max<size_t>(1, w.row_bytes()) * size_t(std::clamp<int64_t>(rows, 1, 4));
+  const size_t grain = std::max<size_t>(1, (256 << 10) / work_per_row);
   // bf16 weights are widened in registers while few rows reuse them; for many rows (prefill) a row is widened once.
   // Quantized weights (group 64) likewise: decoded in registers for decode and verify steps.
   const bool quantized_in_registers =
@@ -293,8 +317,8 @@ void matmul(const Matrix& w, const float* x, int64_t rows, float* y) {
       return;
     }
     if (in_registers) {
-      rows_times_inputs(reinterpret_cast<const float*>(w.data), in_dim, int64_t(begin), int64_t(end), x, rows,
-                        in_dim, y, out_dim);
+      rows_times_inputs(reinterpret_cast<const float*>(w.data), in_dim, int64_t(begin), int64_t(end), x, rows, in_dim,
+                        y, out_dim);
       return;
     }
     std::vector<float> converted(static_cast<size_t>(in_dim));

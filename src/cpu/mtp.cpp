@@ -1,5 +1,7 @@
 #include "cpu/mtp.h"
 
+#include <cmath>
+#include <numeric>
 #include <vector>
 
 #include "core/error.h"
@@ -72,6 +74,32 @@ void mtp_forward(const Model& model, SequenceState& state, const float* stacks, 
 
 void mtp_logits(const Model& model, const float* head_stacks, int64_t rows, float* logits) {
   logits_from_stacks(model, model.mtp->final_mixer, head_stacks, rows, logits);
+}
+
+DraftLmHead draft_lm_head(const Model& model, std::vector<int32_t> ids) {
+  DraftLmHead head;
+  head.rows = quantize_int8(model.lm_head, ids);
+  if (ids.empty()) {
+    ids.resize(size_t(model.config.vocab_size));
+    std::iota(ids.begin(), ids.end(), 0);
+    head.every_id = true;
+  }
+  head.ids = std::move(ids);
+  return head;
+}
+
+void mtp_draft_logits(const Model& model, const DraftLmHead& lm_head, const float* head_stack, float* logits) {
+  std::vector<float> hidden(static_cast<size_t>(model.config.hidden_size));
+  hyper_read(model.mtp->final_mixer, model.config, head_stack, 1, hidden.data(), nullptr);
+  const int64_t vocab = model.config.vocab_size;
+  if (lm_head.every_id) {
+    int8_matvec(lm_head.rows, hidden.data(), logits);
+    return;
+  }
+  std::vector<float> scores(lm_head.ids.size());
+  int8_matvec(lm_head.rows, hidden.data(), scores.data());
+  std::fill(logits, logits + vocab, -INFINITY);
+  for (size_t i = 0; i < scores.size(); ++i) logits[lm_head.ids[i]] = scores[i];
 }
 
 }  // namespace vavilov::cpu

@@ -1,5 +1,10 @@
 #include "engine/backend.h"
 
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
 #include "cpu/forward.h"
 #include "cpu/mtp.h"
 
@@ -25,6 +30,12 @@ class CpuSequence final : public SequenceBackend {
   void mtp_logits(const float* head_stacks, int64_t rows, float* logits) override {
     cpu::mtp_logits(model_, head_stacks, rows, logits);
   }
+  // Through an int8 copy of the draft vocabulary's lm_head rows, made on the first draft: with full bf16 rows the
+  // two draft lm_heads of a step cost about as much as the head's two layer passes (docs/MTP.md).
+  void draft_logits(const float* head_stack, float* logits) override {
+    if (draft_head_.ids.empty()) draft_head_ = cpu::draft_lm_head(model_, draft_vocabulary(model_));
+    cpu::mtp_draft_logits(model_, draft_head_, head_stack, logits);
+  }
   void truncate_head(int64_t position) override {
     truncate_attention(state_.mtp.attn, position, model_.config);
     state_.mtp_position = position;
@@ -36,9 +47,36 @@ class CpuSequence final : public SequenceBackend {
   const Model& model_;
   SequenceState state_;
   RowStates rows_;
+  cpu::DraftLmHead draft_head_;
 };
 
 }  // namespace
+
+std::vector<int32_t> draft_vocabulary(const Model& model, int64_t count) {
+  const std::filesystem::path path = std::filesystem::path(model.directory) / "draft_vocab.json";
+  if (model.directory.empty() || !std::filesystem::is_regular_file(path)) return {};
+  std::ifstream in(path);
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: not valid JSON ({})", path.string(), e.what());
+  }
+  check(json.is_object() && json.contains("token_ids") && json["token_ids"].is_array(),
+        "{}: expected an object with a \"token_ids\" array", path.string());
+  std::vector<int32_t> ids;
+  std::vector<bool> seen(size_t(model.config.vocab_size), false);
+  for (const nlohmann::json& id : json["token_ids"]) {
+    if (int64_t(ids.size()) == count) break;
+    check(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < model.config.vocab_size &&
+              !seen[id.get<size_t>()],
+          "{}: token_ids holds {}, not a new id in [0, {})", path.string(), id.dump(), model.config.vocab_size);
+    seen[id.get<size_t>()] = true;
+    ids.push_back(id.get<int32_t>());
+  }
+  check(!ids.empty(), "{}: token_ids is empty", path.string());
+  return ids;
+}
 
 std::unique_ptr<SequenceBackend> cpu_sequence(const Model& model) { return std::make_unique<CpuSequence>(model); }
 

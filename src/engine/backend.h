@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "engine/state.h"
 #include "model/weights.h"
@@ -36,12 +37,22 @@ class SequenceBackend {
   virtual void mtp_forward(const float* stacks, std::span<const int32_t> next_ids, float* head_stacks,
                            MtpRows output) = 0;
   virtual void mtp_logits(const float* head_stacks, int64_t rows, float* logits) = 0;
+  // The logits a draft is chosen from, for one head stack [S·H]: mtp_logits or a cheaper approximation of it. Either
+  // is lossless, since the trunk verifies every draft exactly and sampling tests a draft against the distribution it
+  // was drawn from.
+  virtual void draft_logits(const float* head_stack, float* logits) { mtp_logits(head_stack, 1, logits); }
   // Drops the head's cache entries from `position` on.
   virtual void truncate_head(int64_t position) = 0;
   // The state as the CPU engine holds it; null on other devices (prefix caching and batched CPU steps use it).
   virtual SequenceState* cpu_state() { return nullptr; }
   virtual RowStates* cpu_row_states() { return nullptr; }
 };
+
+// The ids the CPU draft head scores: the first `count` ids of <model directory>/draft_vocab.json (token ids by
+// training-corpus frequency, tools/default_model/draft_vocab.py) when the model has that file, else none (meaning
+// every id). A draft outside them is never proposed, which costs acceptance, never correctness.
+constexpr int64_t kDraftVocabulary = 4096;
+std::vector<int32_t> draft_vocabulary(const Model& model, int64_t count = kDraftVocabulary);
 
 // The CPU engine's sequence (cpu/forward.h, cpu/mtp.h).
 std::unique_ptr<SequenceBackend> cpu_sequence(const Model& model);

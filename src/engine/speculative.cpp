@@ -169,7 +169,7 @@ void Decoder::fold_head(const float* trunk_stacks, std::span<const int32_t> next
       sequence_->mtp_forward(chain.data(), std::span<const int32_t>(&rows_.back(), 1), chained.data(), MtpRows::Last);
       chain.swap(chained);
     }
-    sequence_->mtp_logits(chain.data(), 1, logits.data());
+    sequence_->draft_logits(chain.data(), logits.data());
     add_draft(logits.data(), committed + j + 1);
   }
   // The drafts were pushed so that later drafts saw them; verification pushes what it emits.
@@ -233,8 +233,9 @@ std::vector<std::vector<int32_t>> step_batch(const Model& model, std::span<Decod
   if (!chunks.empty()) cpu::forward_batch(model, chunks);
   std::vector<std::vector<int32_t>> emitted;
   for (Decoder* decoder : decoders)
-    emitted.push_back(decoder->backend().cpu_state() ? decoder->accept(decoder->verify_logits(), decoder->verify_stacks())
-                                                     : decoder->step_alone());
+    emitted.push_back(decoder->backend().cpu_state()
+                          ? decoder->accept(decoder->verify_logits(), decoder->verify_stacks())
+                          : decoder->step_alone());
   return emitted;
 }
 

@@ -25,8 +25,8 @@
 namespace vavilov {
 
 // Drafts per step when the user does not say, the fastest setting measured on the bundled model (docs/MTP.md): on the
-// GPU 2 (1053 tok/s against 785 without drafts), on the CPU 1 (596 / 723 tok/s on 1 / 2 threads against 572 / 702
-// without, where 2 drafts only break even).
+// GPU 2 (1053 tok/s against 785 without drafts), on the CPU 1 (745 / 877 tok/s on 1 / 2 threads against 746 / 869
+// without: a tie at best, where 2 drafts lose 4-9 %; the best total over both thread counts).
 constexpr int kDefaultDraftsGpu = 2;
 constexpr int kDefaultDraftsCpu = 1;
 inline int default_drafts(const Model& model, bool gpu) {
