@@ -12,8 +12,8 @@
 #include "edited_checkpoint.h"
 #include "error_of.h"
 #include "fixture_paths.h"
-#include "run_command.h"
 #include "model/weights.h"
+#include "run_command.h"
 #ifdef VAVILOV_HAVE_CUDA
 #include "cuda/backend.h"
 #endif

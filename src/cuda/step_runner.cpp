@@ -21,9 +21,7 @@ bool graphs_enabled_by_environment() {
 }
 
 StepRunner::StepRunner(size_t input_bytes, size_t output_bytes, bool graphs)
-    : graphs_(graphs),
-      input_capacity_(aligned(input_bytes)),
-      output_capacity_(aligned(output_bytes)) {
+    : graphs_(graphs), input_capacity_(aligned(input_bytes)), output_capacity_(aligned(output_bytes)) {
   cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "sequence stream");
   void* pinned = nullptr;
   const cudaError_t status = cudaHostAlloc(&pinned, input_capacity_ + output_capacity_, cudaHostAllocDefault);

@@ -102,8 +102,8 @@ class Decoder {
   SpeculativeStats stats_;
   std::unique_ptr<SequenceBackend> sequence_;
   std::vector<int64_t> stops_;
-  std::vector<int32_t> prompt_;               // while prefilling
-  std::vector<int32_t> rows_;                 // [last, drafts...]
+  std::vector<int32_t> prompt_;  // while prefilling
+  std::vector<int32_t> rows_;    // [last, drafts...]
   // The verify pass's outputs, kept from step to step: [rows, vocab] and [rows, S·H].
   std::vector<float> verify_logits_, verify_stacks_;
   std::vector<std::vector<double>> draft_q_;  // when sampling: the distribution each draft was drawn from
