@@ -1,6 +1,7 @@
 #pragma once
 // What the tests that compare the engine's logits with a reference share: a fixture's reference.json (prompt,
-// greedy continuation, logits file), the error measure, and the CPU engine's logits for a prompt in chunks.
+// greedy continuation, logits file), the error measure, and the CPU engine's logits for a prompt in chunks and its
+// greedy continuation.
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "cpu/forward.h"
+#include "engine/generate.h"
 #include "engine/state.h"
 #include "fixture_paths.h"
 #include "model/weights.h"
@@ -55,6 +57,15 @@ inline std::vector<float> engine_logits(const Model& model, const std::vector<in
                  {true, logits.data() + begin * vocab, nullptr});
   }
   return logits;
+}
+
+// The CPU engine's greedy continuation of the fixture's prompt, as many tokens as the reference's (EOS ignored).
+inline std::vector<int32_t> engine_greedy(const Model& model, const ReferenceFixture& fixture) {
+  GenerateOptions options;
+  options.max_tokens = int64_t(fixture.greedy.size());
+  options.ignore_eos = true;
+  GenerateStats stats;
+  return generate_greedy(model, fixture.prompt, options, stats);
 }
 
 }  // namespace vavilov::test

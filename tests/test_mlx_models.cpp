@@ -12,7 +12,6 @@
 #include "cpu/forward.h"
 #include "cpu/linear.h"
 #include "edited_checkpoint.h"
-#include "engine/generate.h"
 #include "error_of.h"
 #include "fixture_paths.h"
 #include "model/mlx_quantization.h"
@@ -49,14 +48,7 @@ TEST(MlxCheckpoint, LogitsMatchHfOnTheDequantizedWeights) {
 
 TEST(MlxCheckpoint, GreedyContinuationMatchesHf) {
   const test::ReferenceFixture fixture(kFixture);
-  const auto& ref = fixture.reference;
-  auto model = load_model(kFixture.string());
-  GenerateOptions options;
-  auto greedy = ref["greedy_ids"].get<std::vector<int32_t>>();
-  options.max_tokens = int64_t(greedy.size());
-  options.ignore_eos = true;
-  GenerateStats stats;
-  EXPECT_EQ(generate_greedy(*model, ref["prompt_ids"].get<std::vector<int32_t>>(), options, stats), greedy);
+  EXPECT_EQ(test::engine_greedy(*load_model(kFixture.string()), fixture), fixture.greedy);
 }
 
 // The layout maps onto our matrices without conversion: Q4 codes, scales and biases are the checkpoint's own bytes;
