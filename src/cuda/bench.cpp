@@ -32,12 +32,7 @@ double dense_layer_bytes(const DeviceLayer& l) {
 
 class ByteModel {
  public:
-  explicit ByteModel(const DeviceModel& m) : m_(m), c_(m.config) {
-    const DeviceMatrix gate{m.layers.front().moe.gate_up_format, int(c_.moe_intermediate_size), int(c_.hidden_size)};
-    const DeviceMatrix down{m.layers.front().moe.down_format, int(c_.hidden_size), int(c_.moe_intermediate_size)};
-    expert_ = m.layers.front().moe.expert_bytes > 0 ? m.layers.front().moe.expert_bytes  // uploaded: measured
-                                                    : 2 * matrix_bytes(gate) + matrix_bytes(down);
-  }
+  explicit ByteModel(const DeviceModel& m) : m_(m), c_(m.config), expert_(m.layers.front().moe.expert_bytes) {}
   // Expected distinct experts of `rows` rows under uniform random routing.
   double experts(int rows) const {
     const double e = c_.num_experts, k = c_.num_experts_per_tok;

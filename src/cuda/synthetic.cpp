@@ -87,6 +87,7 @@ class Builder {
     const std::vector<DeviceMatrix> down = matrices(c.num_experts, h, inner);
     d.gate_up_format = gate.front().format;
     d.down_format = down.front().format;
+    d.expert_bytes = 2 * matrix_bytes(gate.front()) + matrix_bytes(down.front());
     d.expert_gate = array(gate);
     d.expert_up = array(up);
     d.expert_down = array(down);
