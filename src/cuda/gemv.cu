@@ -1,6 +1,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "cuda/gemv.cuh"
 
@@ -349,22 +350,30 @@ cudaError_t launch_quant(const GemvMatrix& single, const GemvMatrix* matrices, i
   return cudaGetLastError();
 }
 
+// launch(std::integral_constant<int, B>{}) for the batch size B (1–4): the kernels take it as a template argument.
+template <typename Launch>
+cudaError_t with_batch(int batch, Launch&& launch) {
+  switch (batch) {
+    case 1:
+      return launch(std::integral_constant<int, 1>{});
+    case 2:
+      return launch(std::integral_constant<int, 2>{});
+    case 3:
+      return launch(std::integral_constant<int, 3>{});
+    case 4:
+      return launch(std::integral_constant<int, 4>{});
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
 template <int Bits>
 cudaError_t gemv_quant(const GemvMatrix& single, const GemvMatrix* matrices, int count, int max_rows, int max_cols,
                        int batch, cudaStream_t stream) {
   if (count <= 0 || max_rows <= 0 || max_cols <= 0 || max_cols % kQuantGroup != 0) return cudaErrorInvalidValue;
-  switch (batch) {
-    case 1:
-      return launch_quant<Bits, 1>(single, matrices, count, max_rows, max_cols, stream);
-    case 2:
-      return launch_quant<Bits, 2>(single, matrices, count, max_rows, max_cols, stream);
-    case 3:
-      return launch_quant<Bits, 3>(single, matrices, count, max_rows, max_cols, stream);
-    case 4:
-      return launch_quant<Bits, 4>(single, matrices, count, max_rows, max_cols, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return with_batch(batch, [&](auto b) {
+    return launch_quant<Bits, decltype(b)::value>(single, matrices, count, max_rows, max_cols, stream);
+  });
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -453,18 +462,9 @@ template <typename T>
 cudaError_t gemv_dense(const GemvMatrix& single, const GemvMatrix* matrices, int count, int max_rows, int max_cols,
                        int batch, cudaStream_t stream) {
   if (count <= 0 || max_rows <= 0 || max_cols <= 0 || max_cols % (16 / sizeof(T)) != 0) return cudaErrorInvalidValue;
-  switch (batch) {
-    case 1:
-      return launch_dense<T, 1>(single, matrices, count, max_rows, max_cols, stream);
-    case 2:
-      return launch_dense<T, 2>(single, matrices, count, max_rows, max_cols, stream);
-    case 3:
-      return launch_dense<T, 3>(single, matrices, count, max_rows, max_cols, stream);
-    case 4:
-      return launch_dense<T, 4>(single, matrices, count, max_rows, max_cols, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return with_batch(batch, [&](auto b) {
+    return launch_dense<T, decltype(b)::value>(single, matrices, count, max_rows, max_cols, stream);
+  });
 }
 
 // The most column slices (at most `units`) that still let every warp be resident at once (`warps_per_sm`, and at most
