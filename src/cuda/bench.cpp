@@ -151,7 +151,7 @@ BenchResult run_bench(std::shared_ptr<const DeviceModel> model, const BenchOptio
   StepBuffers buffers(c, options.context);
 
   const bool has_head = model->mtp.has_value();
-  for (int drafts = 0; drafts <= (has_head ? 3 : 0); ++drafts) {
+  for (int drafts = 0; drafts < (has_head ? StepBuffers::kVerifyRows : 1); ++drafts) {
     auto seq = sequences();
     start_sequence(*seq, c, options.context, has_head, rng, buffers);
     for (int i = 0; i < 3; ++i) verify_step(*seq, c, drafts, rng, buffers);  // warm-up

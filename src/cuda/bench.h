@@ -1,6 +1,7 @@
 #pragma once
 // `vavilov bench`: decode and prefill speed of a model on the GPU against the bytes each step must read and the
 // device's measured copy bandwidth.
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -34,11 +35,15 @@ struct BenchResult {
   std::vector<std::pair<int64_t, double>> prefill_tokens_per_second;
 };
 
-// Host buffers of one sequence's steps: logits of up to 4 rows, stacks and head stacks of `context` rows.
+// Host buffers of one sequence's steps: logits of a verify step's rows (1 + at most 3 drafts), stacks and head stacks
+// of the prompt's rows or a verify step's, whichever is more.
 struct StepBuffers {
+  static constexpr int64_t kVerifyRows = 4;
   std::vector<float> logits, stacks, head;
   StepBuffers(const ModelConfig& c, int64_t context)
-      : logits(size_t(4 * c.vocab_size)), stacks(size_t(context * c.hc_hidden())), head(stacks.size()) {}
+      : logits(size_t(kVerifyRows * c.vocab_size)),
+        stacks(size_t(std::max(context, kVerifyRows) * c.hc_hidden())),
+        head(stacks.size()) {}
 };
 // A fresh sequence's random prompt through the trunk and, with `head`, the MTP head (as Decoder::start leaves it).
 void start_sequence(SequenceBackend& seq, const ModelConfig& c, int64_t context, bool head, uint64_t& rng,
