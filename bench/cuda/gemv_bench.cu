@@ -6,8 +6,11 @@
 // L2) for 1–4 activation rows, and single-layer launches back to back over rotating copies (so L2 holds none of
 // them). Then cuda::linear() itself at every decode shape of Flash-Next: a CUDA graph of calls over rotating copies
 // (at least 200 MB of them where 2048 copies reach it), so the time per call is the kernel's plus the graph's gap
-// between kernels (~1 µs), as in a captured decode step. Prints a table and writes JSON.
-// Usage: gemv_bench OUT.json [LABEL] [--linear-only]   (LABEL: the commit / kernel variant, recorded in the JSON)
+// between kernels (~1 µs), as in a captured decode step, alone and each call after a norm-like kernel that writes its
+// input (the GEMV kernels are dependent launches that stream their weights while such a kernel runs: launch.cuh).
+// With --sweep, also every split of the Q4 GEMV at a few shapes. Prints a table and writes JSON.
+// Usage: gemv_bench OUT.json [LABEL] [--linear-only | --sweep]   (LABEL: the commit / kernel variant, in the JSON)
+// VAVILOV_PDL=0 launches the GEMV kernels as ordinary ones (the comparison without dependent launches).
 // Build: nvcc -O3 -std=c++17 -arch=sm_90 -Isrc bench/cuda/gemv_bench.cu src/cuda/gemv.cu src/cuda/linear.cu -o
 // gemv_bench
 #include <algorithm>
@@ -20,6 +23,7 @@
 
 #include "check.cuh"
 #include "cuda/gemv.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/linear.cuh"
 
 using vavilov::cuda::GemvMatrix;
@@ -258,23 +262,68 @@ struct LinearShape {
 
 size_t round_up(size_t n) { return (n + 255) / 256 * 256; }
 
-// Times cuda::linear over `copies` rotating copies of one shape, captured into a graph; returns µs per call.
-float time_linear(const LinearShape& shape, int batch, const float* x, float* y, size_t& weight_bytes, int& copies) {
+// What a decode step launches before most products: a norm of the activations (one block a row, as
+// cuda::rms_norm), which lets the next kernel start early (launch.cuh) and writes the product's input.
+__device__ void norm_like_body(const float* source, int cols, float* x) {
+  __shared__ float partial[32];
+  const float* row = source + size_t(blockIdx.x) * cols;
+  float sum = 0.0f;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) sum += row[i] * row[i];
+  for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = sum;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < int(blockDim.x / 32); ++w) total += partial[w];
+  const float scale = rsqrtf(total / float(cols) + 1e-6f);
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) x[size_t(blockIdx.x) * cols + i] = row[i] * scale;
+}
+
+__global__ void norm_like_kernel(const float* source, int cols, float* x) {
+  cudaTriggerProgrammaticLaunchCompletion();
+  norm_like_body(source, cols, x);
+}
+
+// The same as a dependent launch: it waits before it writes x, which the product before it may still read.
+__global__ void dependent_norm_like_kernel(const float* source, int cols, float* x) {
+  vavilov::cuda::wait_for_producers();
+  vavilov::cuda::allow_dependents();
+  norm_like_body(source, cols, x);
+}
+
+void norm_like(const float* source, int batch, int cols, float* x, cudaStream_t stream, bool dependent = false) {
+  const int threads = std::clamp((cols / 4 + 31) / 32 * 32, 128, 1024);
+  if (dependent)
+    CHECK(vavilov::cuda::launch_dependent(dependent_norm_like_kernel, dim3(batch), dim3(threads), 0, stream, source,
+                                          cols, x));
+  else
+    norm_like_kernel<<<batch, threads, 0, stream>>>(source, cols, x);
+}
+
+// `copies` rotating copies of one shape's weights (at least 200 MB of them where 2048 copies reach it, so that L2
+// holds none of them when a graph walks through them).
+struct LinearPool {
+  std::vector<vavilov::cuda::DeviceMatrix> matrices;
+  size_t weight_bytes = 0;
+  char* memory = nullptr;
+};
+
+LinearPool make_pool(const LinearShape& shape) {
   using vavilov::cuda::WeightFormat;
   const size_t n = size_t(shape.rows) * shape.cols;
   const size_t data_bytes = shape.format == WeightFormat::Q4     ? n / 2
                             : shape.format == WeightFormat::BF16 ? 2 * n
                                                                  : 4 * n;
   const size_t affine_bytes = shape.format == WeightFormat::Q4 ? n / 64 * 2 : 0;
-  weight_bytes = data_bytes + 2 * affine_bytes;
-  copies = int(std::clamp<size_t>((size_t(200) << 20) / weight_bytes + 1, 1, 2048));
+  LinearPool pool;
+  pool.weight_bytes = data_bytes + 2 * affine_bytes;
+  const int copies = int(std::clamp<size_t>((size_t(200) << 20) / pool.weight_bytes + 1, 1, 2048));
   const size_t stride = round_up(data_bytes) + 2 * round_up(affine_bytes);
-  auto* pool = device_alloc<char>(stride * copies);
-  fill_words<<<1024, 256>>>(reinterpret_cast<uint32_t*>(pool), stride * copies / 4, 7);  // codes (Q4), overwritten
-  std::vector<vavilov::cuda::DeviceMatrix> matrices(static_cast<size_t>(copies));
+  pool.memory = device_alloc<char>(stride * copies);
+  fill_words<<<1024, 256>>>(reinterpret_cast<uint32_t*>(pool.memory), stride * copies / 4, 7);  // codes, overwritten
+  pool.matrices.resize(static_cast<size_t>(copies));
   for (int i = 0; i < copies; ++i) {
-    auto& m = matrices[size_t(i)];
-    char* base = pool + stride * i;
+    auto& m = pool.matrices[size_t(i)];
+    char* base = pool.memory + stride * i;
     m.format = shape.format;
     m.rows = shape.rows;
     m.cols = shape.cols;
@@ -293,13 +342,18 @@ float time_linear(const LinearShape& shape, int batch, const float* x, float* y,
     }
   }
   CHECK(cudaGetLastError());
+  return pool;
+}
+
+// A CUDA graph of `calls` launches of body(stream, i), i < calls; returns µs per call (median of 10 replays).
+float time_graph(int calls, const std::function<void(cudaStream_t, int)>& body) {
   cudaStream_t stream;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  vavilov::cuda::linear(matrices[0], x, batch, y, stream);  // first use outside the capture
+  body(stream, 0);  // first use outside the capture
   CHECK(cudaStreamSynchronize(stream));
   cudaGraph_t graph;
   CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-  for (const auto& m : matrices) vavilov::cuda::linear(m, x, batch, y, stream);
+  for (int i = 0; i < calls; ++i) body(stream, i);
   CHECK(cudaStreamEndCapture(stream, &graph));
   cudaGraphExec_t exec;
   CHECK(cudaGraphInstantiate(&exec, graph, 0));
@@ -317,15 +371,19 @@ float time_linear(const LinearShape& shape, int batch, const float* x, float* y,
     if (rep >= 3) times.push_back(ms);
   }
   std::sort(times.begin(), times.end());
+  CHECK(cudaEventDestroy(start));
+  CHECK(cudaEventDestroy(stop));
   CHECK(cudaGraphExecDestroy(exec));
   CHECK(cudaGraphDestroy(graph));
   CHECK(cudaStreamDestroy(stream));
-  cudaFree(pool);
-  return times[times.size() / 2] * 1e3f / float(copies);
+  return times[times.size() / 2] * 1e3f / float(calls);
 }
 
 // Every cuda::linear shape of a Flash-Next decode step (src/cuda/synthetic.cpp), Q4 as the model stores them, and the
-// hyper-connection matrices also dense (checkpoints may keep them unquantized).
+// hyper-connection matrices also dense (checkpoints may keep them unquantized). Each is timed twice: calls back to
+// back ("us"), each call after a norm-like kernel that writes its input, as in a decode step ("after_norm_us"; a graph
+// of the norms alone: "norm_us"), and after the same norm launched as a dependent launch too
+// ("after_dependent_norm_us": what converting the step's other kernels would add).
 void bench_linear(FILE* json, double copy) {
   using vavilov::cuda::WeightFormat;
   const std::vector<LinearShape> shapes = {
@@ -351,30 +409,125 @@ void bench_linear(FILE* json, double copy) {
   };
   const char* format_names[] = {"f32", "bf16", "q4"};
   float* x = device_alloc<float>(size_t(4) * 10240);
+  float* source = device_alloc<float>(size_t(4) * 10240);
   float* y = device_alloc<float>(size_t(4) * 248320);
+  fill_floats<<<64, 256>>>(source, size_t(4) * 10240, 9);
   fill_floats<<<64, 256>>>(x, size_t(4) * 10240, 9);
-  std::printf("\ncuda::linear, graph of calls over rotating copies\n%-28s %-4s %6s %6s %5s %5s %9s %8s %7s %8s\n",
-              "shape", "fmt", "rows", "cols", "batch", "copies", "MB", "us", "GB/s", "of copy");
+  std::printf(
+      "\ncuda::linear, graph of calls over rotating copies (alone / each after a norm, minus the norm)\n"
+      "%-28s %-4s %6s %6s %5s %5s %8s %8s %8s %8s %7s %8s\n",
+      "shape", "fmt", "rows", "cols", "batch", "copies", "MB", "us", "+norm", "norm", "GB/s", "of copy");
   std::fprintf(json, "  \"linear\": [\n");
   bool first = true;
-  for (const LinearShape& shape : shapes)
-    for (int batch : {1, 4}) {
-      size_t bytes = 0;
-      int copies = 0;
-      const float us = time_linear(shape, batch, x, y, bytes, copies);
+  for (const LinearShape& shape : shapes) {
+    LinearPool pool = make_pool(shape);
+    const int copies = int(pool.matrices.size());
+    for (int batch : {1, 3, 4}) {
+      if (batch == 3 && shape.rows != 2560) continue;  // 3 rows: the products that run at 13-35 % (gdn out, ...)
+      const float us = time_graph(copies, [&](cudaStream_t stream, int i) {
+        vavilov::cuda::linear(pool.matrices[size_t(i)], x, batch, y, stream);
+      });
+      const float pair_us = time_graph(copies, [&](cudaStream_t stream, int i) {
+        norm_like(source, batch, shape.cols, x, stream);
+        vavilov::cuda::linear(pool.matrices[size_t(i)], x, batch, y, stream);
+      });
+      const float norm_us =
+          time_graph(copies, [&](cudaStream_t stream, int) { norm_like(source, batch, shape.cols, x, stream); });
+      // What converting the other kernels to dependent launches would add: the norm's launch overlaps the product.
+      const float dependent_pair_us = time_graph(copies, [&](cudaStream_t stream, int i) {
+        norm_like(source, batch, shape.cols, x, stream, true);
+        vavilov::cuda::linear(pool.matrices[size_t(i)], x, batch, y, stream);
+      });
+      const size_t bytes = pool.weight_bytes;
       const double gbs = double(bytes) / (us * 1e-6) / 1e9;
       const char* format = format_names[int(shape.format)];
-      std::printf("%-28s %-4s %6d %6d %5d %5d %9.2f %8.2f %7.0f %7.1f%%\n", shape.name.c_str(), format, shape.rows,
-                  shape.cols, batch, copies, bytes / 1e6, us, gbs, 100.0 * gbs / copy);
+      std::printf("%-28s %-4s %6d %6d %5d %5d %8.2f %8.2f %8.2f %8.2f %8.2f %7.0f %7.1f%%\n", shape.name.c_str(),
+                  format, shape.rows, shape.cols, batch, copies, bytes / 1e6, us, pair_us, norm_us, dependent_pair_us,
+                  gbs, 100.0 * gbs / copy);
       std::fprintf(json,
                    "%s    {\"shape\": \"%s\", \"format\": \"%s\", \"rows\": %d, \"cols\": %d, \"batch\": %d, "
-                   "\"copies\": %d, \"weight_bytes\": %zu, \"us\": %.3f, \"gbs\": %.1f, \"fraction_of_copy\": %.4f}",
+                   "\"copies\": %d, \"weight_bytes\": %zu, \"us\": %.3f, \"gbs\": %.1f, \"fraction_of_copy\": %.4f, "
+                   "\"after_norm_us\": %.3f, \"norm_us\": %.3f, \"after_dependent_norm_us\": %.3f}",
                    first ? "" : ",\n", shape.name.c_str(), format, shape.rows, shape.cols, batch, copies, bytes, us,
-                   gbs, gbs / copy);
+                   gbs, gbs / copy, pair_us, norm_us, dependent_pair_us);
       first = false;
     }
+    cudaFree(pool.memory);
+  }
   std::fprintf(json, "\n  ]");
   cudaFree(x);
+  cudaFree(source);
+  cudaFree(y);
+}
+
+// The quantized GEMV of one Q4 matrix after a norm, for every split of up to 16 warps a block, against the split
+// gemv_quant_split chooses (for tuning it).
+void sweep_splits(FILE* json) {
+  using vavilov::cuda::GemvSplit;
+  const std::vector<LinearShape> shapes = {
+      {"gdn out, attn o", vavilov::cuda::WeightFormat::Q4, 2560, 6144},
+      {"mtp fc, ple value", vavilov::cuda::WeightFormat::Q4, 2560, 2560},
+      {"gdn in_z", vavilov::cuda::WeightFormat::Q4, 6144, 2560},
+      {"gdn in_qkv, ple key", vavilov::cuda::WeightFormat::Q4, 10240, 2560},
+      {"hc mix_down", vavilov::cuda::WeightFormat::Q4, 320, 10240},
+      {"shared down", vavilov::cuda::WeightFormat::Q4, 2560, 640},
+      {"attn k / v, router", vavilov::cuda::WeightFormat::Q4, 512, 2560},
+  };
+  float* x = device_alloc<float>(size_t(4) * 10240);
+  float* source = device_alloc<float>(size_t(4) * 10240);
+  float* y = device_alloc<float>(size_t(4) * 12288);
+  fill_floats<<<64, 256>>>(source, size_t(4) * 10240, 11);
+  std::printf("\nsplit sweep (Q4, each call after a norm): shape batch chosen -> best\n");
+  std::fprintf(json, ",\n  \"split_sweep\": [\n");
+  bool first = true;
+  for (const LinearShape& shape : shapes) {
+    LinearPool pool = make_pool(shape);
+    std::vector<GemvMatrix> matrices;
+    for (const auto& d : pool.matrices) {
+      GemvMatrix m;
+      m.codes = static_cast<const uint32_t*>(d.data);
+      m.scales = reinterpret_cast<const __nv_bfloat16*>(d.scales);
+      m.biases = reinterpret_cast<const __nv_bfloat16*>(d.biases);
+      m.rows = d.rows;
+      m.cols = d.cols;
+      m.x = x;
+      m.y = y;
+      matrices.push_back(m);
+    }
+    for (int batch : {1, 2, 3, 4}) {
+      const GemvSplit chosen = vavilov::cuda::gemv_quant_split(shape.rows, shape.cols, 1, batch);
+      float chosen_us = 0, best_us = 1e30f;
+      GemvSplit best;
+      std::vector<GemvSplit> candidates = {chosen};
+      for (int tiles : {1, 2, 4, 8})
+        for (int splits : {1, 2, 3, 4, 6, 8, 12, 16})
+          if (tiles * splits <= 16 && (shape.rows + 15) / 16 >= tiles &&
+              (tiles != chosen.tiles || splits != chosen.splits))
+            candidates.push_back({tiles, splits});
+      for (const GemvSplit& split : candidates) {
+        const int tiles = split.tiles, splits = split.splits;
+        const float us = time_graph(int(matrices.size()), [&](cudaStream_t stream, int i) {
+          norm_like(source, batch, shape.cols, x, stream);
+          CHECK(vavilov::cuda::gemv_q4(matrices[size_t(i)], batch, split, stream));
+        });
+        const bool is_chosen = tiles == chosen.tiles && splits == chosen.splits;
+        if (is_chosen) chosen_us = us;
+        if (us < best_us) best_us = us, best = split;
+        std::fprintf(json,
+                     "%s    {\"shape\": \"%s\", \"rows\": %d, \"cols\": %d, \"batch\": %d, \"tiles\": %d, "
+                     "\"splits\": %d, \"after_norm_us\": %.3f, \"chosen\": %s}",
+                     first ? "" : ",\n", shape.name.c_str(), shape.rows, shape.cols, batch, tiles, splits, us,
+                     is_chosen ? "true" : "false");
+        first = false;
+      }
+      std::printf("%-24s %d  chosen (%d, %d) %.2f us -> best (%d, %d) %.2f us\n", shape.name.c_str(), batch,
+                  chosen.tiles, chosen.splits, chosen_us, best.tiles, best.splits, best_us);
+    }
+    cudaFree(pool.memory);
+  }
+  std::fprintf(json, "\n  ]");
+  cudaFree(x);
+  cudaFree(source);
   cudaFree(y);
 }
 
@@ -390,7 +543,9 @@ struct Case {
 int main(int argc, char** argv) {
   const char* out_path = argc > 1 ? argv[1] : "gemv.json";
   const char* label = argc > 2 ? argv[2] : "";
-  const bool linear_only = argc > 3 && std::string(argv[3]) == "--linear-only";  // cuda::linear's shapes alone
+  const std::string mode = argc > 3 ? argv[3] : "";
+  const bool linear_only = mode == "--linear-only" || mode == "--sweep";  // cuda::linear's shapes alone
+  const bool sweep = mode == "--sweep";                                   // and the split sweep
   cudaDeviceProp props;
   CHECK(cudaGetDeviceProperties(&props, 0));
   const double copy = copy_bandwidth_gbs();
@@ -465,6 +620,7 @@ int main(int argc, char** argv) {
   }
   if (!linear_only) std::fprintf(json, "\n  ],\n");
   bench_linear(json, copy);
+  if (sweep) sweep_splits(json);
   std::fprintf(json, "\n}\n");
   std::fclose(json);
   return correct ? 0 : 1;

@@ -36,6 +36,7 @@ __device__ void norm_rope(const float* x, int width, const float* weight, float 
 __global__ void __launch_bounds__(kInputThreads)
     attention_inputs_kernel(AttentionShape s, AttentionInputs in, const int64_t* first_position, float* queries,
                             float* index_queries, AttentionCaches caches) {
+  cudaTriggerProgrammaticLaunchCompletion();
   extern __shared__ float normed[];
   const int job = blockIdx.x, r = blockIdx.y, hd = s.head_dim, ihd = s.index_dim;
   const int64_t position = *first_position + r;
@@ -62,6 +63,7 @@ __global__ void __launch_bounds__(kInputThreads)
 __global__ void pool_block_keys_kernel(const float* index_keys, const int64_t* first_position, int rows, int ratio,
                                        int dim, const float* norm_weight, float eps, const float* inv_freq,
                                        int rotary_dim, float* block_keys) {
+  cudaTriggerProgrammaticLaunchCompletion();
   __shared__ float normed[kMaxIndexDim];
   const int64_t first = *first_position, b = first / ratio + blockIdx.x;
   if (b >= (first + rows) / ratio) return;  // the whole block: only blocks completed by this pass
@@ -92,6 +94,7 @@ __global__ void pool_block_keys_kernel(const float* index_keys, const int64_t* f
 
 __global__ void qsa_scores_kernel(AttentionShape s, const float* index_queries, const float* block_keys,
                                   const int64_t* first_position, int stride_blocks, float* scores) {
+  cudaTriggerProgrammaticLaunchCompletion();
   const int r = blockIdx.y, lane = threadIdx.x % 32;
   const int b = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int64_t blocks = (*first_position + r + 1) / s.ratio;
@@ -109,6 +112,7 @@ __global__ void qsa_scores_kernel(AttentionShape s, const float* index_queries, 
 
 __global__ void qsa_rank_kernel(AttentionShape s, const int64_t* first_position, int stride_blocks, const float* scores,
                                 uint8_t* selected) {
+  cudaTriggerProgrammaticLaunchCompletion();
   const int r = blockIdx.y, b = blockIdx.x * blockDim.x + threadIdx.x;
   const int64_t blocks = (*first_position + r + 1) / s.ratio;
   if (b >= blocks) return;
@@ -131,6 +135,7 @@ constexpr int kScoresPerBlock = 64;
 __global__ void __launch_bounds__(kScoreWarps * 32)
     attention_scores_kernel(AttentionShape s, const float* queries, const float* keys, const uint8_t* selected,
                             const int64_t* first_position, int stride_blocks, int max_tokens, float* weights) {
+  cudaTriggerProgrammaticLaunchCompletion();
   const int rh = blockIdx.y, r = rh / s.heads, h = rh % s.heads, lane = threadIdx.x % 32;
   const int64_t visible = *first_position + r + 1, blocks = visible / s.ratio;
   const int64_t begin = int64_t(blockIdx.x) * kScoresPerBlock, end = min(begin + kScoresPerBlock, visible);
@@ -159,6 +164,7 @@ constexpr int kValuesPerLane = 8;  // columns a lane accumulates per pass over t
 __global__ void __launch_bounds__(kValueWarps * 32)
     attention_values_kernel(AttentionShape s, const float* q_gate, const float* values, const int64_t* first_position,
                             int max_tokens, float* weights, float* out) {
+  cudaTriggerProgrammaticLaunchCompletion();
   extern __shared__ float partial[];  // [kValueWarps, head_dim]
   const int rh = blockIdx.x, r = rh / s.heads, h = rh % s.heads, hd = s.head_dim;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

@@ -16,6 +16,7 @@ constexpr int kMaxDecodeSlices = kGdnMaxValueDim / kSliceColumns;  // the cluste
 
 __global__ void gdn_conv_kernel(const float* taps, int channels, int kernel, float* state, float* x, int rows,
                                 float* row_states) {
+  cudaTriggerProgrammaticLaunchCompletion();
   const int ch = blockIdx.x * blockDim.x + threadIdx.x;
   if (ch >= channels) return;
   const int history = kernel - 1;
@@ -88,6 +89,7 @@ __device__ inline void column_sums(float (&v)[kVec], float (*partial)[kSliceColu
 template <int kVec>
 __global__ void __launch_bounds__(kThreads)
     gdn_decode_kernel(GdnShape s, GdnInputs in, float* recurrent, float* row_states, float* out) {
+  cudaTriggerProgrammaticLaunchCompletion();
   using L = DecodeLayout<kVec>;
   __shared__ float q[kGdnMaxKeyDim], k[kGdnMaxKeyDim], gates[2];
   __shared__ float partial[kWarps][kSliceColumns], kv[kSliceColumns];

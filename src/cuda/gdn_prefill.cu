@@ -137,6 +137,7 @@ size_t prepare_shared_bytes(const GdnShape& s) {
 
 // Block (head, chunk), 256 threads.
 __global__ void __launch_bounds__(kThreads) gdn_chunk_prepare_kernel(GdnShape s, GdnInputs in, ChunkScratch x) {
+  cudaTriggerProgrammaticLaunchCompletion();
   extern __shared__ __align__(128) float4 shared4[];
   const int kdp = padded(s.dk), vdp = padded(s.dv);
   const int ldk = stride_of(s.dk), ldx = max(stride_of(s.dk), stride_of(s.dv));
@@ -295,6 +296,7 @@ size_t scan_shared_bytes(const GdnShape& s) {
 // the state tiles w, w + 8, … (2 tiles a row of 16).
 __global__ void __launch_bounds__(kThreads)
     gdn_chunk_scan_kernel(GdnShape s, int rows, ChunkScratch x, float* recurrent) {
+  cudaTriggerProgrammaticLaunchCompletion();
   extern __shared__ __align__(128) float4 shared4[];
   const int kdp = padded(s.dk), ldk = stride_of(s.dk);
   float* w = reinterpret_cast<float*>(shared4);  // [C][ldk]
@@ -380,6 +382,7 @@ size_t output_shared_bytes(const GdnShape& s) {
 // Block (head, chunk, slice of 32 value columns): O = Qd S₀ + P Δ, written to out [rows, heads·dv]. Warp w computes
 // the tile (rows 16·(w/2), columns 16·(w%2)).
 __global__ void __launch_bounds__(kThreads) gdn_chunk_output_kernel(GdnShape s, int rows, ChunkScratch x, float* out) {
+  cudaTriggerProgrammaticLaunchCompletion();
   extern __shared__ __align__(128) float4 shared4[];
   const int kdp = padded(s.dk), ldk = stride_of(s.dk);
   float* qd = reinterpret_cast<float*>(shared4);  // [C][ldk]
@@ -449,6 +452,7 @@ __device__ inline void strip_mma_3xtf32(Accumulator (&acc)[kC / kTile], const fl
 // Block (head, chunk): O = Qd S₀ + P Δ, then out = w ⊙ rmsnorm(O) ⊙ gate(z) row by row (warp t: rows t, t + 8, …).
 __global__ void __launch_bounds__(kThreads)
     gdn_chunk_output_norm_kernel(GdnShape s, GdnInputs in, ChunkScratch x, float* out) {
+  cudaTriggerProgrammaticLaunchCompletion();
   extern __shared__ __align__(128) float4 shared4[];
   const int ldq = s.dk + 4, ldo = s.dv + 4;
   float* qd = reinterpret_cast<float*>(shared4);  // [C][dk + 4]
@@ -490,6 +494,7 @@ __global__ void __launch_bounds__(kThreads)
 // o = w ⊙ rmsnorm(o) ⊙ gate(z) per head of dv values, in place; one warp per (row, head), kWarps a block.
 __global__ void __launch_bounds__(kThreads) gdn_gated_norm_kernel(float* core, const float* z, const float* weight,
                                                                   int groups, int dv, float eps, bool sigmoid_gate) {
+  cudaTriggerProgrammaticLaunchCompletion();
   const int group = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (group >= groups) return;
   float* o = core + size_t(group) * dv;

@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "cuda/gemv.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/quant_mma.cuh"
 
 namespace vavilov::cuda {
@@ -27,16 +28,34 @@ constexpr size_t kSharedPerSm = 228 * 1024, kReservedShared = 1024;
 constexpr size_t kStaticShared = kMaxWarps * 64 * sizeof(float);
 constexpr size_t kMaxDynamicShared = 227 * 1024 - kStaticShared;
 
+// Dependent launches (launch.cuh): whether a grouped launch's descriptors may be read before the wait (fixed for the
+// sequence's life) or only after it (written by the kernel before, e.g. the MoE routing). A single matrix's descriptor
+// travels by value in the launch: nothing to wait for.
+struct LaunchPlan {
+  bool fixed_descriptors = true;
+};
+
+LaunchPlan launch_plan(GemvDescriptors descriptors) { return {descriptors == GemvDescriptors::fixed}; }
+
+LaunchPlan single_matrix_plan() { return {}; }
+
+// The descriptor of this block's matrix; a grouped launch's, when written in the pass, only after the wait.
+__device__ inline GemvMatrix block_matrix(const GemvMatrix& single, const GemvMatrix* matrices, LaunchPlan plan) {
+  if (!matrices) return single;
+  if (!plan.fixed_descriptors) wait_for_producers();
+  return matrices[blockIdx.y];
+}
+
 // Block (row block, matrix): warp w works on tile w % split.tiles and column slice w / split.tiles. Each warp leaves
 // its partial sums in shared memory; then each output adds those of its tile's warps in slice order.
 template <int Bits, int B>
 __global__ void __launch_bounds__(kMaxWarps * 32)
-    gemv_quant_kernel(GemvMatrix single, const GemvMatrix* matrices, GemvSplit split) {
+    gemv_quant_kernel(GemvMatrix single, const GemvMatrix* matrices, GemvSplit split, LaunchPlan plan) {
   extern __shared__ uint4 shared[];
   __shared__ float partials[kMaxWarps][64];  // [warp][r·32 + lane]: lane (g, t)'s sum for row g + 8r, batch t
-  const GemvMatrix m = matrices ? matrices[blockIdx.y] : single;
+  const GemvMatrix m = block_matrix(single, matrices, plan);
   const int block_row = blockIdx.x * split.tiles * kTileRows;
-  if (block_row >= m.rows) return;  // the whole block is past this matrix's rows
+  if (block_row >= m.rows) return wait_for_producers();  // the whole block is past this matrix's rows
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int groups = m.cols / kQuantGroup, row_words = m.cols / 32 * Bits, slice = warp / split.tiles;
   const int begin = slice_start(slice, split.splits, groups), end = slice_start(slice + 1, split.splits, groups);
@@ -48,9 +67,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   const AffineWidth width = affine_width(m, groups);
   const bool has_rows = warp_row < m.rows;
 
-  // The first loads are issued before staging, so that the activations' latency overlaps theirs.
+  // Each warp's first weight loads come before the wait (weights never depend on the previous kernel), so that their
+  // latency overlaps the previous kernel's end; the activations are staged after it. (An L2 prefetch of the block's
+  // whole weight range here, per line or in bulk, measured up to 20 % slower on large products: docs/CUDA.md.)
   WarpLoads current;
   load_group_block<Bits>(current, codes, affine, begin, has_rows ? end : begin, width, t);
+  wait_for_producers();
+  allow_dependents();
   uint4* fragments = shared;
   float2* group_terms = reinterpret_cast<float2*>(fragments + size_t(groups) * 16 * B);
   stage_activations<Bits, B>(m, groups, fragments, group_terms);
@@ -74,8 +97,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
 
 template <int Bits, int B>
 cudaError_t launch_quant(const GemvMatrix& single, const GemvMatrix* matrices, int count, int max_rows, int max_cols,
-                         cudaStream_t stream) {
-  const GemvSplit split = gemv_quant_split(max_rows, max_cols, count, B);
+                         GemvSplit split, LaunchPlan plan, cudaStream_t stream) {
   const size_t shared = quant_shared_bytes(max_cols / kQuantGroup, B);
   if (shared > kMaxDynamicShared) return cudaErrorInvalidValue;
   // Once for all: only a permission (occupancy follows each launch's own size), so it never changes between the
@@ -85,8 +107,8 @@ cudaError_t launch_quant(const GemvMatrix& single, const GemvMatrix* matrices, i
   if (opted_in != cudaSuccess) return opted_in;
   const int tiles = (max_rows + kTileRows - 1) / kTileRows;
   const dim3 grid(unsigned((tiles + split.tiles - 1) / split.tiles), unsigned(count));
-  gemv_quant_kernel<Bits, B><<<grid, split.tiles * split.splits * 32, shared, stream>>>(single, matrices, split);
-  return cudaGetLastError();
+  return launch_dependent(gemv_quant_kernel<Bits, B>, grid, dim3(split.tiles * split.splits * 32), shared, stream,
+                          single, matrices, split, plan);
 }
 
 // launch(std::integral_constant<int, B>{}) for the batch size B (1–4): the kernels take it as a template argument.
@@ -106,12 +128,16 @@ cudaError_t with_batch(int batch, Launch&& launch) {
   }
 }
 
+constexpr GemvSplit kChosenSplit{0, 0};  // the split gemv_quant_split chooses
+
 template <int Bits>
 cudaError_t gemv_quant(const GemvMatrix& single, const GemvMatrix* matrices, int count, int max_rows, int max_cols,
-                       int batch, cudaStream_t stream) {
+                       int batch, GemvSplit split, LaunchPlan plan, cudaStream_t stream) {
   if (count <= 0 || max_rows <= 0 || max_cols <= 0 || max_cols % kQuantGroup != 0) return cudaErrorInvalidValue;
+  if (split.tiles == kChosenSplit.tiles) split = gemv_quant_split(max_rows, max_cols, count, batch);
+  if (split.tiles < 1 || split.splits < 1 || split.tiles * split.splits > kMaxWarps) return cudaErrorInvalidValue;
   return with_batch(batch, [&](auto b) {
-    return launch_quant<Bits, decltype(b)::value>(single, matrices, count, max_rows, max_cols, stream);
+    return launch_quant<Bits, decltype(b)::value>(single, matrices, count, max_rows, max_cols, split, plan, stream);
   });
 }
 
@@ -149,13 +175,15 @@ __device__ inline void widen(uint4 packed, const float*, float (&w)[4]) {
 
 template <typename T, int B>
 __global__ void __launch_bounds__(kMaxWarps * 32)
-    gemv_dense_kernel(GemvMatrix single, const GemvMatrix* matrices, GemvSplit split) {
+    gemv_dense_kernel(GemvMatrix single, const GemvMatrix* matrices, GemvSplit split, LaunchPlan plan) {
   constexpr int kPerLoad = 16 / sizeof(T);
   __shared__ float partials[kMaxWarps][kMaxGemvRows];
-  const GemvMatrix m = matrices ? matrices[blockIdx.y] : single;
+  const GemvMatrix m = block_matrix(single, matrices, plan);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp / split.tiles;
-  const int row = blockIdx.x * split.tiles + warp % split.tiles;
-  if (int(blockIdx.x) * split.tiles >= m.rows) return;  // the whole block is past this matrix's rows
+  const int block_row = blockIdx.x * split.tiles, row = block_row + warp % split.tiles;
+  if (block_row >= m.rows) return wait_for_producers();  // the whole block is past this matrix's rows
+  wait_for_producers();  // its weight loads are interleaved with the activations'; only the launch comes early
+  allow_dependents();
   const int chunks = m.cols / kPerLoad;
   const int begin = part * chunks / split.splits, end = (part + 1) * chunks / split.splits;
   float acc[B] = {};
@@ -190,26 +218,28 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
 
 template <typename T, int B>
 cudaError_t launch_dense(const GemvMatrix& single, const GemvMatrix* matrices, int count, int max_rows, int max_cols,
-                         cudaStream_t stream) {
+                         LaunchPlan plan, cudaStream_t stream) {
   const GemvSplit split = gemv_dense_split(max_rows, max_cols, count);
   const dim3 grid(unsigned((max_rows + split.tiles - 1) / split.tiles), unsigned(count));
-  gemv_dense_kernel<T, B><<<grid, split.tiles * split.splits * 32, 0, stream>>>(single, matrices, split);
-  return cudaGetLastError();
+  return launch_dependent(gemv_dense_kernel<T, B>, grid, dim3(split.tiles * split.splits * 32), 0, stream, single,
+                          matrices, split, plan);
 }
 
 template <typename T>
 cudaError_t gemv_dense(const GemvMatrix& single, const GemvMatrix* matrices, int count, int max_rows, int max_cols,
-                       int batch, cudaStream_t stream) {
+                       int batch, LaunchPlan plan, cudaStream_t stream) {
   if (count <= 0 || max_rows <= 0 || max_cols <= 0 || max_cols % (16 / sizeof(T)) != 0) return cudaErrorInvalidValue;
   return with_batch(batch, [&](auto b) {
-    return launch_dense<T, decltype(b)::value>(single, matrices, count, max_rows, max_cols, stream);
+    return launch_dense<T, decltype(b)::value>(single, matrices, count, max_rows, max_cols, plan, stream);
   });
 }
 
 // The most column slices (at most `units`) that still let every warp be resident at once (`warps_per_sm`, and at most
 // `blocks_per_sm` blocks, on each of kSms); for those, the most tiles a block that keeps the single wave over 90 % of
-// the multiprocessors, or else the fewest tiles a block that fit. Shapes with too many tiles for one wave get blocks of
-// kMaxTiles tiles, one slice each, in several waves.
+// the multiprocessors — two tiles a block already at 60 %: every block stages the whole activation row, and one tile
+// a block stages it for 16 rows only (2560-row products of 640-6144 columns measured 5-20 % faster with two, at 1-4
+// rows) — or else the fewest tiles a block that fit. Shapes with too many tiles for one wave get blocks of kMaxTiles
+// tiles, one slice each, in several waves.
 GemvSplit choose_split(int tiles, int count, int units, int warps_per_sm, int blocks_per_sm) {
   const int64_t tile_count = int64_t(tiles) * count, resident_warps = int64_t(kSms) * warps_per_sm;
   for (int slices = std::min(units, kMaxSplits); slices >= 1; --slices) {
@@ -219,7 +249,7 @@ GemvSplit choose_split(int tiles, int count, int units, int warps_per_sm, int bl
       const int64_t blocks = int64_t((tiles + per_block - 1) / per_block) * count;
       const int64_t resident_blocks = int64_t(kSms) * std::min(warps_per_sm / (per_block * slices), blocks_per_sm);
       if (blocks > resident_blocks) continue;
-      if (10 * blocks >= 9 * kSms) return {per_block, slices};
+      if (10 * blocks >= (per_block == 2 ? 6 : 9) * kSms) return {per_block, slices};
       fitting = per_block;
     }
     if (fitting > 0) return {fitting, slices};
@@ -241,41 +271,52 @@ GemvSplit gemv_dense_split(int rows, int cols, int count) {
   return choose_split(rows, count, std::max(1, cols / 256), kDenseWarpsPerSm, kMaxBlocksPerSm);
 }
 
-cudaError_t gemv_q4(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream) {
-  return gemv_quant<4>(GemvMatrix{}, matrices, count, max_rows, max_cols, batch, stream);
+cudaError_t gemv_q4(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream,
+                    GemvDescriptors descriptors) {
+  return gemv_quant<4>(GemvMatrix{}, matrices, count, max_rows, max_cols, batch, kChosenSplit, launch_plan(descriptors),
+                       stream);
 }
 
-cudaError_t gemv_q3(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream) {
-  return gemv_quant<3>(GemvMatrix{}, matrices, count, max_rows, max_cols, batch, stream);
+cudaError_t gemv_q3(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream,
+                    GemvDescriptors descriptors) {
+  return gemv_quant<3>(GemvMatrix{}, matrices, count, max_rows, max_cols, batch, kChosenSplit, launch_plan(descriptors),
+                       stream);
 }
 
-cudaError_t gemv_q2(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream) {
-  return gemv_quant<2>(GemvMatrix{}, matrices, count, max_rows, max_cols, batch, stream);
+cudaError_t gemv_q2(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream,
+                    GemvDescriptors descriptors) {
+  return gemv_quant<2>(GemvMatrix{}, matrices, count, max_rows, max_cols, batch, kChosenSplit, launch_plan(descriptors),
+                       stream);
 }
 
-cudaError_t gemv_bf16(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch,
-                      cudaStream_t stream) {
-  return gemv_dense<__nv_bfloat16>(GemvMatrix{}, matrices, count, max_rows, max_cols, batch, stream);
+cudaError_t gemv_bf16(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream,
+                      GemvDescriptors descriptors) {
+  return gemv_dense<__nv_bfloat16>(GemvMatrix{}, matrices, count, max_rows, max_cols, batch, launch_plan(descriptors),
+                                   stream);
 }
 
 cudaError_t gemv_q4(const GemvMatrix& matrix, int batch, cudaStream_t stream) {
-  return gemv_quant<4>(matrix, nullptr, 1, matrix.rows, matrix.cols, batch, stream);
+  return gemv_quant<4>(matrix, nullptr, 1, matrix.rows, matrix.cols, batch, kChosenSplit, single_matrix_plan(), stream);
+}
+
+cudaError_t gemv_q4(const GemvMatrix& matrix, int batch, GemvSplit split, cudaStream_t stream) {
+  return gemv_quant<4>(matrix, nullptr, 1, matrix.rows, matrix.cols, batch, split, single_matrix_plan(), stream);
 }
 
 cudaError_t gemv_q3(const GemvMatrix& matrix, int batch, cudaStream_t stream) {
-  return gemv_quant<3>(matrix, nullptr, 1, matrix.rows, matrix.cols, batch, stream);
+  return gemv_quant<3>(matrix, nullptr, 1, matrix.rows, matrix.cols, batch, kChosenSplit, single_matrix_plan(), stream);
 }
 
 cudaError_t gemv_q2(const GemvMatrix& matrix, int batch, cudaStream_t stream) {
-  return gemv_quant<2>(matrix, nullptr, 1, matrix.rows, matrix.cols, batch, stream);
+  return gemv_quant<2>(matrix, nullptr, 1, matrix.rows, matrix.cols, batch, kChosenSplit, single_matrix_plan(), stream);
 }
 
 cudaError_t gemv_bf16(const GemvMatrix& matrix, int batch, cudaStream_t stream) {
-  return gemv_dense<__nv_bfloat16>(matrix, nullptr, 1, matrix.rows, matrix.cols, batch, stream);
+  return gemv_dense<__nv_bfloat16>(matrix, nullptr, 1, matrix.rows, matrix.cols, batch, single_matrix_plan(), stream);
 }
 
 cudaError_t gemv_f32(const GemvMatrix& matrix, int batch, cudaStream_t stream) {
-  return gemv_dense<float>(matrix, nullptr, 1, matrix.rows, matrix.cols, batch, stream);
+  return gemv_dense<float>(matrix, nullptr, 1, matrix.rows, matrix.cols, batch, single_matrix_plan(), stream);
 }
 
 }  // namespace vavilov::cuda

@@ -36,16 +36,25 @@ struct GemvSplit {
 GemvSplit gemv_quant_split(int rows, int cols, int count, int batch);
 GemvSplit gemv_dense_split(int rows, int cols, int count);
 
+// Whether a grouped launch's descriptors are written by the kernels of a pass (the MoE block's routing writes its
+// experts') or stay fixed while the stream runs (written once, e.g. a sequence's product groups). The kernels are
+// dependent launches (launch.cuh) that read their weights before waiting for the previous kernel; fixed descriptors
+// may be read then too, the others only after the wait.
+enum class GemvDescriptors { written_in_pass, fixed };
+
 // Runs `count` matrices described by the device array `matrices`, each against `batch` (1–4) activation rows;
 // max_rows/max_cols bound them (grid and shared-memory size). All matrices of one call share the format.
 // cols must be a multiple of 64 (quantized), 8 (BF16) or 4 (F32); x 16-byte aligned. The quantized kernels run on the
 // tensor cores with the activations split exactly into two fp16 halves (error ≤ 2^-22 relative, see gemv.cu); a block
 // stages those in shared memory: 4.125·batch·max_cols bytes must fit (223 KB on Hopper: max_cols ≤ 13824 at batch 4).
-cudaError_t gemv_q4(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream);
-cudaError_t gemv_q3(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream);
-cudaError_t gemv_q2(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream);
-cudaError_t gemv_bf16(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch,
-                      cudaStream_t stream);
+cudaError_t gemv_q4(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream,
+                    GemvDescriptors descriptors = GemvDescriptors::written_in_pass);
+cudaError_t gemv_q3(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream,
+                    GemvDescriptors descriptors = GemvDescriptors::written_in_pass);
+cudaError_t gemv_q2(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream,
+                    GemvDescriptors descriptors = GemvDescriptors::written_in_pass);
+cudaError_t gemv_bf16(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream,
+                      GemvDescriptors descriptors = GemvDescriptors::written_in_pass);
 
 // One matrix (cuda::linear's formats), its descriptor passed by value as a kernel parameter.
 cudaError_t gemv_q4(const GemvMatrix& matrix, int batch, cudaStream_t stream);
@@ -53,5 +62,7 @@ cudaError_t gemv_q3(const GemvMatrix& matrix, int batch, cudaStream_t stream);
 cudaError_t gemv_q2(const GemvMatrix& matrix, int batch, cudaStream_t stream);
 cudaError_t gemv_bf16(const GemvMatrix& matrix, int batch, cudaStream_t stream);
 cudaError_t gemv_f32(const GemvMatrix& matrix, int batch, cudaStream_t stream);
+// One Q4 matrix with a given split (tiles · splits ≤ 16 warps), for the benchmark's split sweeps.
+cudaError_t gemv_q4(const GemvMatrix& matrix, int batch, GemvSplit split, cudaStream_t stream);
 
 }  // namespace vavilov::cuda

@@ -6,12 +6,14 @@ namespace vavilov::cuda {
 namespace {
 
 __global__ void hc_low_kernel(float* low, int64_t n, float streams) {
+  cudaTriggerProgrammaticLaunchCompletion();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) low[i] = silu(low[i] / streams);
 }
 
 __global__ void hc_combine_kernel(const float* mix, const float* normed, int rows, int streams, int hidden,
                                   float* input) {
+  cudaTriggerProgrammaticLaunchCompletion();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(rows) * hidden) return;
   const int64_t r = i / hidden, d = i % hidden;
@@ -27,6 +29,7 @@ __global__ void hc_combine_kernel(const float* mix, const float* normed, int row
 // the values it wrote.
 __global__ void hc_write_kernel(const float* inject, const float* y, int streams, int hidden, float* stack,
                                 const float* norm_weight, float eps, float* normed) {
+  cudaTriggerProgrammaticLaunchCompletion();
   const int rs = blockIdx.x, r = rs / streams, s = rs % streams;
   const float gate = 2.0f * sigmoid(inject[rs] / float(streams));
   float* group = stack + size_t(rs) * hidden;

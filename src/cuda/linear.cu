@@ -165,6 +165,7 @@ __device__ inline void row_products(const DeviceMatrix& w, int row, const float*
 
 template <WeightFormat F>
 __global__ void __launch_bounds__(kWarps * 32) linear_kernel(DeviceMatrix w, const float* x, int x_rows, float* y) {
+  cudaTriggerProgrammaticLaunchCompletion();
   const int row = blockIdx.x * kWarps + threadIdx.x / 32;
   const int first = blockIdx.y * kRowsPerPass, batch = min(kRowsPerPass, x_rows - first);
   if (row >= w.rows) return;
@@ -207,6 +208,7 @@ __device__ inline void expert_row_products(const DeviceMatrix& w, int row, const
 template <WeightFormat F>
 __global__ void __launch_bounds__(kWarps * 32)
     expert_kernel(const DeviceMatrix* experts, const int* ids, const float* x, int x_divisor, float* y) {
+  cudaTriggerProgrammaticLaunchCompletion();
   const int slot = blockIdx.y;
   const DeviceMatrix w = experts[ids[slot]];
   const int row = blockIdx.x * kWarps + threadIdx.x / 32;
@@ -218,6 +220,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 template <WeightFormat F, typename Index>
 __global__ void gather_kernel(DeviceMatrix table, const Index* ids, int rows, int copies, float* out) {
+  cudaTriggerProgrammaticLaunchCompletion();
   const int r = blockIdx.y;
   const int64_t id = int64_t(ids[r]);
   for (int col = blockIdx.x * blockDim.x + threadIdx.x; col < table.cols; col += gridDim.x * blockDim.x) {

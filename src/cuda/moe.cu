@@ -146,6 +146,7 @@ __device__ void write_plan(const RouteShape& s, int rows, const int* selected, c
 template <bool Plan, int PerLane>
 __global__ void __launch_bounds__(kRouteWarps * 32)
     route_kernel(RouteShape s, const float* logits, int rows, int* ids, float* weights, ExpertPlan plan) {
+  cudaTriggerProgrammaticLaunchCompletion();
   __shared__ int selected[kRouteWarps * kMaxMoeTopK];
   const int warp = int(threadIdx.x) / 32, row = int(blockIdx.x) * kRouteWarps + warp;
   if (row < rows)
@@ -169,6 +170,7 @@ void launch_route(const RouteShape& s, const float* logits, int rows, int* ids, 
 }
 
 __global__ void swiglu_kernel(float* gate, const float* up, int64_t n) {
+  cudaTriggerProgrammaticLaunchCompletion();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) gate[i] = silu(gate[i]) * up[i];
 }
@@ -176,6 +178,7 @@ __global__ void swiglu_kernel(float* gate, const float* up, int64_t n) {
 // blockIdx.y: a slot (skipped past the distinct count), or `slots` for the shared expert.
 __global__ void swiglu_slots_kernel(float* expert_gate, const float* expert_up, int64_t block, const int* slot_of,
                                     int slots, float* shared_gate, const float* shared_up, int64_t shared) {
+  cudaTriggerProgrammaticLaunchCompletion();
   const int slot = int(blockIdx.y);
   float* gate = shared_gate;
   const float* up = shared_up;
@@ -192,6 +195,7 @@ __global__ void swiglu_slots_kernel(float* expert_gate, const float* expert_up, 
 
 __global__ void moe_combine_kernel(float* y, const float* shared_gate, const float* weights, const float* expert_out,
                                    int rows, int top_k, int hidden) {
+  cudaTriggerProgrammaticLaunchCompletion();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(rows) * hidden) return;
   const int64_t r = i / hidden, d = i % hidden;
@@ -202,6 +206,7 @@ __global__ void moe_combine_kernel(float* y, const float* shared_gate, const flo
 
 __global__ void moe_combine_slots_kernel(float* y, const float* shared_gate, const float* weights, const int* slot_of,
                                          const float* expert_out, int rows, int top_k, int hidden) {
+  cudaTriggerProgrammaticLaunchCompletion();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(rows) * hidden) return;
   const int64_t r = i / hidden, d = i % hidden;

@@ -1,5 +1,6 @@
 #include <cstdint>
 
+#include "cuda/launch.cuh"
 #include "cuda/nvfp4.cuh"
 
 namespace vavilov::cuda {
@@ -26,9 +27,13 @@ struct Chunk {
 // Each warp: kRowsPerWarp rows; each lane: 16-byte chunks lane, lane + 32, ... of those rows, every code decoded once
 // in registers and multiplied by B activation rows read as float4; per 16-column block the e4m3 scale (times the
 // tensor scale) multiplies the block's sum.
+//
+// A dependent launch (launch.cuh): it may start while the previous kernel runs, and waits for it before anything else.
 template <int B>
 __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv_kernel(DeviceMatrix w, const float* x, float* y) {
   const int lane = threadIdx.x % 32;
+  wait_for_producers();
+  allow_dependents();
   const int first_row = (blockIdx.x * kWarps + threadIdx.x / 32) * kRowsPerWarp;
   if (first_row >= w.rows) return;
   const int chunks = w.cols / kChunkColumns, blocks_per_row = w.cols / 16;
@@ -99,7 +104,8 @@ __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv_kernel(DeviceMatrix w,
 template <int B>
 void launch(const DeviceMatrix& w, const float* x, float* y, cudaStream_t stream) {
   constexpr int kBlockRows = kWarps * kRowsPerWarp;
-  nvfp4_gemv_kernel<B><<<(w.rows + kBlockRows - 1) / kBlockRows, kWarps * 32, 0, stream>>>(w, x, y);
+  launch_dependent(nvfp4_gemv_kernel<B>, dim3((w.rows + kBlockRows - 1) / kBlockRows), dim3(kWarps * 32), 0, stream, w,
+                   x, y);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@ namespace {
 
 __global__ void rms_norm_kernel(const float* x, int64_t x_row_stride, int64_t x_group_stride, int groups, int width,
                                 const float* weight, int64_t weight_group_stride, float eps, float* out) {
+  cudaTriggerProgrammaticLaunchCompletion();
   const int r = blockIdx.x / groups, g = blockIdx.x % groups;
   const float* xg = x + r * x_row_stride + g * x_group_stride;
   float sum = 0.0f;
@@ -20,6 +21,7 @@ __global__ void rms_norm_kernel(const float* x, int64_t x_row_stride, int64_t x_
 }
 
 __global__ void add_to_streams_kernel(float* x, const float* e, int rows, int streams, int hidden) {
+  cudaTriggerProgrammaticLaunchCompletion();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(rows) * streams * hidden) return;
   x[i] += e[(i / hidden / streams) * hidden + i % hidden];

@@ -11,6 +11,7 @@ constexpr int kMaxNgram = 16;
 __global__ void ple_rows_kernel(PleShape s, const int64_t* multipliers, const int64_t* head_sizes,
                                 const int64_t* head_offsets, int64_t* previous, const int32_t* ids, int rows,
                                 int64_t* table_rows, int64_t* row_previous) {
+  cudaTriggerProgrammaticLaunchCompletion();
   auto history = [&](int64_t i) { return i < s.context ? previous[i] : int64_t(ids[i - s.context]); };
   const int heads = s.context * s.heads_per_ngram;
   for (int t = threadIdx.x; t < rows; t += blockDim.x) {
@@ -40,6 +41,7 @@ __global__ void ple_rows_kernel(PleShape s, const int64_t* multipliers, const in
 
 __global__ void ple_conv_kernel(const float* taps, int channels, int kernel, int dilation, float* state,
                                 const float* normed, int rows, const float* gated, float* stack, float* row_states) {
+  cudaTriggerProgrammaticLaunchCompletion();
   const int ch = blockIdx.x * blockDim.x + threadIdx.x;
   if (ch >= channels) return;
   const int history = (kernel - 1) * dilation;
@@ -60,6 +62,7 @@ __global__ void ple_conv_kernel(const float* taps, int channels, int kernel, int
 // One block per (row, stream). Each thread reads back only the gated values it wrote.
 __global__ void ple_mix_kernel(const float* keys, const float* stack, const float* value, PleNorms norms, int streams,
                                int hidden, float* gated, float* normed) {
+  cudaTriggerProgrammaticLaunchCompletion();
   const int rs = blockIdx.x, r = rs / streams, s = rs % streams;
   const float* key = keys + size_t(rs) * hidden;
   const float* query = stack + size_t(rs) * hidden;

@@ -66,12 +66,16 @@ void run_products(const ProductGroup& group, int rows, cudaStream_t stream) {
     for (const auto& [m, y] : group.products) linear(m, group.x, rows, y, stream);
     return;
   }
+  // Written once when the sequence was made: the GEMV kernels may read them before the previous kernel ends.
   const auto* descriptors = static_cast<const GemvMatrix*>(group.descriptors.get());
+  constexpr auto fixed = GemvDescriptors::fixed;
   if (group.q4_count)
-    cuda_check(gemv_q4(descriptors, group.q4_count, group.q4_max_rows, group.cols, rows, stream), "grouped products");
-  if (group.bf16_count)
-    cuda_check(gemv_bf16(descriptors + group.q4_count, group.bf16_count, group.bf16_max_rows, group.cols, rows, stream),
+    cuda_check(gemv_q4(descriptors, group.q4_count, group.q4_max_rows, group.cols, rows, stream, fixed),
                "grouped products");
+  if (group.bf16_count)
+    cuda_check(
+        gemv_bf16(descriptors + group.q4_count, group.bf16_count, group.bf16_max_rows, group.cols, rows, stream, fixed),
+        "grouped products");
   for (const auto& [m, y] : group.others) linear(m, group.x, rows, y, stream);
 }
 

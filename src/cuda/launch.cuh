@@ -1,0 +1,68 @@
+#pragma once
+// Dependent launches (Hopper's programmatic dependent launch): a kernel launched with launch_dependent() may start
+// while the kernel before it in the stream is still running, as soon as every block of that one has called
+// allow_dependents() (or exited). Its blocks can then do the work that does not depend on the previous kernel — a
+// GEMV streams its weights — and call wait_for_producers() before the rest.
+//
+// The rule for a kernel launched with launch_dependent():
+//   - before wait_for_producers() it reads only what no kernel of the pass writes (weights, descriptors fixed for the
+//     sequence's life) and writes nothing at all (not even scratch that an earlier kernel may still read);
+//   - every block calls wait_for_producers() before it exits, early exits included: the wait is what makes this
+//     grid's completion imply its producer's, so that the kernels after it (dependent or not) see everything the
+//     earlier kernels wrote;
+//   - it calls allow_dependents() (best after its own wait, so that launches run at most one kernel ahead).
+// Any kernel may call allow_dependents() (or cudaTriggerProgrammaticLaunchCompletion(), the same instruction, where
+// this header is not included) as its first statement: it only lets the next dependent launch start early
+// and never makes that one see unfinished data (its wait still waits for this whole grid and its memory).
+//
+// The launch works eagerly and inside stream capture (the graph keeps the programmatic edge). VAVILOV_PDL=0 in the
+// environment launches these kernels as ordinary ones (the device calls then return at once), for measurement and
+// debugging.
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+namespace vavilov::cuda {
+
+// Blocks until the previous kernel in the stream has completed and its memory is visible (no-op in an ordinary launch).
+__device__ __forceinline__ void wait_for_producers() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();  // griddepcontrol.wait
+#endif
+}
+
+// Lets the next kernel in the stream, if it is a dependent launch, start once every block of this grid got here.
+__device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaTriggerProgrammaticLaunchCompletion();  // griddepcontrol.launch_dependents
+#endif
+}
+
+inline bool dependent_launches_enabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("VAVILOV_PDL");
+    return !(value && std::strcmp(value, "0") == 0);
+  }();
+  return enabled;
+}
+
+// kernel<<<grid, block, shared, stream>>>(args...) as a dependent launch (see the rule above).
+template <typename... Params, typename... Args>
+cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared, cudaStream_t stream,
+                             Args&&... args) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = dependent_launches_enabled() ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace vavilov::cuda
