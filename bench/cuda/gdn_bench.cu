@@ -2,11 +2,13 @@
 // dk = dv = 128, fp32 data (the prefill's products on tensor cores as 3×TF32).
 //
 //   gdn_bench time OUT.json
-//     Decode (1 row; 4 rows recording every row's state): 36 launches back to back, one per layer state (113 MB, so
-//     L2 holds none), timed together and divided by 36, as in a step; and the chunked prefill (prepare, scan, outputs,
-//     gated norm) for T = 64, 512, 2048, 8192 from a zero state. Median of the repetitions, CUDA events. Writes JSON.
+//     Decode with the conv folded in (1 row; 1–4 rows recording every row's states) and, for comparison, the separate
+//     conv and decode kernels (1 row; 4 recorded): 36 launches back to back, one per layer state (113 MB, so L2 holds
+//     none), timed together as one CUDA graph (as a step runs them) and divided by 36; and the chunked prefill
+//     (prepare, scan, outputs, gated norm) for T = 64, 512, 2048, 8192 from a zero state. Median of the repetitions,
+//     CUDA events. Writes JSON.
 //   gdn_bench profile
-//     A few launches of each kernel for ncu: decode 1 row and 4 rows, prefill T = 512 and 8192.
+//     A few launches of each kernel for ncu: decode and conv_decode 1 row and 4 rows, prefill T = 512 and 8192.
 //   gdn_bench check DIR T
 //     Reads DIR/{qkv,b,a,a_log,dt_bias,z,norm}.f32 (float32, little-endian, the layouts of GdnInputs for T rows),
 //     runs gdn_prefill from a zero state and writes DIR/ours_out.f32 [T, 48·128] and DIR/ours_state.f32 [48, 128, 128]
@@ -29,6 +31,7 @@ using vavilov::cuda::GdnShape;
 
 constexpr GdnShape kShape{48, 16, 128, 128, 2 * 16 * 128 + 48 * 128, 16 * 128};
 constexpr int kLayers = 36;  // GDN layers of the model: the rotating decode states
+constexpr int kConvKernel = 4;
 
 float* device_floats(size_t n) {
   float* p = nullptr;
@@ -58,17 +61,17 @@ GdnInputs random_inputs(int rows) {
           rows};
 }
 
-// Median microseconds of `repeats` calls of `body(i)`, after `warmup` untimed ones.
-double median_us(int warmup, int repeats, const std::function<void(int)>& body) {
+// Median microseconds of `repeats` calls of `body(i)` on `stream`, after `warmup` untimed ones.
+double median_us(int warmup, int repeats, const std::function<void(int)>& body, cudaStream_t stream = nullptr) {
   for (int i = 0; i < warmup; ++i) body(i);
   cudaEvent_t start, stop;
   CHECK(cudaEventCreate(&start));
   CHECK(cudaEventCreate(&stop));
   std::vector<double> times;
   for (int i = 0; i < repeats; ++i) {
-    CHECK(cudaEventRecord(start));
+    CHECK(cudaEventRecord(start, stream));
     body(warmup + i);
-    CHECK(cudaEventRecord(stop));
+    CHECK(cudaEventRecord(stop, stream));
     CHECK(cudaEventSynchronize(stop));
     float ms = 0.0f;
     CHECK(cudaEventElapsedTime(&ms, start, stop));
@@ -81,6 +84,25 @@ double median_us(int warmup, int repeats, const std::function<void(int)>& body) 
   return times[times.size() / 2];
 }
 
+// The median of launches of a CUDA graph that holds body(stream), as a decode step runs its kernels: the GPU's time
+// without the host's launch cost between them.
+double graph_median_us(int warmup, int repeats, const std::function<void(cudaStream_t)>& body) {
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  body(stream);
+  CHECK(cudaStreamEndCapture(stream, &graph));
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const double us = median_us(
+      warmup, repeats, [&](int) { CHECK(cudaGraphLaunch(exec, stream)); }, stream);
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(graph));
+  CHECK(cudaStreamDestroy(stream));
+  return us;
+}
+
 int time_kernels(const char* out_path) {
   const size_t state_floats = size_t(kShape.heads) * kShape.dk * kShape.dv, state_bytes = state_floats * 4;
   float* states = random_floats(state_floats * kLayers, 8, -0.5f, 0.5f);
@@ -89,25 +111,61 @@ int time_kernels(const char* out_path) {
   std::string json =
       "{\n  \"shape\": {\"heads\": 48, \"key_heads\": 16, \"dk\": 128, \"dv\": 128, \"dtype\": \"float32\"},\n";
 
-  // Decode: one call per layer, each on its own state (as in a step), so the state comes from HBM.
-  for (int rows : {1, 4}) {
+  // Decode: one call per layer, each on its own recurrent and conv state and taps (as in a step), so the state comes
+  // from HBM. "conv_decode": the conv folded in (gdn_conv_decode, rows 1–4 recording every row's states as a verify
+  // step does, and 1 row without); "separate": gdn_conv then gdn_decode, as before.
+  const size_t conv_floats = size_t(kShape.conv_dim) * (kConvKernel - 1);
+  float* conv_states = random_floats(conv_floats * kLayers, 9, -1.0f, 1.0f);
+  float* conv_rows = device_floats(conv_floats * 4 * kLayers);
+  float* taps = random_floats(size_t(kShape.conv_dim) * kConvKernel * kLayers, 10, -0.5f, 0.5f);
+  auto conv_of = [&](int layer, bool record) {
+    return vavilov::cuda::GdnConvState{taps + size_t(layer) * kShape.conv_dim * kConvKernel, kConvKernel,
+                                       conv_states + layer * conv_floats,
+                                       record ? conv_rows + size_t(layer) * 4 * conv_floats : nullptr};
+  };
+  struct DecodeCase {
+    int rows;
+    bool record, fused;
+  };
+  const std::vector<DecodeCase> cases = {{1, false, true}, {1, true, true},   {2, true, true}, {3, true, true},
+                                         {4, true, true},  {1, false, false}, {4, true, false}};
+  json += "  \"decode_fused\": " + std::string(vavilov::cuda::gdn_conv_decode_fused(kShape) ? "true" : "false") +
+          ",\n  \"decode\": [\n";
+  for (size_t n = 0; n < cases.size(); ++n) {
+    const int rows = cases[n].rows;
+    const bool record = cases[n].record, fused = cases[n].fused;
     const GdnInputs in = random_inputs(rows);
-    const bool record = rows > 1;
-    const double us = median_us(2, 20,
-                                [&](int) {
-                                  for (int layer = 0; layer < kLayers; ++layer)
-                                    vavilov::cuda::gdn_decode(
-                                        kShape, in, states + layer * state_floats,
-                                        record ? row_states + size_t(layer) * 4 * state_floats : nullptr, out, nullptr);
-                                }) /
-                      kLayers;
+    float* raw = random_floats(size_t(rows) * kShape.conv_dim, 11, -1.0f, 1.0f);  // the projections before the conv
+    const double us =
+        graph_median_us(3, 30,
+                        [&](cudaStream_t stream) {
+                          for (int layer = 0; layer < kLayers; ++layer) {
+                            float* state = states + layer * state_floats;
+                            float* recorded = record ? row_states + size_t(layer) * 4 * state_floats : nullptr;
+                            const vavilov::cuda::GdnConvState conv = conv_of(layer, record);
+                            if (fused) {
+                              vavilov::cuda::gdn_conv_decode(kShape, conv, raw, in, state, recorded, out, stream);
+                            } else {
+                              vavilov::cuda::gdn_conv(conv.taps, kShape.conv_dim, kConvKernel, conv.state, raw, rows,
+                                                      conv.row_states, stream);
+                              vavilov::cuda::gdn_decode(kShape, in, state, recorded, out, stream);
+                            }
+                          }
+                        }) /
+        kLayers;
     const double bytes = double(state_bytes) * (2 + (record ? rows : 0));
-    std::printf("decode rows %d%s: %.2f us, %.0f GB/s of state\n", rows, record ? " (recording)" : "", us,
+    const char* path = fused ? "conv_decode" : "separate";
+    std::printf("%s rows %d%s: %.2f us, %.0f GB/s of state\n", path, rows, record ? " (recording)" : "", us,
                 bytes / us * 1e-3);
-    json += "  \"decode_rows" + std::to_string(rows) + (record ? "_recorded" : "") +
-            "\": {\"us\": " + std::to_string(us) + ", \"state_bytes\": " + std::to_string(bytes) +
-            ", \"gb_per_s\": " + std::to_string(bytes / us * 1e-3) + "},\n";
+    json += "    {\"path\": \"" + std::string(path) + "\", \"rows\": " + std::to_string(rows) +
+            ", \"recorded\": " + (record ? "true" : "false") + ", \"us\": " + std::to_string(us) +
+            ", \"state_bytes\": " + std::to_string(bytes) + ", \"gb_per_s\": " + std::to_string(bytes / us * 1e-3) +
+            "}" + (n + 1 < cases.size() ? ",\n" : "\n");
   }
+  json +=
+      "  ],\n  \"decode_note\": \"per layer, 36 layers back to back in one CUDA graph; state_bytes: the recurrent "
+      "state read and "
+      "written plus each recorded row's copy (conv state, taps and inputs, ~0.5 MB, not counted)\",\n";
 
   // Prefill from a zero state (the state is rewritten each call; its values do not change the work).
   json += "  \"prefill\": [\n";
@@ -143,10 +201,19 @@ int profile() {
   float* row_states = device_floats(state_floats * 4);
   float* out = device_floats(size_t(8192) * kShape.heads * kShape.dv);
   float* scratch = device_floats(vavilov::cuda::gdn_chunk_scratch_floats(kShape, 8192));
+  const size_t conv_floats = size_t(kShape.conv_dim) * (kConvKernel - 1);
+  const vavilov::cuda::GdnConvState conv{random_floats(size_t(kShape.conv_dim) * kConvKernel, 10, -0.5f, 0.5f),
+                                         kConvKernel, random_floats(conv_floats, 9, -1.0f, 1.0f),
+                                         device_floats(conv_floats * 4)};
   for (int rows : {1, 4}) {
     const GdnInputs in = random_inputs(rows);
-    for (int i = 0; i < 3; ++i)
+    float* raw = random_floats(size_t(rows) * kShape.conv_dim, 11, -1.0f, 1.0f);
+    for (int i = 0; i < 3; ++i) {
       vavilov::cuda::gdn_decode(kShape, in, state, rows > 1 ? row_states : nullptr, out, nullptr);
+      vavilov::cuda::GdnConvState recorded = conv;
+      if (rows == 1) recorded.row_states = nullptr;
+      vavilov::cuda::gdn_conv_decode(kShape, recorded, raw, in, state, rows > 1 ? row_states : nullptr, out, nullptr);
+    }
   }
   for (int rows : {512, 8192}) {
     const GdnInputs in = random_inputs(rows);
