@@ -103,6 +103,66 @@ double graph_median_us(int warmup, int repeats, const std::function<void(cudaStr
   return us;
 }
 
+// What bounds the decode kernel, at its grid: an empty kernel (the cost of a launch in a graph), and a kernel that
+// reads and writes each layer's 3.1 MB state in place with the decode kernel's blocks (head, 32-column slice) and
+// loads (4 float4 a thread), without clusters and with the fused kernel's 12-block ones.
+__global__ void empty_kernel() {}
+
+__global__ void __launch_bounds__(256) state_copy_kernel(float* state) {
+  const int column_thread = threadIdx.x % 8, row_group = threadIdx.x / 8;
+  float* head = state + size_t(blockIdx.x) * kShape.dk * kShape.dv + blockIdx.y * 32 + column_thread * 4;
+  float4 values[4];
+#pragma unroll
+  for (int m = 0; m < 4; ++m) values[m] = *reinterpret_cast<const float4*>(head + (row_group + 32 * m) * kShape.dv);
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    values[m].x *= 0.999f;
+    *reinterpret_cast<float4*>(head + (row_group + 32 * m) * kShape.dv) = values[m];
+  }
+}
+
+void launch_state_copy(float* state, unsigned cluster_heads, cudaStream_t stream) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(unsigned(kShape.heads), 4);
+  config.blockDim = dim3(256);
+  config.stream = stream;
+  cudaLaunchAttribute cluster[1];
+  cluster[0].id = cudaLaunchAttributeClusterDimension;
+  cluster[0].val.clusterDim.x = cluster_heads;
+  cluster[0].val.clusterDim.y = 4;
+  cluster[0].val.clusterDim.z = 1;
+  config.attrs = cluster;
+  config.numAttrs = 1;
+  CHECK(cudaLaunchKernelEx(&config, state_copy_kernel, state));
+}
+
+std::string time_floors(float* states, size_t state_floats) {
+  CHECK(cudaFuncSetAttribute(state_copy_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  const double empty_us = graph_median_us(3, 30,
+                                          [&](cudaStream_t stream) {
+                                            for (int layer = 0; layer < kLayers; ++layer)
+                                              empty_kernel<<<1, 32, 0, stream>>>();
+                                          }) /
+                          kLayers;
+  double copy_us[2];
+  const unsigned cluster_heads[2] = {1, 3};
+  for (int n = 0; n < 2; ++n)
+    copy_us[n] = graph_median_us(3, 30,
+                                 [&](cudaStream_t stream) {
+                                   for (int layer = 0; layer < kLayers; ++layer)
+                                     launch_state_copy(states + layer * state_floats, cluster_heads[n], stream);
+                                 }) /
+                 kLayers;
+  const double bytes = 2.0 * double(state_floats) * 4;
+  std::printf("floors: empty kernel %.2f us; state read+write %.2f us (%.0f GB/s), with 12-block clusters %.2f us\n",
+              empty_us, copy_us[0], bytes / copy_us[0] * 1e-3, copy_us[1]);
+  return "  \"floors\": {\"empty_kernel_us\": " + std::to_string(empty_us) +
+         ", \"state_copy_us\": " + std::to_string(copy_us[0]) +
+         ", \"state_copy_cluster12_us\": " + std::to_string(copy_us[1]) +
+         ", \"note\": \"per launch, 36 in one CUDA graph; state_copy: the decode grid (48 x 4 blocks of 256) reads "
+         "and writes one layer's 3.1 MB state, no arithmetic\"},\n";
+}
+
 int time_kernels(const char* out_path) {
   const size_t state_floats = size_t(kShape.heads) * kShape.dk * kShape.dv, state_bytes = state_floats * 4;
   float* states = random_floats(state_floats * kLayers, 8, -0.5f, 0.5f);
@@ -123,49 +183,49 @@ int time_kernels(const char* out_path) {
                                        conv_states + layer * conv_floats,
                                        record ? conv_rows + size_t(layer) * 4 * conv_floats : nullptr};
   };
+  // path: "conv_decode" (gdn_conv_decode; "dependent": as a programmatic dependent launch, whose state loads overlap
+  // the kernel before — here the previous layer's) or "separate" (gdn_conv, then gdn_decode).
   struct DecodeCase {
     int rows;
-    bool record, fused;
+    bool record, fused, dependent;
   };
-  const std::vector<DecodeCase> cases = {{1, false, true}, {1, true, true},   {2, true, true}, {3, true, true},
-                                         {4, true, true},  {1, false, false}, {4, true, false}};
+  const std::vector<DecodeCase> cases = {{1, false, true, false}, {1, true, true, false},   {2, true, true, false},
+                                         {3, true, true, false},  {4, true, true, false},   {1, false, true, true},
+                                         {4, true, true, true},   {1, false, false, false}, {4, true, false, false}};
   json += "  \"decode_fused\": " + std::string(vavilov::cuda::gdn_conv_decode_fused(kShape) ? "true" : "false") +
           ",\n  \"decode\": [\n";
   for (size_t n = 0; n < cases.size(); ++n) {
-    const int rows = cases[n].rows;
-    const bool record = cases[n].record, fused = cases[n].fused;
-    const GdnInputs in = random_inputs(rows);
-    float* raw = random_floats(size_t(rows) * kShape.conv_dim, 11, -1.0f, 1.0f);  // the projections before the conv
-    const double us =
-        graph_median_us(3, 30,
-                        [&](cudaStream_t stream) {
-                          for (int layer = 0; layer < kLayers; ++layer) {
-                            float* state = states + layer * state_floats;
-                            float* recorded = record ? row_states + size_t(layer) * 4 * state_floats : nullptr;
-                            const vavilov::cuda::GdnConvState conv = conv_of(layer, record);
-                            if (fused) {
-                              vavilov::cuda::gdn_conv_decode(kShape, conv, raw, in, state, recorded, out, stream);
-                            } else {
-                              vavilov::cuda::gdn_conv(conv.taps, kShape.conv_dim, kConvKernel, conv.state, raw, rows,
-                                                      conv.row_states, stream);
-                              vavilov::cuda::gdn_decode(kShape, in, state, recorded, out, stream);
-                            }
-                          }
-                        }) /
-        kLayers;
-    const double bytes = double(state_bytes) * (2 + (record ? rows : 0));
-    const char* path = fused ? "conv_decode" : "separate";
-    std::printf("%s rows %d%s: %.2f us, %.0f GB/s of state\n", path, rows, record ? " (recording)" : "", us,
+    const DecodeCase& c = cases[n];
+    const GdnInputs in = random_inputs(c.rows);
+    float* raw = random_floats(size_t(c.rows) * kShape.conv_dim, 11, -1.0f, 1.0f);  // the projections before the conv
+    auto layers = [&](cudaStream_t stream) {
+      for (int layer = 0; layer < kLayers; ++layer) {
+        float* state = states + layer * state_floats;
+        float* recorded = c.record ? row_states + size_t(layer) * 4 * state_floats : nullptr;
+        const vavilov::cuda::GdnConvState conv = conv_of(layer, c.record);
+        if (c.fused) {
+          vavilov::cuda::gdn_conv_decode(kShape, conv, raw, in, state, recorded, out, c.dependent, stream);
+        } else {
+          vavilov::cuda::gdn_conv(conv.taps, kShape.conv_dim, kConvKernel, conv.state, raw, c.rows, conv.row_states,
+                                  stream);
+          vavilov::cuda::gdn_decode(kShape, in, state, recorded, out, stream);
+        }
+      }
+    };
+    const double us = graph_median_us(3, 30, layers) / kLayers;
+    const double bytes = double(state_bytes) * (2 + (c.record ? c.rows : 0));
+    const std::string path = c.fused ? (c.dependent ? "conv_decode dependent" : "conv_decode") : "separate";
+    std::printf("%s rows %d%s: %.2f us, %.0f GB/s of state\n", path.c_str(), c.rows, c.record ? " (recording)" : "", us,
                 bytes / us * 1e-3);
-    json += "    {\"path\": \"" + std::string(path) + "\", \"rows\": " + std::to_string(rows) +
-            ", \"recorded\": " + (record ? "true" : "false") + ", \"us\": " + std::to_string(us) +
+    json += "    {\"path\": \"" + path + "\", \"rows\": " + std::to_string(c.rows) +
+            ", \"recorded\": " + (c.record ? "true" : "false") + ", \"us\": " + std::to_string(us) +
             ", \"state_bytes\": " + std::to_string(bytes) + ", \"gb_per_s\": " + std::to_string(bytes / us * 1e-3) +
             "}" + (n + 1 < cases.size() ? ",\n" : "\n");
   }
   json +=
       "  ],\n  \"decode_note\": \"per layer, 36 layers back to back in one CUDA graph; state_bytes: the recurrent "
-      "state read and "
-      "written plus each recorded row's copy (conv state, taps and inputs, ~0.5 MB, not counted)\",\n";
+      "state read and written plus each recorded row's copy (conv state, taps and inputs, ~0.5 MB, not counted)\",\n";
+  json += time_floors(states, state_floats);
 
   // Prefill from a zero state (the state is rewritten each call; its values do not change the work).
   json += "  \"prefill\": [\n";
@@ -212,7 +272,8 @@ int profile() {
       vavilov::cuda::gdn_decode(kShape, in, state, rows > 1 ? row_states : nullptr, out, nullptr);
       vavilov::cuda::GdnConvState recorded = conv;
       if (rows == 1) recorded.row_states = nullptr;
-      vavilov::cuda::gdn_conv_decode(kShape, recorded, raw, in, state, rows > 1 ? row_states : nullptr, out, nullptr);
+      vavilov::cuda::gdn_conv_decode(kShape, recorded, raw, in, state, rows > 1 ? row_states : nullptr, out, false,
+                                     nullptr);
     }
   }
   for (int rows : {512, 8192}) {

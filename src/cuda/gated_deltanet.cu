@@ -119,22 +119,23 @@ struct ConvChannel {
   }
 };
 
-// Every row's value of channel ch of x [rows, conv_dim]: the conv's output when kConv (conv_channel then holds the
-// window after the last row, and row_states, when given, each row's window), else x itself.
-template <bool kConv>
-__device__ inline void channel_rows(const float* x, int conv_dim, int ch, int rows, const GdnConvState& conv,
-                                    ConvChannel& conv_channel, float* row_states, float (&values)[kGdnDecodeMaxRows]) {
+// Every row's input of channel ch of x [rows, conv_dim] (zero past `rows`).
+__device__ inline void load_rows(const float* x, int conv_dim, int ch, int rows, float (&values)[kGdnDecodeMaxRows]) {
 #pragma unroll
   for (int t = 0; t < kGdnDecodeMaxRows; ++t) values[t] = t < rows ? x[size_t(t) * conv_dim + ch] : 0.0f;
-  if constexpr (kConv) {
-    conv_channel.load(conv, conv_dim, ch);
+}
+
+// The conv of channel ch over the rows' inputs in place: `conv` ends holding the window after the last row and
+// row_states, when given ([rows, kernel−1, conv_dim]), each row's. A thread loads all its inputs before it calls
+// this: a load after these stores could not be issued before them.
+__device__ inline void convolve_rows(ConvChannel& conv, int conv_dim, int ch, int rows, float* row_states,
+                                     float (&values)[kGdnDecodeMaxRows]) {
 #pragma unroll
-    for (int t = 0; t < kGdnDecodeMaxRows; ++t)
-      if (t < rows) {
-        values[t] = conv_channel.step(values[t]);
-        if (row_states) conv_channel.store(row_states + size_t(t) * (conv.kernel - 1) * conv_dim, conv_dim, ch);
-      }
-  }
+  for (int t = 0; t < kGdnDecodeMaxRows; ++t)
+    if (t < rows) {
+      values[t] = conv.step(values[t]);
+      if (row_states) conv.store(row_states + size_t(t) * conv.history * conv_dim, conv_dim, ch);
+    }
 }
 
 template <int kVec, bool kConv>
@@ -164,9 +165,12 @@ __global__ void __launch_bounds__(kThreads)
   }
   const int j = blockIdx.y * kSliceColumns + lane;  // the output norm's column (warp r: row r)
   const bool norm_thread = warp < rows && j < s.dv;
+  const float weight = norm_thread ? in.norm[j] : 0.0f;
+  // A dependent launch got here while the kernel before it (the layer's input products) may still run: the state is
+  // this layer's own, the pass's inputs are read only after that kernel has finished (a no-op in a plain launch).
+  cudaGridDependencySynchronize();
   const size_t out_at = (size_t(warp) * s.heads + head) * s.dv + j;
   const float gate = norm_thread ? output_gate(in.z[out_at], in.sigmoid_gate) : 0.0f;
-  const float weight = norm_thread ? in.norm[j] : 0.0f;
 
   // Phase 1. The key head's first block (of the cluster) owns its q and k channels' conv state.
   cg::cluster_group cluster = cg::this_cluster();
@@ -177,8 +181,14 @@ __global__ void __launch_bounds__(kThreads)
     const int q_channel = key_head * s.dk + (valid ? tid : 0), k_channel = s.key_dim + q_channel;
     float q_rows[kGdnDecodeMaxRows], k_rows[kGdnDecodeMaxRows];
     float* recorded = key_owner && valid ? conv.row_states : nullptr;
-    channel_rows<kConv>(in.qkv, s.conv_dim, q_channel, rows, conv, q_conv, recorded, q_rows);
-    channel_rows<kConv>(in.qkv, s.conv_dim, k_channel, rows, conv, k_conv, recorded, k_rows);
+    load_rows(in.qkv, s.conv_dim, q_channel, rows, q_rows);
+    load_rows(in.qkv, s.conv_dim, k_channel, rows, k_rows);
+    if constexpr (kConv) {
+      q_conv.load(conv, s.conv_dim, q_channel);
+      k_conv.load(conv, s.conv_dim, k_channel);
+      convolve_rows(q_conv, s.conv_dim, q_channel, rows, recorded, q_rows);
+      convolve_rows(k_conv, s.conv_dim, k_channel, rows, recorded, k_rows);
+    }
 #pragma unroll
     for (int t = 0; t < kGdnDecodeMaxRows; ++t) {
       if (!valid) q_rows[t] = k_rows[t] = 0.0f;
@@ -196,9 +206,12 @@ __global__ void __launch_bounds__(kThreads)
     const int channel = 2 * s.key_dim + head * s.dv + (valid ? column : 0);
     ConvChannel v_conv;
     float v_rows[kGdnDecodeMaxRows];
-    channel_rows<kConv>(in.qkv, s.conv_dim, channel, rows, conv, v_conv, valid ? conv.row_states : nullptr, v_rows);
-    if constexpr (kConv)
+    load_rows(in.qkv, s.conv_dim, channel, rows, v_rows);
+    if constexpr (kConv) {
+      v_conv.load(conv, s.conv_dim, channel);
+      convolve_rows(v_conv, s.conv_dim, channel, rows, valid ? conv.row_states : nullptr, v_rows);
       if (valid) v_conv.store(conv.state, s.conv_dim, channel);  // this thread alone reads it
+    }
 #pragma unroll
     for (int t = 0; t < kGdnDecodeMaxRows; ++t)
       if (t < rows) v[t][c] = valid ? v_rows[t] : 0.0f;
@@ -353,19 +366,21 @@ int fused_cluster_limit() {
 
 template <int kVec, bool kConv>
 void launch_decode(const GdnShape& s, const GdnInputs& in, const GdnConvState& conv, float* recurrent,
-                   float* row_states, float* out, cudaStream_t stream) {
+                   float* row_states, float* out, bool dependent, cudaStream_t stream) {
   const int slices = (s.dv + kSliceColumns - 1) / kSliceColumns;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(unsigned(s.heads), unsigned(slices));
   config.blockDim = dim3(kThreads);
   config.stream = stream;
-  cudaLaunchAttribute cluster[1];
-  cluster[0].id = cudaLaunchAttributeClusterDimension;
-  cluster[0].val.clusterDim.x = kConv ? unsigned(s.heads / s.key_heads) : 1u;
-  cluster[0].val.clusterDim.y = unsigned(slices);
-  cluster[0].val.clusterDim.z = 1;
-  config.attrs = cluster;
-  config.numAttrs = 1;
+  cudaLaunchAttribute attributes[2];
+  attributes[0].id = cudaLaunchAttributeClusterDimension;
+  attributes[0].val.clusterDim.x = kConv ? unsigned(s.heads / s.key_heads) : 1u;
+  attributes[0].val.clusterDim.y = unsigned(slices);
+  attributes[0].val.clusterDim.z = 1;
+  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[1].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attributes;
+  config.numAttrs = dependent ? 2 : 1;
   cudaLaunchKernelEx(&config, gdn_decode_kernel<kVec, kConv>, s, in, conv, recurrent, row_states, out);
 }
 
@@ -383,9 +398,9 @@ void gdn_decode(const GdnShape& s, const GdnInputs& in, float* recurrent, float*
   static_assert(kMaxDecodeSlices <= 8, "a head's blocks must fit one portable cluster");
   const GdnConvState no_conv{};
   if (s.dv % 4 == 0)
-    launch_decode<4, false>(s, in, no_conv, recurrent, row_states, out, stream);
+    launch_decode<4, false>(s, in, no_conv, recurrent, row_states, out, false, stream);
   else
-    launch_decode<1, false>(s, in, no_conv, recurrent, row_states, out, stream);
+    launch_decode<1, false>(s, in, no_conv, recurrent, row_states, out, false, stream);
 }
 
 bool gdn_conv_decode_fused(const GdnShape& s) {
@@ -394,16 +409,16 @@ bool gdn_conv_decode_fused(const GdnShape& s) {
 }
 
 void gdn_conv_decode(const GdnShape& s, const GdnConvState& conv, float* qkv, GdnInputs in, float* recurrent,
-                     float* row_states, float* out, cudaStream_t stream) {
+                     float* row_states, float* out, bool dependent, cudaStream_t stream) {
   if (in.rows <= 0) return;
   in.qkv = qkv;
   if (!gdn_conv_decode_fused(s)) {
     gdn_conv(conv.taps, s.conv_dim, conv.kernel, conv.state, qkv, in.rows, conv.row_states, stream);
     gdn_decode(s, in, recurrent, row_states, out, stream);
   } else if (s.dv % 4 == 0) {
-    launch_decode<4, true>(s, in, conv, recurrent, row_states, out, stream);
+    launch_decode<4, true>(s, in, conv, recurrent, row_states, out, dependent, stream);
   } else {
-    launch_decode<1, true>(s, in, conv, recurrent, row_states, out, stream);
+    launch_decode<1, true>(s, in, conv, recurrent, row_states, out, dependent, stream);
   }
 }
 }  // namespace vavilov::cuda

@@ -484,11 +484,12 @@ void CudaSequence::gated_deltanet(const DeviceGatedDeltaNet& w, LayerState& stat
   const GdnInputs in{work_.qkv, work_.gate_b,    work_.gate_a,        w.a_log, w.dt_bias, work_.z,
                      w.norm,    c_.rms_norm_eps, c_.gdn_gate_sigmoid, rows};
   float* recurrent = state.gdn_recurrent.state<float>();
-  // Decode rows (and recorded ones, at most kRecordedRows) go one after the other with the conv folded in; longer
-  // passes convolve first and run chunk-parallel.
+  // Decode rows (and recorded ones, at most kRecordedRows) go one after the other with the conv folded in, their
+  // state loads overlapping the input products (a dependent launch); longer passes convolve first and run
+  // chunk-parallel.
   if (record || rows <= kGdnDecodeMaxRows) {
     gdn_conv_decode(gdn_shape(c_), conv, work_.qkv, in, recurrent, state.gdn_recurrent.recorded<float>(record),
-                    work_.core, stream_);
+                    work_.core, true, stream_);
   } else {
     gdn_conv(conv.taps, int(c_.gdn_conv_dim()), conv.kernel, conv.state, work_.qkv, rows, conv.row_states, stream_);
     gdn_prefill(gdn_shape(c_), in, recurrent, work_.gdn_chunks, work_.core, stream_);

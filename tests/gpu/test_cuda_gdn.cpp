@@ -286,8 +286,9 @@ TEST(CudaGdn, ConvDecodeIsOneLaunchAtTheReleaseShape) {
   EXPECT_FALSE(cuda::gdn_conv_decode_fused(kWideKeyHeads));
 }
 
-// 1–8 rows, with and without per-row states (conv and recurrent), on the release's and the small shapes and the
-// fallback: outputs, the advanced conv and recurrent states and every row's states against the double references.
+// 1–8 rows, with and without per-row states (conv and recurrent), plain and dependent launches, on the release's and
+// the small shapes and the fallback: outputs, the advanced conv and recurrent states and every row's states against the
+// double references.
 TEST(CudaGdn, ConvDecodeMatchesConvAndRecurrence) {
   std::mt19937 rng(11);
   std::vector<GdnShape> shapes = kShapes;
@@ -310,9 +311,20 @@ TEST(CudaGdn, ConvDecodeMatchesConvAndRecurrence) {
         float* row_states = record ? d.zeros(size_t(rows) * state_size) : nullptr;
         float* out = d.zeros(want.out.size());
         const cuda::GdnConvState conv{d.copy(c.taps), kConvKernel, conv_state, conv_rows};
-        cuda::gdn_conv_decode(s, conv, qkv, device_inputs(d, in, rows), state, row_states, out, nullptr);
+        const cuda::GdnInputs gpu = device_inputs(d, in, rows);
+        // Every other case as a dependent launch (on a stream of its own: nothing runs before it there).
+        const bool dependent = rows % 2 == 1;
+        cudaStream_t stream = nullptr;
+        if (dependent) {
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+        }
+        cuda::gdn_conv_decode(s, conv, qkv, gpu, state, row_states, out, dependent, stream);
         ASSERT_EQ(cudaGetLastError(), cudaSuccess);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        if (stream) {
+          ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+        }
         EXPECT_LE(error_of(host_copy(out, want.out.size()), want.out), kTolerance);
         EXPECT_LE(error_of(host_copy(state, state_size), want.state), kTolerance);
         EXPECT_EQ(host_copy(conv_state, c.state.size()), conv_want.row_states.back());
@@ -330,7 +342,8 @@ TEST(CudaGdn, ConvDecodeMatchesConvAndRecurrence) {
 }
 
 // Passes of 1, 2 and 3 rows one after the other equal one pass of 6 rows: each pass reads the conv and recurrent
-// state the one before left (the conv state of q and k is written back only after every block has read it).
+// state the one before left (the conv state of q and k is written back only after every block has read it). Plain
+// launches: a dependent one may not follow a kernel that writes its state.
 TEST(CudaGdn, ConvDecodePassesCarryTheirStates) {
   std::mt19937 rng(12);
   const GdnShape s = kShapes[0];
@@ -354,7 +367,7 @@ TEST(CudaGdn, ConvDecodePassesCarryTheirStates) {
     pass.a = part(in.a, size_t(s.heads));
     pass.z = part(in.z, value_dim);
     cuda::gdn_conv_decode(s, {taps, kConvKernel, conv_state, nullptr}, d.copy(part(c.x, size_t(s.conv_dim))),
-                          device_inputs(d, pass, rows), state, nullptr, out + first * value_dim, nullptr);
+                          device_inputs(d, pass, rows), state, nullptr, out + first * value_dim, false, nullptr);
   }
   ASSERT_EQ(cudaGetLastError(), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
