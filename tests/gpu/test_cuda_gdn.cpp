@@ -1,7 +1,8 @@
 // The Gated DeltaNet kernels (cuda/gated_deltanet.cuh) against a double-precision host recurrence (spec §7: gates,
 // l2-normalised q and k, S ← e^g S; δ = β(v − Sᵀk); S ← S + kδᵀ; o = Sᵀq; gated RMS norm), everything random (inputs,
 // gate weights, norm weight, the starting state): the decode kernel for 1–4 rows with per-row states, the
-// chunk-parallel prefill for T = 1, 63, 64, 65, 200, at the release's shape and at small odd ones.
+// chunk-parallel prefill for T = 1, 63, 64, 65, 200, at the release's shape and at small odd ones; and the decode with
+// the causal conv folded in (1–8 rows) against a double-precision conv feeding the same recurrence.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
