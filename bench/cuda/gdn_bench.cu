@@ -2,11 +2,13 @@
 // dk = dv = 128, fp32 data (the prefill's products on tensor cores as 3×TF32).
 //
 //   gdn_bench time OUT.json
-//     Decode (1 row; 4 rows recording every row's state): 36 launches back to back, one per layer state (113 MB, so
-//     L2 holds none), timed together and divided by 36, as in a step; and the chunked prefill (prepare, scan, outputs,
-//     gated norm) for T = 64, 512, 2048, 8192 from a zero state. Median of the repetitions, CUDA events. Writes JSON.
+//     Decode with the conv folded in (1 row; 1–4 rows recording every row's states) and, for comparison, the separate
+//     conv and decode kernels (1 row; 4 recorded): 36 launches back to back, one per layer state (113 MB, so L2 holds
+//     none), timed together as one CUDA graph (as a step runs them) and divided by 36; and the chunked prefill
+//     (prepare, scan, outputs, gated norm) for T = 64, 512, 2048, 8192 from a zero state. Median of the repetitions,
+//     CUDA events. Writes JSON.
 //   gdn_bench profile
-//     A few launches of each kernel for ncu: decode 1 row and 4 rows, prefill T = 512 and 8192.
+//     A few launches of each kernel for ncu: decode and conv_decode 1 row and 4 rows, prefill T = 512 and 8192.
 //   gdn_bench check DIR T
 //     Reads DIR/{qkv,b,a,a_log,dt_bias,z,norm}.f32 (float32, little-endian, the layouts of GdnInputs for T rows),
 //     runs gdn_prefill from a zero state and writes DIR/ours_out.f32 [T, 48·128] and DIR/ours_state.f32 [48, 128, 128]
@@ -29,6 +31,7 @@ using vavilov::cuda::GdnShape;
 
 constexpr GdnShape kShape{48, 16, 128, 128, 2 * 16 * 128 + 48 * 128, 16 * 128};
 constexpr int kLayers = 36;  // GDN layers of the model: the rotating decode states
+constexpr int kConvKernel = 4;
 
 float* device_floats(size_t n) {
   float* p = nullptr;
@@ -58,17 +61,17 @@ GdnInputs random_inputs(int rows) {
           rows};
 }
 
-// Median microseconds of `repeats` calls of `body(i)`, after `warmup` untimed ones.
-double median_us(int warmup, int repeats, const std::function<void(int)>& body) {
+// Median microseconds of `repeats` calls of `body(i)` on `stream`, after `warmup` untimed ones.
+double median_us(int warmup, int repeats, const std::function<void(int)>& body, cudaStream_t stream = nullptr) {
   for (int i = 0; i < warmup; ++i) body(i);
   cudaEvent_t start, stop;
   CHECK(cudaEventCreate(&start));
   CHECK(cudaEventCreate(&stop));
   std::vector<double> times;
   for (int i = 0; i < repeats; ++i) {
-    CHECK(cudaEventRecord(start));
+    CHECK(cudaEventRecord(start, stream));
     body(warmup + i);
-    CHECK(cudaEventRecord(stop));
+    CHECK(cudaEventRecord(stop, stream));
     CHECK(cudaEventSynchronize(stop));
     float ms = 0.0f;
     CHECK(cudaEventElapsedTime(&ms, start, stop));
@@ -81,6 +84,85 @@ double median_us(int warmup, int repeats, const std::function<void(int)>& body) 
   return times[times.size() / 2];
 }
 
+// The median of launches of a CUDA graph that holds body(stream), as a decode step runs its kernels: the GPU's time
+// without the host's launch cost between them.
+double graph_median_us(int warmup, int repeats, const std::function<void(cudaStream_t)>& body) {
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  body(stream);
+  CHECK(cudaStreamEndCapture(stream, &graph));
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const double us = median_us(
+      warmup, repeats, [&](int) { CHECK(cudaGraphLaunch(exec, stream)); }, stream);
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(graph));
+  CHECK(cudaStreamDestroy(stream));
+  return us;
+}
+
+// What bounds the decode kernel, at its grid: an empty kernel (the cost of a launch in a graph), and a kernel that
+// reads and writes each layer's 3.1 MB state in place with the decode kernel's blocks (head, 32-column slice) and
+// loads (4 float4 a thread), without clusters and with the fused kernel's 12-block ones.
+__global__ void empty_kernel() {}
+
+__global__ void __launch_bounds__(256) state_copy_kernel(float* state) {
+  const int column_thread = threadIdx.x % 8, row_group = threadIdx.x / 8;
+  float* head = state + size_t(blockIdx.x) * kShape.dk * kShape.dv + blockIdx.y * 32 + column_thread * 4;
+  float4 values[4];
+#pragma unroll
+  for (int m = 0; m < 4; ++m) values[m] = *reinterpret_cast<const float4*>(head + (row_group + 32 * m) * kShape.dv);
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    values[m].x *= 0.999f;
+    *reinterpret_cast<float4*>(head + (row_group + 32 * m) * kShape.dv) = values[m];
+  }
+}
+
+void launch_state_copy(float* state, unsigned cluster_heads, cudaStream_t stream) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(unsigned(kShape.heads), 4);
+  config.blockDim = dim3(256);
+  config.stream = stream;
+  cudaLaunchAttribute cluster[1];
+  cluster[0].id = cudaLaunchAttributeClusterDimension;
+  cluster[0].val.clusterDim.x = cluster_heads;
+  cluster[0].val.clusterDim.y = 4;
+  cluster[0].val.clusterDim.z = 1;
+  config.attrs = cluster;
+  config.numAttrs = 1;
+  CHECK(cudaLaunchKernelEx(&config, state_copy_kernel, state));
+}
+
+std::string time_floors(float* states, size_t state_floats) {
+  CHECK(cudaFuncSetAttribute(state_copy_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  const double empty_us = graph_median_us(3, 30,
+                                          [&](cudaStream_t stream) {
+                                            for (int layer = 0; layer < kLayers; ++layer)
+                                              empty_kernel<<<1, 32, 0, stream>>>();
+                                          }) /
+                          kLayers;
+  double copy_us[2];
+  const unsigned cluster_heads[2] = {1, 3};
+  for (int n = 0; n < 2; ++n)
+    copy_us[n] = graph_median_us(3, 30,
+                                 [&](cudaStream_t stream) {
+                                   for (int layer = 0; layer < kLayers; ++layer)
+                                     launch_state_copy(states + layer * state_floats, cluster_heads[n], stream);
+                                 }) /
+                 kLayers;
+  const double bytes = 2.0 * double(state_floats) * 4;
+  std::printf("floors: empty kernel %.2f us; state read+write %.2f us (%.0f GB/s), with 12-block clusters %.2f us\n",
+              empty_us, copy_us[0], bytes / copy_us[0] * 1e-3, copy_us[1]);
+  return "  \"floors\": {\"empty_kernel_us\": " + std::to_string(empty_us) +
+         ", \"state_copy_us\": " + std::to_string(copy_us[0]) +
+         ", \"state_copy_cluster12_us\": " + std::to_string(copy_us[1]) +
+         ", \"note\": \"per launch, 36 in one CUDA graph; state_copy: the decode grid (48 x 4 blocks of 256) reads "
+         "and writes one layer's 3.1 MB state, no arithmetic\"},\n";
+}
+
 int time_kernels(const char* out_path) {
   const size_t state_floats = size_t(kShape.heads) * kShape.dk * kShape.dv, state_bytes = state_floats * 4;
   float* states = random_floats(state_floats * kLayers, 8, -0.5f, 0.5f);
@@ -89,25 +171,61 @@ int time_kernels(const char* out_path) {
   std::string json =
       "{\n  \"shape\": {\"heads\": 48, \"key_heads\": 16, \"dk\": 128, \"dv\": 128, \"dtype\": \"float32\"},\n";
 
-  // Decode: one call per layer, each on its own state (as in a step), so the state comes from HBM.
-  for (int rows : {1, 4}) {
-    const GdnInputs in = random_inputs(rows);
-    const bool record = rows > 1;
-    const double us = median_us(2, 20,
-                                [&](int) {
-                                  for (int layer = 0; layer < kLayers; ++layer)
-                                    vavilov::cuda::gdn_decode(
-                                        kShape, in, states + layer * state_floats,
-                                        record ? row_states + size_t(layer) * 4 * state_floats : nullptr, out, nullptr);
-                                }) /
-                      kLayers;
-    const double bytes = double(state_bytes) * (2 + (record ? rows : 0));
-    std::printf("decode rows %d%s: %.2f us, %.0f GB/s of state\n", rows, record ? " (recording)" : "", us,
+  // Decode: one call per layer, each on its own recurrent and conv state and taps (as in a step), so the state comes
+  // from HBM. "conv_decode": the conv folded in (gdn_conv_decode, rows 1–4 recording every row's states as a verify
+  // step does, and 1 row without); "separate": gdn_conv then gdn_decode, as before.
+  const size_t conv_floats = size_t(kShape.conv_dim) * (kConvKernel - 1);
+  float* conv_states = random_floats(conv_floats * kLayers, 9, -1.0f, 1.0f);
+  float* conv_rows = device_floats(conv_floats * 4 * kLayers);
+  float* taps = random_floats(size_t(kShape.conv_dim) * kConvKernel * kLayers, 10, -0.5f, 0.5f);
+  auto conv_of = [&](int layer, bool record) {
+    return vavilov::cuda::GdnConvState{taps + size_t(layer) * kShape.conv_dim * kConvKernel, kConvKernel,
+                                       conv_states + layer * conv_floats,
+                                       record ? conv_rows + size_t(layer) * 4 * conv_floats : nullptr};
+  };
+  // path: "conv_decode" (gdn_conv_decode; "dependent": as a programmatic dependent launch, whose state loads overlap
+  // the kernel before — here the previous layer's) or "separate" (gdn_conv, then gdn_decode).
+  struct DecodeCase {
+    int rows;
+    bool record, fused, dependent;
+  };
+  const std::vector<DecodeCase> cases = {{1, false, true, false}, {1, true, true, false},   {2, true, true, false},
+                                         {3, true, true, false},  {4, true, true, false},   {1, false, true, true},
+                                         {4, true, true, true},   {1, false, false, false}, {4, true, false, false}};
+  json += "  \"decode_fused\": " + std::string(vavilov::cuda::gdn_conv_decode_fused(kShape) ? "true" : "false") +
+          ",\n  \"decode\": [\n";
+  for (size_t n = 0; n < cases.size(); ++n) {
+    const DecodeCase& c = cases[n];
+    const GdnInputs in = random_inputs(c.rows);
+    float* raw = random_floats(size_t(c.rows) * kShape.conv_dim, 11, -1.0f, 1.0f);  // the projections before the conv
+    auto layers = [&](cudaStream_t stream) {
+      for (int layer = 0; layer < kLayers; ++layer) {
+        float* state = states + layer * state_floats;
+        float* recorded = c.record ? row_states + size_t(layer) * 4 * state_floats : nullptr;
+        const vavilov::cuda::GdnConvState conv = conv_of(layer, c.record);
+        if (c.fused) {
+          vavilov::cuda::gdn_conv_decode(kShape, conv, raw, in, state, recorded, out, c.dependent, stream);
+        } else {
+          vavilov::cuda::gdn_conv(conv.taps, kShape.conv_dim, kConvKernel, conv.state, raw, c.rows, conv.row_states,
+                                  stream);
+          vavilov::cuda::gdn_decode(kShape, in, state, recorded, out, stream);
+        }
+      }
+    };
+    const double us = graph_median_us(3, 30, layers) / kLayers;
+    const double bytes = double(state_bytes) * (2 + (c.record ? c.rows : 0));
+    const std::string path = c.fused ? (c.dependent ? "conv_decode dependent" : "conv_decode") : "separate";
+    std::printf("%s rows %d%s: %.2f us, %.0f GB/s of state\n", path.c_str(), c.rows, c.record ? " (recording)" : "", us,
                 bytes / us * 1e-3);
-    json += "  \"decode_rows" + std::to_string(rows) + (record ? "_recorded" : "") +
-            "\": {\"us\": " + std::to_string(us) + ", \"state_bytes\": " + std::to_string(bytes) +
-            ", \"gb_per_s\": " + std::to_string(bytes / us * 1e-3) + "},\n";
+    json += "    {\"path\": \"" + path + "\", \"rows\": " + std::to_string(c.rows) +
+            ", \"recorded\": " + (c.record ? "true" : "false") + ", \"us\": " + std::to_string(us) +
+            ", \"state_bytes\": " + std::to_string(bytes) + ", \"gb_per_s\": " + std::to_string(bytes / us * 1e-3) +
+            "}" + (n + 1 < cases.size() ? ",\n" : "\n");
   }
+  json +=
+      "  ],\n  \"decode_note\": \"per layer, 36 layers back to back in one CUDA graph; state_bytes: the recurrent "
+      "state read and written plus each recorded row's copy (conv state, taps and inputs, ~0.5 MB, not counted)\",\n";
+  json += time_floors(states, state_floats);
 
   // Prefill from a zero state (the state is rewritten each call; its values do not change the work).
   json += "  \"prefill\": [\n";
@@ -143,10 +261,20 @@ int profile() {
   float* row_states = device_floats(state_floats * 4);
   float* out = device_floats(size_t(8192) * kShape.heads * kShape.dv);
   float* scratch = device_floats(vavilov::cuda::gdn_chunk_scratch_floats(kShape, 8192));
+  const size_t conv_floats = size_t(kShape.conv_dim) * (kConvKernel - 1);
+  const vavilov::cuda::GdnConvState conv{random_floats(size_t(kShape.conv_dim) * kConvKernel, 10, -0.5f, 0.5f),
+                                         kConvKernel, random_floats(conv_floats, 9, -1.0f, 1.0f),
+                                         device_floats(conv_floats * 4)};
   for (int rows : {1, 4}) {
     const GdnInputs in = random_inputs(rows);
-    for (int i = 0; i < 3; ++i)
+    float* raw = random_floats(size_t(rows) * kShape.conv_dim, 11, -1.0f, 1.0f);
+    for (int i = 0; i < 3; ++i) {
       vavilov::cuda::gdn_decode(kShape, in, state, rows > 1 ? row_states : nullptr, out, nullptr);
+      vavilov::cuda::GdnConvState recorded = conv;
+      if (rows == 1) recorded.row_states = nullptr;
+      vavilov::cuda::gdn_conv_decode(kShape, recorded, raw, in, state, rows > 1 ? row_states : nullptr, out, false,
+                                     nullptr);
+    }
   }
   for (int rows : {512, 8192}) {
     const GdnInputs in = random_inputs(rows);

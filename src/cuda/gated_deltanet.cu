@@ -11,8 +11,10 @@ namespace {
 using namespace gdn;
 namespace cg = cooperative_groups;
 
-constexpr int kMaxConvKernel = 8;
+constexpr int kMaxConvKernel = kGdnMaxConvKernel;
+constexpr int kMaxConvHistory = kMaxConvKernel - 1;
 constexpr int kMaxDecodeSlices = kGdnMaxValueDim / kSliceColumns;  // the cluster of one head: ≤ 8 (portable)
+constexpr int kMaxClusterBlocks = 16;  // sm_90 with non-portable cluster sizes; ≤ 32: a lane per block in the norm
 
 __global__ void gdn_conv_kernel(const float* taps, int channels, int kernel, float* state, float* x, int rows,
                                 float* row_states) {
@@ -38,8 +40,16 @@ __global__ void gdn_conv_kernel(const float* taps, int channels, int kernel, flo
 //
 // Block (head, slice) owns value columns [32·slice, 32·slice + 32) of the head's dk × dv state: 256 threads, each
 // holding 16 state values in registers (kVec adjacent columns × 16/kVec rows, read and written as float4 when
-// kVec = 4). Sums over dk go through shuffles and shared memory. The blocks of one head form a cluster, which
-// shares the squared sums the gated RMS norm needs over all dv columns.
+// kVec = 4). The state loads are issued first; while they are in flight the block prepares every row's inputs in
+// shared memory (phase 1): threads [0, 128) one q and one k channel each (the causal conv when kConv, the l2 norms'
+// partial sums), the next 32 the slice's v columns, the next `rows` the gates. Then one block reduction a row
+// (phase 2): with S' = e^g S, both Sᵀk = S'ᵀk and o = Sᵀq = S'ᵀq + δ (k·q) come from one pass over the state.
+//
+// The blocks of one head share the squared outputs the gated RMS norm needs over all dv columns through a
+// thread-block cluster. With the conv folded in (kConv) the cluster holds all blocks of one key head (heads per key
+// head × slices): each of them convolves the key head's q and k channels itself from the old conv state, and only
+// after the cluster barrier, when every block has read that state, does the key head's first block write it back.
+// Each block owns the conv state of its own v columns.
 
 template <int kVec>
 struct DecodeLayout {
@@ -47,6 +57,13 @@ struct DecodeLayout {
   static constexpr int kRowGroups = kThreads / kColumnThreads;       // threads down dk
   static constexpr int kRowsPerThread = kGdnMaxKeyDim / kRowGroups;  // state rows per thread
 };
+
+// Phase 1's thread roles.
+constexpr int kKeyWarps = kGdnMaxKeyDim / 32;                // threads [0, 128): a q and a k channel
+constexpr int kValueThread0 = kGdnMaxKeyDim;                 // [128, 160): the slice's v columns
+constexpr int kGateThread0 = kValueThread0 + kSliceColumns;  // [160, 160 + rows): one row's gates
+static_assert(kGateThread0 + kGdnDecodeMaxRows <= kThreads, "phase 1 needs a thread per channel and per row");
+static_assert(kGdnDecodeMaxRows <= kWarps, "the gated norm takes a warp per row");
 
 template <int kVec>
 __device__ inline void load_columns(const float* p, float (&v)[kVec]) {
@@ -66,46 +83,80 @@ __device__ inline void store_columns(float* p, const float (&v)[kVec]) {
     *p = v[0];
 }
 
-// Sums each thread's per-column partials over the block's row groups into result[32] (visible to all on return).
-template <int kVec>
-__device__ inline void column_sums(float (&v)[kVec], float (*partial)[kSliceColumns], float* result) {
-  constexpr int kColumnThreads = DecodeLayout<kVec>::kColumnThreads;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+// One channel's causal conv in registers: its taps and its last kernel−1 inputs (window[0] the oldest), indexed by
+// compile-time constants only; entries past `history` are zero.
+struct ConvChannel {
+  float taps[kMaxConvHistory], newest_tap, window[kMaxConvHistory];
+  int history;
+
+  __device__ void load(const GdnConvState& conv, int channels, int ch) {
+    history = conv.kernel - 1;
+    const float* tap = conv.taps + size_t(ch) * conv.kernel;
 #pragma unroll
-  for (int c = 0; c < kVec; ++c)
-    for (int offset = kColumnThreads; offset < 32; offset <<= 1) v[c] += __shfl_xor_sync(0xffffffffu, v[c], offset);
-  if (lane < kColumnThreads)
-#pragma unroll
-    for (int c = 0; c < kVec; ++c) partial[warp][lane * kVec + c] = v[c];
-  __syncthreads();
-  if (threadIdx.x < kSliceColumns) {
-    float sum = 0.0f;
-    for (int w = 0; w < kWarps; ++w) sum += partial[w][threadIdx.x];
-    result[threadIdx.x] = sum;
+    for (int k = 0; k < kMaxConvHistory; ++k) {
+      window[k] = k < history ? conv.state[size_t(k) * channels + ch] : 0.0f;
+      taps[k] = k < history ? tap[k] : 0.0f;
+    }
+    newest_tap = tap[history];
   }
-  __syncthreads();
+  // silu of the conv with x as the newest input (the sum in gdn_conv_kernel's order); x joins the window.
+  __device__ float step(float x) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kMaxConvHistory; ++k) sum += taps[k] * window[k];
+    sum += newest_tap * x;
+#pragma unroll
+    for (int k = 0; k < kMaxConvHistory; ++k) {
+      const float next = window[k + 1 < kMaxConvHistory ? k + 1 : k];
+      window[k] = k + 1 < history ? next : k + 1 == history ? x : 0.0f;
+    }
+    return silu(sum);
+  }
+  // Writes the window into a [kernel−1, channels] state.
+  __device__ void store(float* state, int channels, int ch) const {
+#pragma unroll
+    for (int k = 0; k < kMaxConvHistory; ++k)
+      if (k < history) state[size_t(k) * channels + ch] = window[k];
+  }
+};
+
+// Every row's input of channel ch of x [rows, conv_dim] (zero past `rows`).
+__device__ inline void load_rows(const float* x, int conv_dim, int ch, int rows, float (&values)[kGdnDecodeMaxRows]) {
+#pragma unroll
+  for (int t = 0; t < kGdnDecodeMaxRows; ++t) values[t] = t < rows ? x[size_t(t) * conv_dim + ch] : 0.0f;
 }
 
-template <int kVec>
+// The conv of channel ch over the rows' inputs in place: `conv` ends holding the window after the last row and
+// row_states, when given ([rows, kernel−1, conv_dim]), each row's. A thread loads all its inputs before it calls
+// this: a load after these stores could not be issued before them.
+__device__ inline void convolve_rows(ConvChannel& conv, int conv_dim, int ch, int rows, float* row_states,
+                                     float (&values)[kGdnDecodeMaxRows]) {
+#pragma unroll
+  for (int t = 0; t < kGdnDecodeMaxRows; ++t)
+    if (t < rows) {
+      values[t] = conv.step(values[t]);
+      if (row_states) conv.store(row_states + size_t(t) * conv.history * conv_dim, conv_dim, ch);
+    }
+}
+
+template <int kVec, bool kConv>
 __global__ void __launch_bounds__(kThreads)
-    gdn_decode_kernel(GdnShape s, GdnInputs in, float* recurrent, float* row_states, float* out) {
-  cudaTriggerProgrammaticLaunchCompletion();
+    gdn_decode_kernel(GdnShape s, GdnInputs in, GdnConvState conv, float* recurrent, float* row_states, float* out) {
   using L = DecodeLayout<kVec>;
-  __shared__ float q[kGdnMaxKeyDim], k[kGdnMaxKeyDim], gates[2];
-  __shared__ float partial[kWarps][kSliceColumns], kv[kSliceColumns];
+  __shared__ __align__(16) float q[kGdnDecodeMaxRows][kGdnMaxKeyDim], k[kGdnDecodeMaxRows][kGdnMaxKeyDim];
+  __shared__ __align__(16) float v[kGdnDecodeMaxRows][kSliceColumns];
+  __shared__ __align__(16) float partial[2][kWarps][2][kSliceColumns];  // by row parity: Sᵀk, Sᵀq per warp
+  __shared__ float norms[kGdnDecodeMaxRows][kKeyWarps][3];              // per warp: Σq², Σk², Σqk
+  __shared__ float gates[kGdnDecodeMaxRows][3];                         // e^g, β, k̂·q̂
   __shared__ float outputs[kGdnDecodeMaxRows][kSliceColumns], squares[kGdnDecodeMaxRows];
-  const int head = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  __shared__ int squares_head;
+  const int head = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32, rows = in.rows;
   const int column_thread = tid % L::kColumnThreads, row_group = tid / L::kColumnThreads;
   const int j0 = blockIdx.y * kSliceColumns + column_thread * kVec;  // this thread's first column
   const bool active = j0 < s.dv;  // kVec = 4 only when dv % 4 == 0: all four columns or none
   const int key_head = head / (s.heads / s.key_heads);
   const size_t head_size = size_t(s.dk) * s.dv;
   float* head_state = recurrent + head * head_size;
-  const int j = blockIdx.y * kSliceColumns + lane;  // the output norm's column (warp r: row r)
-  const bool norm_thread = warp < in.rows && j < s.dv;
-  const size_t out_at = (size_t(warp) * s.heads + head) * s.dv + j;
-  const float gate = norm_thread ? output_gate(in.z[out_at], in.sigmoid_gate) : 0.0f;
-  const float weight = norm_thread ? in.norm[j] : 0.0f;
 
   float state[L::kRowsPerThread][kVec] = {};
 #pragma unroll
@@ -113,55 +164,136 @@ __global__ void __launch_bounds__(kThreads)
     const int i = row_group + m * L::kRowGroups;
     if (active && i < s.dk) load_columns<kVec>(head_state + size_t(i) * s.dv + j0, state[m]);
   }
+  const int j = blockIdx.y * kSliceColumns + lane;  // the output norm's column (warp r: row r)
+  const bool norm_thread = warp < rows && j < s.dv;
+  const float weight = norm_thread ? in.norm[j] : 0.0f;
+  // A dependent launch got here while the kernel before it (the layer's input products) may still run: the state is
+  // this layer's own, the pass's inputs are read only after that kernel has finished (a no-op in a plain launch).
+  cudaGridDependencySynchronize();
+  cudaTriggerProgrammaticLaunchCompletion();
+  const size_t out_at = (size_t(warp) * s.heads + head) * s.dv + j;
+  const float gate = norm_thread ? output_gate(in.z[out_at], in.sigmoid_gate) : 0.0f;
 
-  const float q_scale = 1.0f / sqrtf(float(s.dk));
-  for (int t = 0; t < in.rows; ++t) {
-    const float* row = in.qkv + size_t(t) * s.conv_dim;
-    float v[kVec];  // loaded now, used after the first sum
-#pragma unroll
-    for (int c = 0; c < kVec; ++c) v[c] = active ? row[2 * s.key_dim + head * s.dv + j0 + c] : 0.0f;
-    if (warp < 2) {  // warp 0: q, warp 1: k, l2-normalised
-      const float* source = row + warp * s.key_dim + key_head * s.dk;
-      float sum = 0.0f;
-      for (int i = lane; i < s.dk; i += 32) sum += source[i] * source[i];
-      const float scale = 1.0f / sqrtf(warp_sum(sum) + 1e-6f) * (warp == 0 ? q_scale : 1.0f);
-      float* target = warp == 0 ? q : k;
-      for (int i = lane; i < s.dk; i += 32) target[i] = source[i] * scale;
-    } else if (tid == 64) {
-      const size_t at = size_t(t) * s.heads + head;
-      gates[0] = expf(log_decay(in, head, at));
-      gates[1] = sigmoid(in.b[at]);
+  // Phase 1. The key head's first block (of the cluster) owns its q and k channels' conv state.
+  cg::cluster_group cluster = cg::this_cluster();
+  const bool key_owner = kConv && blockIdx.x % cluster.dim_blocks().x == 0 && blockIdx.y == 0;
+  ConvChannel q_conv, k_conv;
+  if (tid < kGdnMaxKeyDim) {
+    const bool valid = tid < s.dk;
+    const int q_channel = key_head * s.dk + (valid ? tid : 0), k_channel = s.key_dim + q_channel;
+    float q_rows[kGdnDecodeMaxRows], k_rows[kGdnDecodeMaxRows];
+    float* recorded = key_owner && valid ? conv.row_states : nullptr;
+    load_rows(in.qkv, s.conv_dim, q_channel, rows, q_rows);
+    load_rows(in.qkv, s.conv_dim, k_channel, rows, k_rows);
+    if constexpr (kConv) {
+      q_conv.load(conv, s.conv_dim, q_channel);
+      k_conv.load(conv, s.conv_dim, k_channel);
+      convolve_rows(q_conv, s.conv_dim, q_channel, rows, recorded, q_rows);
+      convolve_rows(k_conv, s.conv_dim, k_channel, rows, recorded, k_rows);
     }
-    __syncthreads();
-    const float decay = gates[0], beta = gates[1];
-    float sums[kVec] = {};
+#pragma unroll
+    for (int t = 0; t < kGdnDecodeMaxRows; ++t) {
+      if (!valid) q_rows[t] = k_rows[t] = 0.0f;
+      if (t < rows) {
+        q[t][tid] = q_rows[t];
+        k[t][tid] = k_rows[t];
+        const float qq = warp_sum(q_rows[t] * q_rows[t]), kk = warp_sum(k_rows[t] * k_rows[t]),
+                    qk = warp_sum(q_rows[t] * k_rows[t]);
+        if (lane == 0) norms[t][warp][0] = qq, norms[t][warp][1] = kk, norms[t][warp][2] = qk;
+      }
+    }
+  } else if (tid < kGateThread0) {
+    const int c = tid - kValueThread0, column = blockIdx.y * kSliceColumns + c;
+    const bool valid = column < s.dv;
+    const int channel = 2 * s.key_dim + head * s.dv + (valid ? column : 0);
+    ConvChannel v_conv;
+    float v_rows[kGdnDecodeMaxRows];
+    load_rows(in.qkv, s.conv_dim, channel, rows, v_rows);
+    if constexpr (kConv) {
+      v_conv.load(conv, s.conv_dim, channel);
+      convolve_rows(v_conv, s.conv_dim, channel, rows, valid ? conv.row_states : nullptr, v_rows);
+      if (valid) v_conv.store(conv.state, s.conv_dim, channel);  // this thread alone reads it
+    }
+#pragma unroll
+    for (int t = 0; t < kGdnDecodeMaxRows; ++t)
+      if (t < rows) v[t][c] = valid ? v_rows[t] : 0.0f;
+  } else if (tid < kGateThread0 + rows) {
+    const int t = tid - kGateThread0;
+    const size_t at = size_t(t) * s.heads + head;
+    gates[t][0] = expf(log_decay(in, head, at));
+    gates[t][1] = sigmoid(in.b[at]);
+  }
+  __syncthreads();
+  // l2 norms: q̂ = q/‖q‖/√dk, k̂ = k/‖k‖ (‖x‖ = sqrt(Σx² + 1e-6)), and k̂·q̂.
+  const float q_scale = 1.0f / sqrtf(float(s.dk));
+  if (tid < kGdnMaxKeyDim) {
+    for (int t = 0; t < rows; ++t) {
+      float sums[3] = {};
+      for (int w = 0; w < kKeyWarps; ++w)
+        for (int n = 0; n < 3; ++n) sums[n] += norms[t][w][n];
+      const float rq = 1.0f / sqrtf(sums[0] + 1e-6f) * q_scale, rk = 1.0f / sqrtf(sums[1] + 1e-6f);
+      q[t][tid] *= rq;
+      k[t][tid] *= rk;
+      if (tid == 0) gates[t][2] = sums[2] * rq * rk;
+    }
+  }
+  __syncthreads();
+
+  // Phase 2: the rows one after the other.
+  for (int t = 0; t < rows; ++t) {
+    const float decay = gates[t][0], beta = gates[t][1], kq = gates[t][2];
+    float sk[kVec] = {}, sq[kVec] = {};
 #pragma unroll
     for (int m = 0; m < L::kRowsPerThread; ++m) {
       const int i = row_group + m * L::kRowGroups;
-      if (i < s.dk)
+      if (i < s.dk) {
+        const float ki = k[t][i], qi = q[t][i];
 #pragma unroll
         for (int c = 0; c < kVec; ++c) {
           state[m][c] *= decay;
-          sums[c] += state[m][c] * k[i];
+          sk[c] += state[m][c] * ki;
+          sq[c] += state[m][c] * qi;
         }
+      }
     }
-    column_sums<kVec>(sums, partial, kv);  // kv = Sᵀk
-    float delta[kVec];
+#pragma unroll
+    for (int c = 0; c < kVec; ++c)
+      for (int offset = L::kColumnThreads; offset < 32; offset <<= 1) {
+        sk[c] += __shfl_xor_sync(0xffffffffu, sk[c], offset);
+        sq[c] += __shfl_xor_sync(0xffffffffu, sq[c], offset);
+      }
+    float(*sums)[2][kSliceColumns] = partial[t & 1];  // row t+1 writes the other half while row t's is still read
+    const int column = column_thread * kVec;
+    if (lane < L::kColumnThreads) {
+      store_columns<kVec>(&sums[warp][0][column], sk);
+      store_columns<kVec>(&sums[warp][1][column], sq);
+    }
+    __syncthreads();
+    float delta[kVec], o[kVec];
+#pragma unroll
+    for (int c = 0; c < kVec; ++c) sk[c] = sq[c] = 0.0f;
+    for (int w = 0; w < kWarps; ++w) {
+      float wk[kVec], wq[kVec];
+      load_columns<kVec>(&sums[w][0][column], wk);
+      load_columns<kVec>(&sums[w][1][column], wq);
+#pragma unroll
+      for (int c = 0; c < kVec; ++c) sk[c] += wk[c], sq[c] += wq[c];
+    }
 #pragma unroll
     for (int c = 0; c < kVec; ++c) {
-      delta[c] = beta * (v[c] - kv[column_thread * kVec + c]);
-      sums[c] = 0.0f;
+      delta[c] = beta * (v[t][column + c] - sk[c]);
+      o[c] = sq[c] + delta[c] * kq;
     }
 #pragma unroll
     for (int m = 0; m < L::kRowsPerThread; ++m) {
       const int i = row_group + m * L::kRowGroups;
-      if (i < s.dk)
+      if (i < s.dk) {
+        const float ki = k[t][i];
 #pragma unroll
-        for (int c = 0; c < kVec; ++c) {
-          state[m][c] += k[i] * delta[c];
-          sums[c] += state[m][c] * q[i];
-        }
+        for (int c = 0; c < kVec; ++c) state[m][c] += ki * delta[c];
+      }
     }
+    if (row_group == 0) store_columns<kVec>(&outputs[t][column], o);
     if (row_states && active) {
       float* snapshot = row_states + (size_t(t) * s.heads + head) * head_size;
 #pragma unroll
@@ -170,28 +302,88 @@ __global__ void __launch_bounds__(kThreads)
         if (i < s.dk) store_columns<kVec>(snapshot + size_t(i) * s.dv + j0, state[m]);
       }
     }
-    column_sums<kVec>(sums, partial, outputs[t]);  // o = Sᵀq
   }
 #pragma unroll
   for (int m = 0; m < L::kRowsPerThread; ++m) {
     const int i = row_group + m * L::kRowGroups;
     if (active && i < s.dk) store_columns<kVec>(head_state + size_t(i) * s.dv + j0, state[m]);
   }
+  __syncthreads();  // outputs complete
 
-  // Gated RMS norm over the head's dv outputs of each row (warp t: row t); the cluster adds up the slices' squares.
+  // Gated RMS norm over the head's dv outputs of each row (warp t: row t). Every block of the cluster publishes its
+  // squares with its head; a block adds up those of its own head's blocks.
   const float o = norm_thread ? outputs[warp][lane] : 0.0f;
-  if (warp < in.rows) {
+  if (warp < rows) {
     const float sum = warp_sum(o * o);
     if (lane == 0) squares[warp] = sum;
   }
-  cg::cluster_group cluster = cg::this_cluster();
+  if (tid == 0) squares_head = head;
   cluster.sync();
-  if (warp < in.rows) {
-    float total = 0.0f;
-    for (unsigned r = 0; r < cluster.num_blocks(); ++r) total += cluster.map_shared_rank(squares, r)[warp];
+  if (warp < rows) {
+    float mine = 0.0f;  // lane r: block r's squares of this row when it serves this head (one remote read each)
+    if (lane < int(cluster.num_blocks())) {
+      const int other_head = *cluster.map_shared_rank(&squares_head, unsigned(lane));
+      const float other = cluster.map_shared_rank(squares, unsigned(lane))[warp];
+      if (other_head == head) mine = other;
+    }
+    const float total = warp_sum(mine);
     if (norm_thread) out[out_at] = weight * (o * (1.0f / sqrtf(total / float(s.dv) + in.eps))) * gate;
   }
+  // Every block of the key head has read the old conv state (phase 1 came before the barrier).
+  if (key_owner && tid < s.dk) {
+    const int q_channel = key_head * s.dk + tid;
+    q_conv.store(conv.state, s.conv_dim, q_channel);
+    k_conv.store(conv.state, s.conv_dim, s.key_dim + q_channel);
+  }
   cluster.sync();  // no block leaves while another still reads its `squares`
+}
+
+// The largest cluster (≤ 16 blocks) the fused kernel can be launched with; non-portable sizes (> 8) allowed once.
+template <int kVec>
+int fused_cluster_limit() {
+  static const int limit = [] {
+    const auto kernel = gdn_decode_kernel<kVec, true>;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+      cudaGetLastError();
+      return 8;
+    }
+    for (int blocks = kMaxClusterBlocks; blocks > 8; --blocks) {
+      cudaLaunchConfig_t config = {};
+      config.gridDim = dim3(unsigned(blocks));
+      config.blockDim = dim3(kThreads);
+      cudaLaunchAttribute cluster[1];
+      cluster[0].id = cudaLaunchAttributeClusterDimension;
+      cluster[0].val.clusterDim.x = unsigned(blocks);
+      cluster[0].val.clusterDim.y = cluster[0].val.clusterDim.z = 1;
+      config.attrs = cluster;
+      config.numAttrs = 1;
+      int clusters = 0;
+      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) cudaGetLastError();
+      if (clusters > 0) return blocks;
+    }
+    return 8;
+  }();
+  return limit;
+}
+
+template <int kVec, bool kConv>
+void launch_decode(const GdnShape& s, const GdnInputs& in, const GdnConvState& conv, float* recurrent,
+                   float* row_states, float* out, bool dependent, cudaStream_t stream) {
+  const int slices = (s.dv + kSliceColumns - 1) / kSliceColumns;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(unsigned(s.heads), unsigned(slices));
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  cudaLaunchAttribute attributes[2];
+  attributes[0].id = cudaLaunchAttributeClusterDimension;
+  attributes[0].val.clusterDim.x = kConv ? unsigned(s.heads / s.key_heads) : 1u;
+  attributes[0].val.clusterDim.y = unsigned(slices);
+  attributes[0].val.clusterDim.z = 1;
+  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[1].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attributes;
+  config.numAttrs = dependent ? 2 : 1;
+  cudaLaunchKernelEx(&config, gdn_decode_kernel<kVec, kConv>, s, in, conv, recurrent, row_states, out);
 }
 
 }  // namespace
@@ -205,22 +397,30 @@ void gdn_conv(const float* taps, int channels, int kernel, float* state, float* 
 void gdn_decode(const GdnShape& s, const GdnInputs& in, float* recurrent, float* row_states, float* out,
                 cudaStream_t stream) {
   if (in.rows <= 0) return;
-  const int slices = (s.dv + kSliceColumns - 1) / kSliceColumns;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(s.heads), unsigned(slices));
-  config.blockDim = dim3(kThreads);
-  config.stream = stream;
-  cudaLaunchAttribute cluster[1];
-  cluster[0].id = cudaLaunchAttributeClusterDimension;
-  cluster[0].val.clusterDim.x = 1;
-  cluster[0].val.clusterDim.y = unsigned(slices);
-  cluster[0].val.clusterDim.z = 1;
-  config.attrs = cluster;
-  config.numAttrs = 1;
   static_assert(kMaxDecodeSlices <= 8, "a head's blocks must fit one portable cluster");
+  const GdnConvState no_conv{};
   if (s.dv % 4 == 0)
-    cudaLaunchKernelEx(&config, gdn_decode_kernel<4>, s, in, recurrent, row_states, out);
+    launch_decode<4, false>(s, in, no_conv, recurrent, row_states, out, false, stream);
   else
-    cudaLaunchKernelEx(&config, gdn_decode_kernel<1>, s, in, recurrent, row_states, out);
+    launch_decode<1, false>(s, in, no_conv, recurrent, row_states, out, false, stream);
+}
+
+bool gdn_conv_decode_fused(const GdnShape& s) {
+  const int blocks = s.heads / s.key_heads * ((s.dv + kSliceColumns - 1) / kSliceColumns);
+  return blocks <= (s.dv % 4 == 0 ? fused_cluster_limit<4>() : fused_cluster_limit<1>());
+}
+
+void gdn_conv_decode(const GdnShape& s, const GdnConvState& conv, float* qkv, GdnInputs in, float* recurrent,
+                     float* row_states, float* out, bool dependent, cudaStream_t stream) {
+  if (in.rows <= 0) return;
+  in.qkv = qkv;
+  if (!gdn_conv_decode_fused(s)) {
+    gdn_conv(conv.taps, s.conv_dim, conv.kernel, conv.state, qkv, in.rows, conv.row_states, stream);
+    gdn_decode(s, in, recurrent, row_states, out, stream);
+  } else if (s.dv % 4 == 0) {
+    launch_decode<4, true>(s, in, conv, recurrent, row_states, out, dependent, stream);
+  } else {
+    launch_decode<1, true>(s, in, conv, recurrent, row_states, out, dependent, stream);
+  }
 }
 }  // namespace vavilov::cuda

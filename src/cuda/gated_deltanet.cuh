@@ -1,9 +1,9 @@
 #pragma once
 // Gated DeltaNet on the GPU (spec §7, CPU mirror: src/cpu/gated_deltanet.cpp): the causal conv, the decode step
-// (gates, delta rule and gated output norm in one launch, the state split over many blocks) and the chunk-parallel
-// prefill (64-token chunks in the WY form, the state passed from chunk to chunk). All data fp32; the prefill's matrix
-// products run on tensor cores as 3×TF32 (fp32 accuracy). No kernel allocates or waits for the host, so a captured
-// CUDA graph can hold them.
+// (conv, gates, delta rule and gated output norm in one launch, the state split over many blocks) and the
+// chunk-parallel prefill (64-token chunks in the WY form, the state passed from chunk to chunk). All data fp32; the
+// prefill's matrix products run on tensor cores as 3×TF32 (fp32 accuracy). No kernel allocates or waits for the host,
+// so a captured CUDA graph can hold them.
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -43,6 +43,29 @@ void gdn_conv(const float* taps, int channels, int kernel, float* state, float* 
 constexpr int kGdnDecodeMaxRows = 8;
 void gdn_decode(const GdnShape& shape, const GdnInputs& in, float* recurrent, float* row_states, float* out,
                 cudaStream_t stream);
+
+// The causal conv of a decode pass: taps [conv_dim, kernel] (kernel ≤ kGdnMaxConvKernel), state [kernel−1, conv_dim]
+// advanced past the pass's rows, row_states (optional) [rows, kernel−1, conv_dim] the state after every row.
+constexpr int kGdnMaxConvKernel = 8;
+struct GdnConvState {
+  const float* taps;
+  int kernel;
+  float* state;
+  float* row_states;
+};
+
+// Decode with the conv folded in: the same results as gdn_conv on qkv followed by gdn_decode, in one launch. qkv
+// holds the pass's raw projections (q | k | v before the conv; in.qkv is not read). The blocks of one key head form a
+// thread-block cluster (value heads per key head × ⌈dv/32⌉ blocks); where that exceeds what the device can schedule
+// (more than 16 blocks) the two kernels run instead, and qkv is convolved in place.
+// dependent: launch it as a programmatic dependent launch, whose blocks load the recurrent state while the kernel
+// before it in the stream still runs and wait for that kernel before reading anything else. So that kernel must not
+// write this layer's recurrent state (in a pass it is the layer's input products).
+void gdn_conv_decode(const GdnShape& shape, const GdnConvState& conv, float* qkv, GdnInputs in, float* recurrent,
+                     float* row_states, float* out, bool dependent, cudaStream_t stream);
+
+// Whether gdn_conv_decode runs as one launch at this shape.
+bool gdn_conv_decode_fused(const GdnShape& shape);
 
 // Prefill: any number of rows, 64-token chunks in parallel (no per-row states). scratch holds
 // gdn_chunk_scratch_floats(shape, rows) floats; out as for gdn_decode.

@@ -479,16 +479,21 @@ void CudaSequence::hyper_read(const DeviceGatedResidual& w, const ProductGroup& 
 
 void CudaSequence::gated_deltanet(const DeviceGatedDeltaNet& w, LayerState& state, int rows, bool record) {
   run_products(state.mixer_inputs, rows, stream_);  // in_qkv, in_z, in_b, in_a
-  gdn_conv(w.conv, int(c_.gdn_conv_dim()), c_.linear_conv_kernel_dim, state.gdn_conv.state<float>(), work_.qkv, rows,
-           state.gdn_conv.recorded<float>(record), stream_);
+  const GdnConvState conv{w.conv, c_.linear_conv_kernel_dim, state.gdn_conv.state<float>(),
+                          state.gdn_conv.recorded<float>(record)};
   const GdnInputs in{work_.qkv, work_.gate_b,    work_.gate_a,        w.a_log, w.dt_bias, work_.z,
                      w.norm,    c_.rms_norm_eps, c_.gdn_gate_sigmoid, rows};
   float* recurrent = state.gdn_recurrent.state<float>();
-  // Decode rows (and recorded ones, at most kRecordedRows) go one after the other; longer passes chunk-parallel.
-  if (record || rows <= kGdnDecodeMaxRows)
-    gdn_decode(gdn_shape(c_), in, recurrent, state.gdn_recurrent.recorded<float>(record), work_.core, stream_);
-  else
+  // Decode rows (and recorded ones, at most kRecordedRows) go one after the other with the conv folded in, their
+  // state loads overlapping the input products (a dependent launch); longer passes convolve first and run
+  // chunk-parallel.
+  if (record || rows <= kGdnDecodeMaxRows) {
+    gdn_conv_decode(gdn_shape(c_), conv, work_.qkv, in, recurrent, state.gdn_recurrent.recorded<float>(record),
+                    work_.core, true, stream_);
+  } else {
+    gdn_conv(conv.taps, int(c_.gdn_conv_dim()), conv.kernel, conv.state, work_.qkv, rows, conv.row_states, stream_);
     gdn_prefill(gdn_shape(c_), in, recurrent, work_.gdn_chunks, work_.core, stream_);
+  }
   linear(w.out, work_.core, rows, work_.output, stream_);
 }
 

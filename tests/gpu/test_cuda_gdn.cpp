@@ -1,7 +1,8 @@
 // The Gated DeltaNet kernels (cuda/gated_deltanet.cuh) against a double-precision host recurrence (spec §7: gates,
 // l2-normalised q and k, S ← e^g S; δ = β(v − Sᵀk); S ← S + kδᵀ; o = Sᵀq; gated RMS norm), everything random (inputs,
 // gate weights, norm weight, the starting state): the decode kernel for 1–4 rows with per-row states, the
-// chunk-parallel prefill for T = 1, 63, 64, 65, 200, at the release's shape and at small odd ones.
+// chunk-parallel prefill for T = 1, 63, 64, 65, 200, at the release's shape and at small odd ones; and the decode with
+// the causal conv folded in (1–8 rows) against a double-precision conv feeding the same recurrence.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -60,14 +61,15 @@ struct Expected {
   std::vector<std::vector<double>> row_states;
 };
 
-Expected reference(const GdnShape& s, const Inputs& in, int rows) {
+// qkv: the conv's outputs [rows, conv_dim] (in.qkv, or the double-precision conv reference's).
+Expected reference(const GdnShape& s, const Inputs& in, const std::vector<double>& qkv, int rows) {
   Expected e;
   e.state.assign(in.state.begin(), in.state.end());
   e.out.assign(size_t(rows) * s.heads * s.dv, 0.0);
   const size_t dk = size_t(s.dk), dv = size_t(s.dv);
   std::vector<double> q(dk), k(dk), delta(dv), o(dv);
   for (int t = 0; t < rows; ++t) {
-    const float* row = in.qkv.data() + size_t(t) * s.conv_dim;
+    const double* row = qkv.data() + size_t(t) * s.conv_dim;
     for (int h = 0; h < s.heads; ++h) {
       const int kh = h / (s.heads / s.key_heads);
       double q_sum = 0.0, k_sum = 0.0;
@@ -110,6 +112,10 @@ Expected reference(const GdnShape& s, const Inputs& in, int rows) {
     e.row_states.push_back(e.state);
   }
   return e;
+}
+
+Expected reference(const GdnShape& s, const Inputs& in, int rows) {
+  return reference(s, in, std::vector<double>(in.qkv.begin(), in.qkv.end()), rows);
 }
 
 // Device copies of the inputs, freed at the end of the scope.
@@ -225,6 +231,150 @@ TEST(CudaGdn, ChunkedPrefillMatchesRecurrence) {
       EXPECT_LE(error_of(host_copy(out, want.out.size()), want.out), kTolerance);
       EXPECT_LE(error_of(host_copy(state, in.state.size()), want.state), kTolerance);
     }
+}
+
+// ---- Decode with the causal conv folded in (gdn_conv_decode) ----
+
+constexpr int kConvKernel = 4;  // the release's conv width
+
+// The raw projections, taps and conv state of a pass, random.
+struct ConvInputs {
+  std::vector<float> x, taps, state;
+};
+
+ConvInputs random_conv_inputs(const GdnShape& s, int rows, std::mt19937& rng) {
+  std::normal_distribution<float> normal;
+  ConvInputs c;
+  c.x.resize(size_t(rows) * s.conv_dim);
+  c.taps.resize(size_t(s.conv_dim) * kConvKernel);
+  c.state.resize(size_t(kConvKernel - 1) * s.conv_dim);
+  for (float& v : c.x) v = normal(rng);
+  for (float& v : c.taps) v = 0.5f * normal(rng);
+  for (float& v : c.state) v = normal(rng);
+  return c;
+}
+
+// Spec §7 in double precision: qkv = silu(Σ_k taps[ch, k] · window[k]) over the last `kernel` inputs of each channel;
+// the state after row t is that row's window without its oldest input.
+struct ConvExpected {
+  std::vector<double> qkv;
+  std::vector<std::vector<float>> row_states;  // the raw inputs moved along: exact copies
+};
+
+ConvExpected conv_reference(const GdnShape& s, const ConvInputs& c, int rows) {
+  const size_t channels = size_t(s.conv_dim), history = kConvKernel - 1;
+  ConvExpected e;
+  e.qkv.resize(size_t(rows) * channels);
+  std::vector<float> window(c.state);  // [history + rows, channels]
+  window.insert(window.end(), c.x.begin(), c.x.begin() + rows * channels);
+  for (int t = 0; t < rows; ++t) {
+    for (size_t ch = 0; ch < channels; ++ch) {
+      double sum = 0.0;
+      for (size_t k = 0; k < size_t(kConvKernel); ++k)
+        sum += double(c.taps[ch * kConvKernel + k]) * window[(t + k) * channels + ch];
+      e.qkv[t * channels + ch] = sum / (1.0 + std::exp(-sum));
+    }
+    e.row_states.emplace_back(window.begin() + (t + 1) * channels, window.begin() + (t + 1 + history) * channels);
+  }
+  return e;
+}
+
+// A shape whose key head spans 8 heads × 3 slices = 24 blocks, more than a cluster holds: the unfused fallback.
+const GdnShape kWideKeyHeads = shape_of(8, 1, 16, 96);
+
+TEST(CudaGdn, ConvDecodeIsOneLaunchAtTheReleaseShape) {
+  EXPECT_TRUE(cuda::gdn_conv_decode_fused(kShapes[0]));  // 3 heads × 4 slices
+  EXPECT_FALSE(cuda::gdn_conv_decode_fused(kWideKeyHeads));
+}
+
+// 1–8 rows, with and without per-row states (conv and recurrent), plain and dependent launches, on the release's and
+// the small shapes and the fallback: outputs, the advanced conv and recurrent states and every row's states against the
+// double references.
+TEST(CudaGdn, ConvDecodeMatchesConvAndRecurrence) {
+  std::mt19937 rng(11);
+  std::vector<GdnShape> shapes = kShapes;
+  shapes.push_back(kWideKeyHeads);
+  for (const GdnShape& s : shapes)
+    for (int rows = 1; rows <= cuda::kGdnDecodeMaxRows; ++rows)
+      for (bool record : {false, true}) {
+        SCOPED_TRACE(testing::Message() << "heads " << s.heads << " key heads " << s.key_heads << " dk " << s.dk
+                                        << " dv " << s.dv << " rows " << rows << " record " << record);
+        const Inputs in = random_inputs(s, rows, rng, rows % 2 == 0);
+        const ConvInputs c = random_conv_inputs(s, rows, rng);
+        const ConvExpected conv_want = conv_reference(s, c, rows);
+        const Expected want = reference(s, in, conv_want.qkv, rows);
+        Device d;
+        float* qkv = d.copy(c.x);
+        float* conv_state = d.copy(c.state);
+        float* conv_rows = record ? d.zeros(size_t(rows) * c.state.size()) : nullptr;
+        float* state = d.copy(in.state);
+        const size_t state_size = in.state.size();
+        float* row_states = record ? d.zeros(size_t(rows) * state_size) : nullptr;
+        float* out = d.zeros(want.out.size());
+        const cuda::GdnConvState conv{d.copy(c.taps), kConvKernel, conv_state, conv_rows};
+        const cuda::GdnInputs gpu = device_inputs(d, in, rows);
+        // Every other case as a dependent launch (on a stream of its own: nothing runs before it there).
+        const bool dependent = rows % 2 == 1;
+        cudaStream_t stream = nullptr;
+        if (dependent) {
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+        }
+        cuda::gdn_conv_decode(s, conv, qkv, gpu, state, row_states, out, dependent, stream);
+        ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        if (stream) {
+          ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+        }
+        EXPECT_LE(error_of(host_copy(out, want.out.size()), want.out), kTolerance);
+        EXPECT_LE(error_of(host_copy(state, state_size), want.state), kTolerance);
+        EXPECT_EQ(host_copy(conv_state, c.state.size()), conv_want.row_states.back());
+        if (!record) continue;
+        const std::vector<float> recorded = host_copy(row_states, size_t(rows) * state_size);
+        const std::vector<float> conv_recorded = host_copy(conv_rows, size_t(rows) * c.state.size());
+        for (int t = 0; t < rows; ++t) {
+          const std::vector<float> row(recorded.begin() + t * state_size, recorded.begin() + (t + 1) * state_size);
+          EXPECT_LE(error_of(row, want.row_states[size_t(t)]), kTolerance) << "state after row " << t;
+          const std::vector<float> conv_row(conv_recorded.begin() + t * c.state.size(),
+                                            conv_recorded.begin() + (t + 1) * c.state.size());
+          EXPECT_EQ(conv_row, conv_want.row_states[size_t(t)]) << "conv state after row " << t;
+        }
+      }
+}
+
+// Passes of 1, 2 and 3 rows one after the other equal one pass of 6 rows: each pass reads the conv and recurrent
+// state the one before left (the conv state of q and k is written back only after every block has read it). Plain
+// launches: a dependent one may not follow a kernel that writes its state.
+TEST(CudaGdn, ConvDecodePassesCarryTheirStates) {
+  std::mt19937 rng(12);
+  const GdnShape s = kShapes[0];
+  constexpr int kRows = 6;
+  const Inputs in = random_inputs(s, kRows, rng, true);
+  const ConvInputs c = random_conv_inputs(s, kRows, rng);
+  const ConvExpected conv_want = conv_reference(s, c, kRows);
+  const Expected want = reference(s, in, conv_want.qkv, kRows);
+  Device d;
+  float* state = d.copy(in.state);
+  float* conv_state = d.copy(c.state);
+  const float* taps = d.copy(c.taps);
+  float* out = d.zeros(want.out.size());
+  const size_t value_dim = size_t(s.heads) * s.dv;
+  for (int first = 0, rows = 1; first < kRows; first += rows, ++rows) {
+    auto part = [&](const std::vector<float>& v, size_t width) {
+      return std::vector<float>(v.begin() + first * width, v.begin() + (first + rows) * width);
+    };
+    Inputs pass = in;
+    pass.b = part(in.b, size_t(s.heads));
+    pass.a = part(in.a, size_t(s.heads));
+    pass.z = part(in.z, value_dim);
+    cuda::gdn_conv_decode(s, {taps, kConvKernel, conv_state, nullptr}, d.copy(part(c.x, size_t(s.conv_dim))),
+                          device_inputs(d, pass, rows), state, nullptr, out + first * value_dim, false, nullptr);
+  }
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_LE(error_of(host_copy(out, want.out.size()), want.out), kTolerance);
+  EXPECT_LE(error_of(host_copy(state, in.state.size()), want.state), kTolerance);
+  EXPECT_EQ(host_copy(conv_state, c.state.size()), conv_want.row_states.back());
 }
 
 }  // namespace
