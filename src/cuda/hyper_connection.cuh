@@ -33,10 +33,10 @@ struct HcFusedRead {
   float eps = 0.0f;
 };
 
-// Whether hc_fused_read takes these mixers and rows: Q4 (group 64, 8-byte aligned codes), rank a multiple of 64,
-// hidden a multiple of 64, at most 4 streams, inject at most 16 rows, 1–4 rows.
+// Whether hc_fused_read takes these mixers, norm and rows: Q4 (group 64, 8-byte aligned codes), rank a multiple of 64,
+// hidden a multiple of 64, at most 4 streams, inject at most 16 rows, a 16-byte aligned norm, 1–4 rows.
 bool hc_fused_read_fits(const DeviceMatrix& mix_down, const DeviceMatrix& mix_up, const DeviceMatrix* inject,
-                        int streams, int hidden, int rows);
+                        const float* norm, int streams, int hidden, int rows);
 
 // Floats of hc_fused_read's scratch for `outputs` = mix_down rows + inject rows.
 size_t hc_fused_read_scratch_floats(int outputs);
@@ -44,7 +44,8 @@ size_t hc_fused_read_scratch_floats(int outputs);
 // input = the read of stack (as hc_write's norm, mix_down, hc_low_activation, mix_up and hc_combine compute it);
 // inject = the read's raw inject projections [rows, inject rows], when it has inject. With `pending`, the previous
 // write is applied first, in place: stack[r, s, :] += 2σ(inject[r, s] / S)·y[r, :] with the inject values found on
-// entry (hc_write without its norm), so that a write followed by a read costs no launch of its own.
+// entry (hc_write without its norm), so that a write followed by a read costs no launch of its own. stack, y, scratch
+// and input must be 16-byte aligned (cudaErrorMisalignedAddress otherwise).
 cudaError_t hc_fused_read(const HcFusedRead& read, int rows, float* stack, bool pending, const float* y, float* inject,
                           float* scratch, float* input, cudaStream_t stream);
 

@@ -472,7 +472,8 @@ ProductGroup CudaSequence::read_products(const DeviceGatedResidual& w) const {
 bool CudaSequence::fused_read(const DeviceGatedResidual& w, int rows) const {
   const int outputs = w.mix_down.rows + (w.has_inject ? w.inject.rows : 0);
   return rows <= kMaxDecodeRows &&
-         hc_fused_read_fits(w.mix_down, w.mix_up, w.has_inject ? &w.inject : nullptr, c_.hc_count, int(c_.hidden_size),
+         hc_fused_read_fits(w.mix_down, w.mix_up, w.has_inject ? &w.inject : nullptr, w.norm, c_.hc_count,
+                            int(c_.hidden_size),
                             rows) &&
          hc_fused_read_scratch_floats(outputs) <= size_t(kChunkRows) * size_t(c_.hc_hidden());  // in work_.mix
 }

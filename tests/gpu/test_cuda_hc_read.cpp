@@ -128,14 +128,14 @@ class CudaHcRead : public ::testing::Test {
   void expect_reads(const Geometry& shape) {
     const Read read = make_read(memory_, rng_, shape);
     const int s = shape.streams, h = shape.hidden, n = read.sh();
-    ASSERT_TRUE(cuda::hc_fused_read_fits(read.down.device, read.up.device, shape.inject ? &read.inject.device : nullptr,
-                                         s, h, kRows));
     // Streams of different sizes, so that a wrong stream's RMS scale shows.
     std::vector<float> stack = normal_values(rng_, size_t(kRows) * n, 1.0f);
     for (size_t i = 0; i < stack.size(); ++i) stack[i] *= float(1 + (i / size_t(h)) % size_t(s));
     const std::vector<float> y = normal_values(rng_, size_t(kRows) * h, 1.0f);
     const std::vector<float> old_inject = normal_values(rng_, size_t(kRows) * s, 2.0f);
     const float* norm = memory_.copy(read.norm);
+    ASSERT_TRUE(cuda::hc_fused_read_fits(read.down.device, read.up.device, shape.inject ? &read.inject.device : nullptr,
+                                         norm, s, h, kRows));
     float* y_device = memory_.copy(y);
     float* scratch = memory_.zeros<float>(cuda::hc_fused_read_scratch_floats(read.shape.rank + read.inject_rows()));
     float* input = memory_.zeros<float>(size_t(kRows) * h);
@@ -189,14 +189,17 @@ TEST_F(CudaHcRead, SmallGeometriesMatchTheSpec) {
 
 TEST_F(CudaHcRead, FitsOnlyQ4MixersOfWholeGroups) {
   const Read q4 = make_read(memory_, rng_, {4, 64, 64, true});
-  EXPECT_TRUE(cuda::hc_fused_read_fits(q4.down.device, q4.up.device, &q4.inject.device, 4, 64, 1));
-  EXPECT_FALSE(cuda::hc_fused_read_fits(q4.down.device, q4.up.device, &q4.inject.device, 4, 64, 5)) << "5 rows";
-  EXPECT_FALSE(cuda::hc_fused_read_fits(q4.down.device, q4.up.device, &q4.inject.device, 2, 128, 1))
-      << "streams and hidden that disagree with the matrices";
+  const float* norm = memory_.copy(q4.norm);
+  EXPECT_TRUE(cuda::hc_fused_read_fits(q4.down.device, q4.up.device, &q4.inject.device, norm, 4, 64, 1));
+  EXPECT_FALSE(cuda::hc_fused_read_fits(q4.down.device, q4.up.device, &q4.inject.device, norm, 4, 64, 5)) << "5 rows";
+  EXPECT_FALSE(cuda::hc_fused_read_fits(q4.down.device, q4.up.device, &q4.inject.device, norm, 3, 64, 1))
+      << "streams that disagree with the matrices";
+  EXPECT_FALSE(cuda::hc_fused_read_fits(q4.down.device, q4.up.device, &q4.inject.device, norm + 1, 4, 64, 1))
+      << "a norm that float4 loads cannot read";
   const Read bf16 = make_read(memory_, rng_, {4, 64, 64, true}, WeightFormat::BF16);
-  EXPECT_FALSE(cuda::hc_fused_read_fits(bf16.down.device, bf16.up.device, &bf16.inject.device, 4, 64, 1));
+  EXPECT_FALSE(cuda::hc_fused_read_fits(bf16.down.device, bf16.up.device, &bf16.inject.device, norm, 4, 64, 1));
   const Read narrow = make_read(memory_, rng_, {4, 64, 16, false}, WeightFormat::F32);
-  EXPECT_FALSE(cuda::hc_fused_read_fits(narrow.down.device, narrow.up.device, nullptr, 4, 64, 1));
+  EXPECT_FALSE(cuda::hc_fused_read_fits(narrow.down.device, narrow.up.device, nullptr, norm, 4, 64, 1));
 }
 
 }  // namespace

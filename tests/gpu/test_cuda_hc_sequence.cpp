@@ -60,13 +60,14 @@ TEST(CudaHcSequence, FusedDecodeReadsMatchTheGenericPath) {
   ASSERT_GT(cuda::device_count(), 0) << "the GPU tests need a CUDA device";
   ModelConfig c = load_model_config((test::mtp_fixtures() / "mtp_bf16_hc4_sharded").string());
   c.hc_lowrank = 64;
-  ASSERT_GT(c.mtp_num_layers, 0);
+  c.mtp_num_layers = 1;  // the fixture's checkpoint has the head; its config does not say so
   cuda::SyntheticOptions options;
   options.seed = 11;
   options.ngram_head_rows = 1009;
   std::shared_ptr<const cuda::DeviceModel> weights = cuda::synthetic_model(c, options);
   const cuda::DeviceGatedResidual& read = weights->layers[0].attn_hc;
-  ASSERT_TRUE(cuda::hc_fused_read_fits(read.mix_down, read.mix_up, &read.inject, c.hc_count, int(c.hidden_size), 4))
+  ASSERT_TRUE(
+      cuda::hc_fused_read_fits(read.mix_down, read.mix_up, &read.inject, read.norm, c.hc_count, int(c.hidden_size), 4))
       << "the geometry must take the fused read";
   auto factory = cuda::sequence_factory(weights);
 
