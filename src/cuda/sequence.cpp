@@ -470,11 +470,10 @@ ProductGroup CudaSequence::read_products(const DeviceGatedResidual& w) const {
 
 // Whether w's read of `rows` rows runs as hc_fused_read (two kernels, the previous write folded in).
 bool CudaSequence::fused_read(const DeviceGatedResidual& w, int rows) const {
-  const int outputs = w.mix_down.rows + (w.has_inject ? w.inject.rows : 0);
-  return rows <= kMaxDecodeRows &&
-         hc_fused_read_fits(w.mix_down, w.mix_up, w.has_inject ? &w.inject : nullptr, w.norm, c_.hc_count,
-                            int(c_.hidden_size),
-                            rows) &&
+  const DeviceMatrix* inject = w.has_inject ? &w.inject : nullptr;
+  const int outputs = w.mix_down.rows + (inject ? inject->rows : 0);
+  const bool fits = hc_fused_read_fits(w.mix_down, w.mix_up, inject, w.norm, c_.hc_count, int(c_.hidden_size), rows);
+  return rows <= kMaxDecodeRows && fits &&
          hc_fused_read_scratch_floats(outputs) <= size_t(kChunkRows) * size_t(c_.hc_hidden());  // in work_.mix
 }
 
@@ -497,8 +496,13 @@ void CudaSequence::hyper_read(const DeviceGatedResidual& w, const ProductGroup& 
   const int s = c_.hc_count, h = int(c_.hidden_size);
   const int64_t sh = c_.hc_hidden();
   if (fused_read(w, rows)) {
-    const HcFusedRead read{w.mix_down, w.mix_up,       w.has_inject ? w.inject : DeviceMatrix{}, w.norm, s,
-                           h,          c_.rms_norm_eps};
+    const HcFusedRead read{.mix_down = w.mix_down,
+                           .mix_up = w.mix_up,
+                           .inject = w.has_inject ? w.inject : DeviceMatrix{},
+                           .norm = w.norm,
+                           .streams = s,
+                           .hidden = h,
+                           .eps = c_.rms_norm_eps};
     cuda_check(hc_fused_read(read, rows, stack, write_pending_, work_.output, work_.inject, work_.mix, input, stream_),
                "hyper-connection read");
     write_pending_ = false;
