@@ -358,9 +358,11 @@ class CudaSequence final : public SequenceBackend {
   void trunk_pass(int rows, bool record, int logit_rows);
   void head_pass(int rows);
   void run_layer(const DeviceLayer& w, LayerState& state, int64_t first, int rows, bool record, float* stack,
-                 bool normed, const float* next_norm);
-  void hyper_read(const DeviceGatedResidual& w, const ProductGroup& reads, const float* stack, int rows, float* input,
+                 bool normed, const DeviceGatedResidual* next_read);
+  bool fused_read(const DeviceGatedResidual& w, int rows) const;
+  void hyper_read(const DeviceGatedResidual& w, const ProductGroup& reads, float* stack, int rows, float* input,
                   bool normed);
+  void hyper_write(float* stack, int rows, const DeviceGatedResidual* next_read);
   void gated_deltanet(const DeviceGatedDeltaNet& w, LayerState& state, int rows, bool record);
   void attention(const DeviceAttention& w, LayerState& state, int64_t first, int rows);
   MoeBuffers moe_buffers() const;
@@ -368,7 +370,7 @@ class CudaSequence final : public SequenceBackend {
   void moe_prefill(const DeviceMoe& w, int rows);
   void route_and_shared_expert(const DeviceMoe& w, int rows);
   void ple(const DevicePle& w, LayerState& state, int rows, bool record, float* stack);
-  void logits_from_stacks(const DeviceGatedResidual& mixer, const ProductGroup& reads, const float* stacks, int rows,
+  void logits_from_stacks(const DeviceGatedResidual& mixer, const ProductGroup& reads, float* stacks, int rows,
                           bool normed);
   void reserve_trunk(int64_t tokens);
   void reserve_attention(AttentionCache& cache, int64_t tokens);
@@ -384,19 +386,23 @@ class CudaSequence final : public SequenceBackend {
   uint64_t generation_ = 0;                   // counts reallocations of memory that captured graphs address
   int64_t position_ = 0, mtp_position_ = 0;
   int64_t recorded_from_ = -1, recorded_rows_ = 0;
+  // The stack still lacks the last hyper-connection write (work_.inject's gates times work_.output): the next read,
+  // a fused one, applies it (hyper_write).
+  bool write_pending_ = false;
 };
 
 void CudaSequence::trunk_pass(int rows, bool record, int logit_rows) {
   gather_rows(model_->embed, work_.ids, rows, c_.hc_count, work_.stack, stream_);
-  // Each layer's last write normalises the stack for the next read: the next layer's attention read (not when it has
-  // PLE, which reads the raw stack first), or after the last layer the final mixer's when it reads every row.
-  const float* final_norm = logit_rows == rows ? model_->final_mixer.norm : nullptr;
+  // Each layer's last write prepares the stack for the next read (hyper_write): the next layer's attention read (not
+  // when it has PLE, which reads the raw stack first), or after the last layer the final mixer's when it reads every
+  // row.
+  const DeviceGatedResidual* final_read = logit_rows == rows ? &model_->final_mixer : nullptr;
   bool normed = false;
   for (size_t i = 0; i < layers_.size(); ++i) {
     const DeviceLayer* next = i + 1 < layers_.size() ? &model_->layers[i + 1] : nullptr;
-    const float* next_norm = next ? (next->ple ? nullptr : next->attn_hc.norm) : final_norm;
-    run_layer(model_->layers[i], layers_[i], position_, rows, record, work_.stack, normed, next_norm);
-    normed = next_norm != nullptr;
+    const DeviceGatedResidual* next_read = next ? (next->ple ? nullptr : &next->attn_hc) : final_read;
+    run_layer(model_->layers[i], layers_[i], position_, rows, record, work_.stack, normed, next_read);
+    normed = next_read != nullptr;
   }
   if (logit_rows)
     logits_from_stacks(model_->final_mixer, final_read_,
@@ -418,25 +424,23 @@ void CudaSequence::head_pass(int rows) {
   run_layer(m.layer, mtp_state_, mtp_position_, rows, false, work_.stack, false, nullptr);
 }
 
-// normed: work_.normed already holds the attention read's norm of the stack. next_norm: the norm weight of the read
-// after this layer, which its last write then applies (into work_.normed).
+// normed: work_.normed already holds the attention read's norm of the stack (or the write is pending for a fused
+// read). next_read: the read after this layer, which its last write prepares the stack for (hyper_write).
 void CudaSequence::run_layer(const DeviceLayer& w, LayerState& state, int64_t first, int rows, bool record,
-                             float* stack, bool normed, const float* next_norm) {
-  const int s = c_.hc_count, h = int(c_.hidden_size);
-  const float eps = c_.rms_norm_eps;
+                             float* stack, bool normed, const DeviceGatedResidual* next_read) {
   if (w.ple) ple(*w.ple, state, rows, record, stack);
   hyper_read(w.attn_hc, state.attention_read, stack, rows, work_.input, normed && !w.ple);
   if (w.kind == LayerKind::GatedDeltaNet)
     gated_deltanet(w.gdn, state, rows, record);
   else
     attention(w.attn, state, first, rows);
-  hc_write(work_.inject, work_.output, rows, s, h, stack, w.mlp_hc.norm, eps, work_.normed, stream_);
+  hyper_write(stack, rows, &w.mlp_hc);
   hyper_read(w.mlp_hc, state.mlp_read, stack, rows, work_.input, true);
   if (rows > kMaxDecodeRows && gemm_widens(w.moe.gate_up_format) && gemm_widens(w.moe.down_format))
     moe_prefill(w.moe, rows);
   else
     moe(w.moe, state.moe, rows);
-  hc_write(work_.inject, work_.output, rows, s, h, stack, next_norm, eps, work_.normed, stream_);
+  hyper_write(stack, rows, next_read);
 }
 
 // The products of one layer's inputs that read the same workspace buffer, grouped once for the sequence's life.
@@ -464,12 +468,47 @@ ProductGroup CudaSequence::read_products(const DeviceGatedResidual& w) const {
   return make_product_group(work_.normed, std::move(products));
 }
 
+// Whether w's read of `rows` rows runs as hc_fused_read (two kernels, the previous write folded in).
+bool CudaSequence::fused_read(const DeviceGatedResidual& w, int rows) const {
+  const DeviceMatrix* inject = w.has_inject ? &w.inject : nullptr;
+  const int outputs = w.mix_down.rows + (inject ? inject->rows : 0);
+  const bool fits = hc_fused_read_fits(w.mix_down, w.mix_up, inject, w.norm, c_.hc_count, int(c_.hidden_size), rows);
+  return rows <= kMaxDecodeRows && fits &&
+         hc_fused_read_scratch_floats(outputs) <= size_t(kChunkRows) * size_t(c_.hc_hidden());  // in work_.mix
+}
+
+// The hyper-connection write of the last mixer or MoE output (work_.output, gated by work_.inject) into stack. When
+// next_read (the read that follows on the same rows) is fused, it applies the write itself; otherwise the write also
+// normalises the stack for next_read (work_.normed).
+void CudaSequence::hyper_write(float* stack, int rows, const DeviceGatedResidual* next_read) {
+  if (next_read && fused_read(*next_read, rows)) {
+    write_pending_ = true;
+    return;
+  }
+  hc_write(work_.inject, work_.output, rows, c_.hc_count, int(c_.hidden_size), stack,
+           next_read ? next_read->norm : nullptr, c_.rms_norm_eps, work_.normed, stream_);
+}
+
 // input = the hyper-connection read of stack; work_.inject = the raw inject projection (hc_write applies its gate).
 // reads: w's read_products.
-void CudaSequence::hyper_read(const DeviceGatedResidual& w, const ProductGroup& reads, const float* stack, int rows,
+void CudaSequence::hyper_read(const DeviceGatedResidual& w, const ProductGroup& reads, float* stack, int rows,
                               float* input, bool normed) {
   const int s = c_.hc_count, h = int(c_.hidden_size);
   const int64_t sh = c_.hc_hidden();
+  if (fused_read(w, rows)) {
+    const HcFusedRead read{.mix_down = w.mix_down,
+                           .mix_up = w.mix_up,
+                           .inject = w.has_inject ? w.inject : DeviceMatrix{},
+                           .norm = w.norm,
+                           .streams = s,
+                           .hidden = h,
+                           .eps = c_.rms_norm_eps};
+    cuda_check(hc_fused_read(read, rows, stack, write_pending_, work_.output, work_.inject, work_.mix, input, stream_),
+               "hyper-connection read");
+    write_pending_ = false;
+    return;
+  }
+  check(!write_pending_, "hyper-connection read: a deferred write reached a read that does not apply it");
   if (!normed) rms_norm(stack, sh, h, rows, s, h, w.norm, h, c_.rms_norm_eps, work_.normed, stream_);
   run_products(reads, rows, stream_);
   hc_low_activation(work_.low, int64_t(rows) * c_.hc_lowrank, s, stream_);
@@ -664,8 +703,8 @@ void CudaSequence::ple(const DevicePle& w, LayerState& state, int rows, bool rec
            work_.ple_out, stack, state.ple_conv.recorded<float>(record), stream_);
 }
 
-// normed: work_.normed already holds the mixer's norm of `stacks`.
-void CudaSequence::logits_from_stacks(const DeviceGatedResidual& mixer, const ProductGroup& reads, const float* stacks,
+// normed: work_.normed already holds the mixer's norm of `stacks` (or the write is pending for a fused read).
+void CudaSequence::logits_from_stacks(const DeviceGatedResidual& mixer, const ProductGroup& reads, float* stacks,
                                       int rows, bool normed) {
   hyper_read(mixer, reads, stacks, rows, work_.hidden, normed);
   linear(model_->lm_head, work_.hidden, rows, work_.logits, stream_);
