@@ -27,12 +27,12 @@ constexpr int kC = kGdnChunk;  // tokens per chunk
 //   S_C = e^{γ_C} S₀ + Σ_s e^{γ_C−γ_s} k_s δ_sᵀ.
 // Every exponent is ≤ 0 (γ falls), so nothing overflows. Three kernels: prepare (all chunks in parallel: A, then W and
 // U by blocked forward substitution, plus P[t,s] = e^{γ_t−γ_s} q_t·k_s for s ≤ t, Qd = diag(e^γ) Q and
-// Kd = diag(e^{γ_C−γ}) K), scan (chunk after chunk per head and 32-column slice: Δ = U − W S, S ← e^{γ_C} S + Kdᵀ Δ,
+// Kd = diag(e^{γ_C−γ}) K), scan (chunk after chunk per head and 64-column slice: Δ = U − W S, S ← e^{γ_C} S + Kdᵀ Δ,
 // recording each chunk's S₀), outputs (all chunks in parallel: O = Qd S₀ + P Δ), then the gated norm.
 //
-// Every matrix product runs on tensor cores as 3×TF32: each fp32 operand x is split into hi = tf32(x) and
-// lo = tf32(x − hi), and hi·hi + hi·lo + lo·hi is accumulated in fp32. The dropped lo·lo term and the rounding of lo
-// are ~2⁻²² relative, so the products keep fp32 accuracy (plain TF32, ~2⁻¹¹, would not meet the tests' 1e-4).
+// Every matrix product runs on tensor cores as 3×TF32: each fp32 operand x is split into a tf32 hi and lo = x − hi
+// (split_tf32), and hi·hi + hi·lo + lo·hi is accumulated in fp32. The dropped lo·lo term and the truncation of lo are
+// ~2⁻²⁰ relative, so the products keep fp32 accuracy (plain TF32, ~2⁻¹¹, would not meet the tests' 1e-4).
 // Tiles are 16 × 16 (k-steps of 8); shared-memory tiles are zero-padded to multiples of 16 and their row strides are
 // a multiple of 16 plus 4 floats, so the fragment loads spread over the banks.
 
@@ -43,26 +43,44 @@ constexpr int kStep = 8;                         // the k extent of one tf32 mma
 constexpr int kChunkStride = kC + 4;             // row stride of [C][C] tiles
 constexpr int kSliceStride = kSliceColumns + 4;  // row stride of [..][32] slice tiles
 
+// The kernels are compiled twice: for the release's head dimensions (dk = dv = 128) as constants, so that every
+// stride and k-loop bound is known to the compiler (immediate offsets, unrolled loops), and for any shape.
+constexpr int kReleaseDim = 128;
+__host__ __device__ inline bool is_release(const GdnShape& s) { return s.dk == kReleaseDim && s.dv == kReleaseDim; }
+template <bool kRelease>
+__device__ inline GdnShape fixed(GdnShape s) {
+  if constexpr (kRelease) s.dk = s.dv = kReleaseDim;
+  return s;
+}
+
 __host__ __device__ inline int padded(int width) { return (width + kTile - 1) / kTile * kTile; }
 __host__ __device__ inline int stride_of(int width) { return padded(width) + 4; }
 
-// Splits the fp32 values of a loaded fragment into its tf32 part (in place) and the tf32 part of the remainder.
+// Splits the fp32 values of a loaded fragment into hi, x with its low 13 mantissa bits cleared (a tf32 value), and
+// lo = x − hi (exact in fp32, |lo| < 2⁻¹⁰|x|). lo goes to the tensor cores as it is: they read the top 19 bits of
+// an operand, so lo is truncated to tf32 there (error < 2⁻²⁰|x|). Two instructions a value, where rounding both
+// parts with __float_to_tf32 (and its inf/nan guard) took about nine.
 template <typename Fragment>
 __device__ inline void split_tf32(Fragment& hi, Fragment& lo) {
 #pragma unroll
   for (int e = 0; e < hi.num_elements; ++e) {
     const float x = hi.x[e];
-    hi.x[e] = wmma::__float_to_tf32(x);
-    lo.x[e] = wmma::__float_to_tf32(x - hi.x[e]);
+    hi.x[e] = __uint_as_float(__float_as_uint(x) & 0xffffe000u);
+    lo.x[e] = x - hi.x[e];
   }
 }
 
 // acc += A B over `steps` k-steps of 8: A is 16 × 8·steps at a (layout LayoutA, stride lda), B is 8·steps × 16 at b
-// (layout LayoutB, stride ldb); one warp, 3×TF32.
+// (layout LayoutB, stride ldb); one warp, 3×TF32. The hi·hi products and the two kinds of cross terms go to three
+// accumulators, so three chains of dependent mma run side by side instead of one three times as long.
 template <typename LayoutA, typename LayoutB>
 __device__ inline void mma_3xtf32(Accumulator& acc, const float* a, int lda, const float* b, int ldb, int steps) {
   constexpr bool a_rows = std::is_same_v<LayoutA, wmma::row_major>;
   constexpr bool b_rows = std::is_same_v<LayoutB, wmma::row_major>;
+  Accumulator lo_hi, hi_lo;
+  wmma::fill_fragment(lo_hi, 0.0f);
+  wmma::fill_fragment(hi_lo, 0.0f);
+#pragma unroll 4  // lets the fragment loads of later k-steps run ahead of the mma chains
   for (int k = 0; k < steps; ++k) {
     wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, LayoutA> a_hi, a_lo;
     wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, LayoutB> b_hi, b_lo;
@@ -70,10 +88,44 @@ __device__ inline void mma_3xtf32(Accumulator& acc, const float* a, int lda, con
     wmma::load_matrix_sync(b_hi, b + (b_rows ? k * kStep * ldb : k * kStep), unsigned(ldb));
     split_tf32(a_hi, a_lo);
     split_tf32(b_hi, b_lo);
-    wmma::mma_sync(acc, a_lo, b_hi, acc);
-    wmma::mma_sync(acc, a_hi, b_lo, acc);
+    wmma::mma_sync(lo_hi, a_lo, b_hi, lo_hi);
+    wmma::mma_sync(hi_lo, a_hi, b_lo, hi_lo);
     wmma::mma_sync(acc, a_hi, b_hi, acc);
   }
+#pragma unroll
+  for (int e = 0; e < acc.num_elements; ++e) acc.x[e] += lo_hi.x[e] + hi_lo.x[e];
+}
+
+// first += A₀ B and second += A₁ B (as mma_3xtf32; A₀ at a0, A₁ at a1, one B): two independent tiles interleaved, B
+// loaded and split once.
+template <typename LayoutA, typename LayoutB>
+__device__ inline void mma_pair_3xtf32(Accumulator& first, Accumulator& second, const float* a0, const float* a1,
+                                       int lda, const float* b, int ldb, int steps) {
+  constexpr bool a_rows = std::is_same_v<LayoutA, wmma::row_major>;
+  constexpr bool b_rows = std::is_same_v<LayoutB, wmma::row_major>;
+  Accumulator cross0, cross1;  // both cross terms of each tile
+  wmma::fill_fragment(cross0, 0.0f);
+  wmma::fill_fragment(cross1, 0.0f);
+#pragma unroll 2
+  for (int k = 0; k < steps; ++k) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, LayoutA> a0_hi, a0_lo, a1_hi, a1_lo;
+    wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, LayoutB> b_hi, b_lo;
+    const int a_offset = a_rows ? k * kStep : k * kStep * lda;
+    wmma::load_matrix_sync(b_hi, b + (b_rows ? k * kStep * ldb : k * kStep), unsigned(ldb));
+    wmma::load_matrix_sync(a0_hi, a0 + a_offset, unsigned(lda));
+    wmma::load_matrix_sync(a1_hi, a1 + a_offset, unsigned(lda));
+    split_tf32(b_hi, b_lo);
+    split_tf32(a0_hi, a0_lo);
+    split_tf32(a1_hi, a1_lo);
+    wmma::mma_sync(cross0, a0_lo, b_hi, cross0);
+    wmma::mma_sync(cross1, a1_lo, b_hi, cross1);
+    wmma::mma_sync(first, a0_hi, b_hi, first);
+    wmma::mma_sync(second, a1_hi, b_hi, second);
+    wmma::mma_sync(cross0, a0_hi, b_lo, cross0);
+    wmma::mma_sync(cross1, a1_hi, b_lo, cross1);
+  }
+#pragma unroll
+  for (int e = 0; e < first.num_elements; ++e) first.x[e] += cross0.x[e], second.x[e] += cross1.x[e];
 }
 
 // tile[t][c] (row stride ld) for t < tile_rows, c < tile_width (a multiple of 4): source[t·source_stride + c]
@@ -136,7 +188,9 @@ size_t prepare_shared_bytes(const GdnShape& s) {
 }
 
 // Block (head, chunk), 256 threads.
-__global__ void __launch_bounds__(kThreads) gdn_chunk_prepare_kernel(GdnShape s, GdnInputs in, ChunkScratch x) {
+template <bool kRelease>
+__global__ void __launch_bounds__(kThreads) gdn_chunk_prepare_kernel(GdnShape shape, GdnInputs in, ChunkScratch x) {
+  const GdnShape s = fixed<kRelease>(shape);
   cudaTriggerProgrammaticLaunchCompletion();
   extern __shared__ __align__(128) float4 shared4[];
   const int kdp = padded(s.dk), vdp = padded(s.dv);
@@ -196,11 +250,11 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_prepare_kernel(GdnShape s,
   }
   __syncthreads();
 
-  // K Kᵀ and Q Kᵀ, 16 tiles each; the tiles above the diagonal are masked below and not computed.
-  for (int tile = warp; tile < 32; tile += kWarps) {
-    const bool q_rows_tile = tile >= 16;
-    const int r0 = tile % 16 / 4 * kTile, c0 = tile % 4 * kTile;
-    if (c0 > r0) continue;
+  // K Kᵀ and Q Kᵀ: the 10 tiles of each on or below the diagonal (those above are masked below), ≤ 3 a warp.
+  for (int tile = warp; tile < 20; tile += kWarps) {
+    const bool q_rows_tile = tile >= 10;
+    const int lower = tile % 10, row = lower >= 6 ? 3 : lower >= 3 ? 2 : lower >= 1 ? 1 : 0;
+    const int r0 = row * kTile, c0 = (lower - row * (row + 1) / 2) * kTile;
     Accumulator acc;
     wmma::fill_fragment(acc, 0.0f);
     const float* left = q_rows_tile ? queries + r0 * ldx : keys + r0 * ldk;
@@ -220,18 +274,20 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_prepare_kernel(GdnShape s,
   const float gamma_end = gamma[kC - 1];
   float* qd = x.qd + block * kC * s.dk;
   float* kd = x.kd + block * kC * s.dk;
-  for (int e = tid; e < kC * s.dk; e += kThreads) {
-    const int t = e / s.dk, i = e % s.dk;
-    qd[e] = queries[t * ldx + i] * expf(gamma[t]);
-    kd[e] = keys[t * ldk + i] * expf(gamma_end - gamma[t]);
+  for (int t = warp; t < kC; t += kWarps) {  // a warp a row: e^{γ_t} and e^{γ_C−γ_t} once per row
+    const float to_row = expf(gamma[t]), to_end = expf(gamma_end - gamma[t]);
+    for (int i = lane; i < s.dk; i += 32) {
+      qd[t * s.dk + i] = queries[t * ldx + i] * to_row;
+      kd[t * s.dk + i] = keys[t * ldk + i] * to_end;
+    }
   }
   if (tid == 0) x.decay[block] = expf(gamma_end);
   __syncthreads();
 
   // The right-hand sides [diag(β e^γ) K | diag(β) V] (zero past the input: β = 0 there).
-  for (int e = tid; e < kC * kdp; e += kThreads) {
-    const int t = e / kdp, i = e % kdp;
-    keys[t * ldk + i] *= beta[t] * expf(gamma[t]);
+  for (int t = warp; t < kC; t += kWarps) {
+    const float scale = beta[t] * expf(gamma[t]);
+    for (int i = lane; i < kdp; i += 32) keys[t * ldk + i] *= scale;
   }
   const float* v_rows = in.qkv + size_t(t0) * s.conv_dim + 2 * s.key_dim + h * s.dv;
   for (int e = tid; e < kC * vdp; e += kThreads) {
@@ -286,90 +342,122 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_prepare_kernel(GdnShape s,
   for (int e = tid; e < kC * s.dv; e += kThreads) u_out[e] = values[e / s.dv * ldx + e % s.dv];
 }
 
-// Shared memory of the scan: W and Kd [C][ldk], U and Δ [C][36], the state slice [kdp][36].
-size_t scan_shared_bytes(const GdnShape& s) {
-  return (2 * size_t(kC) * stride_of(s.dk) + 2 * size_t(kC) * kSliceStride + size_t(padded(s.dk)) * kSliceStride) * 4;
+// The scan: block (head, slice of 64 value columns), 512 threads, one block an SM (at the release shape 96 blocks,
+// each value head's W and Kd read twice, not four times as with 32-column slices). Its shared memory: two stages of
+// {W, Kd [C][ldk], U [C][68]} (the next chunk's operands load during the whole of the current chunk's math), Δ [C][68]
+// and the state slice [kdp][68]: 217 KB at dk = 128.
+constexpr int kScanColumns = 64;
+constexpr int kScanThreads = 512;
+constexpr int kScanStride = kScanColumns + 4;
+
+__host__ __device__ inline size_t scan_stage_floats(const GdnShape& s) {
+  return 2 * size_t(kC) * stride_of(s.dk) + size_t(kC) * kScanStride;
 }
 
-// Block (head, slice of 32 value columns), 256 threads; the chunks in order. The next chunk's W and U load while the
-// state is updated, its Kd while Δ is computed. Warp w computes the Δ tile (rows 16·(w/2), columns 16·(w%2)) and
-// the state tiles w, w + 8, … (2 tiles a row of 16).
-__global__ void __launch_bounds__(kThreads)
-    gdn_chunk_scan_kernel(GdnShape s, int rows, ChunkScratch x, float* recurrent) {
+size_t scan_shared_bytes(const GdnShape& s) {
+  return (2 * scan_stage_floats(s) + size_t(kC) * kScanStride + size_t(padded(s.dk)) * kScanStride) * 4;
+}
+
+// target[t·ld + c] = tile[t][c] (row stride kScanStride) for t < rows, c < columns; whole float4s for full slices.
+__device__ inline void store_slice(float* target, size_t ld, const float* tile, int rows, int columns) {
+  constexpr int kVectors = kScanColumns / 4;  // float4s a full row
+  if (columns == kScanColumns && ld % 4 == 0 && reinterpret_cast<uintptr_t>(target) % 16 == 0) {
+    for (int e = threadIdx.x; e < rows * kVectors; e += kScanThreads) {
+      const int t = e / kVectors, c = e % kVectors * 4;
+      *reinterpret_cast<float4*>(target + t * ld + c) = *reinterpret_cast<const float4*>(tile + t * kScanStride + c);
+    }
+    return;
+  }
+  for (int e = threadIdx.x; e < rows * columns; e += kScanThreads)
+    target[e / columns * ld + e % columns] = tile[e / columns * kScanStride + e % columns];
+}
+
+// Per chunk, in order: S₀ to the scratch; Δ = U − W S (warp w: the tile at rows 16·(w/4), columns 16·(w%4)), Δ to
+// the scratch (over U); S ← e^{γ_C} S + Kdᵀ Δ.
+template <bool kRelease>
+__global__ void __launch_bounds__(kScanThreads, 1)
+    gdn_chunk_scan_kernel(GdnShape shape, int rows, ChunkScratch x, float* recurrent) {
+  const GdnShape s = fixed<kRelease>(shape);
   cudaTriggerProgrammaticLaunchCompletion();
   extern __shared__ __align__(128) float4 shared4[];
   const int kdp = padded(s.dk), ldk = stride_of(s.dk);
-  float* w = reinterpret_cast<float*>(shared4);  // [C][ldk]
-  float* kd = w + kC * ldk;                      // [C][ldk]
-  float* u = kd + kC * ldk;                      // [C][36]
-  float* delta = u + kC * kSliceStride;          // [C][36]
-  float* state = delta + kC * kSliceStride;      // [kdp][36]
+  const size_t stage_floats = scan_stage_floats(s);
+  float* stages = reinterpret_cast<float*>(shared4);  // 2 × {W [C][ldk], Kd [C][ldk], U [C][68]}
+  float* delta = stages + 2 * stage_floats;           // [C][68]
+  float* state = delta + kC * kScanStride;            // [kdp][68]
   const int h = blockIdx.x, tid = threadIdx.x, warp = tid / 32;
-  const int j0 = blockIdx.y * kSliceColumns, columns = min(kSliceColumns, s.dv - j0);
+  const int j0 = blockIdx.y * kScanColumns, columns = min(kScanColumns, s.dv - j0);
   const int chunks = (rows + kC - 1) / kC;
   const size_t dv = size_t(s.dv);
   float* head_state = recurrent + size_t(h) * s.dk * dv + j0;
-  auto stage_w_u = [&](int chunk) {
+  auto stage_chunk = [&](int chunk) {
+    float* w = stages + (chunk % 2) * stage_floats;
     const size_t block = size_t(chunk) * s.heads + h;
     stage_tile(w, ldk, kC, kdp, x.w + block * kC * s.dk, size_t(s.dk), kC, s.dk);
-    stage_tile(u, kSliceStride, kC, kSliceColumns, x.u + block * kC * dv + j0, dv, kC, columns);
+    stage_tile(w + kC * ldk, ldk, kC, kdp, x.kd + block * kC * s.dk, size_t(s.dk), kC, s.dk);
+    stage_tile(w + 2 * kC * ldk, kScanStride, kC, kScanColumns, x.u + block * kC * dv + j0, dv, kC, columns);
   };
-  auto stage_kd = [&](int chunk) {
-    const size_t block = size_t(chunk) * s.heads + h;
-    stage_tile(kd, ldk, kC, kdp, x.kd + block * kC * s.dk, size_t(s.dk), kC, s.dk);
-  };
-  stage_tile(state, kSliceStride, kdp, kSliceColumns, head_state, dv, s.dk, columns);
-  stage_w_u(0);
-  __pipeline_commit();
-  stage_kd(0);
+  stage_tile(state, kScanStride, kdp, kScanColumns, head_state, dv, s.dk, columns);
+  stage_chunk(0);
   __pipeline_commit();
 
-  const int delta_row = warp / 2 * kTile, delta_column = warp % 2 * kTile;
+  const int delta_row = warp / 4 * kTile, delta_column = warp % 4 * kTile;
+  const int row_tiles = kdp / kTile, c0 = warp % 4 * kTile;  // the state update's
   for (int chunk = 0; chunk < chunks; ++chunk) {
     const size_t block = size_t(chunk) * s.heads + h;
     const float decay = x.decay[block];  // loaded here, used in the state update
-    __pipeline_wait_prior(1);            // W, U (and before the first chunk the state); Kd may still be in flight
+    // The previous chunk's last barrier freed the other stage.
+    if (chunk + 1 < chunks) stage_chunk(chunk + 1);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);  // this chunk's stage (and before the first chunk the state)
     __syncthreads();
-    float* s0 = x.s0 + block * s.dk * dv + j0;  // the state before this chunk, for the outputs
-    for (int e = tid; e < s.dk * columns; e += kThreads)
-      s0[e / columns * dv + e % columns] = state[e / columns * kSliceStride + e % columns];
+    const float* w = stages + (chunk % 2) * stage_floats;
+    const float* kd = w + kC * ldk;
+    const float* u = kd + kC * ldk;
+    store_slice(x.s0 + block * s.dk * dv + j0, dv, state, s.dk, columns);  // S₀, for the outputs
 
     {  // Δ = U − W S
       Accumulator product, result;
       wmma::fill_fragment(product, 0.0f);
-      mma_3xtf32<wmma::row_major, wmma::row_major>(product, w + delta_row * ldk, ldk, state + delta_column,
-                                                   kSliceStride, kdp / kStep);
-      wmma::load_matrix_sync(result, u + delta_row * kSliceStride + delta_column, kSliceStride, wmma::mem_row_major);
+      mma_3xtf32<wmma::row_major, wmma::row_major>(product, w + delta_row * ldk, ldk, state + delta_column, kScanStride,
+                                                   kdp / kStep);
+      wmma::load_matrix_sync(result, u + delta_row * kScanStride + delta_column, kScanStride, wmma::mem_row_major);
 #pragma unroll
       for (int e = 0; e < result.num_elements; ++e) result.x[e] -= product.x[e];
-      wmma::store_matrix_sync(delta + delta_row * kSliceStride + delta_column, result, kSliceStride,
-                              wmma::mem_row_major);
+      wmma::store_matrix_sync(delta + delta_row * kScanStride + delta_column, result, kScanStride, wmma::mem_row_major);
     }
     __syncthreads();
-    if (chunk + 1 < chunks) stage_w_u(chunk + 1);
-    __pipeline_commit();
-    float* delta_out = x.u + block * kC * dv + j0;  // Δ replaces U
-    for (int e = tid; e < kC * columns; e += kThreads)
-      delta_out[e / columns * dv + e % columns] = delta[e / columns * kSliceStride + e % columns];
-    __pipeline_wait_prior(1);  // Kd
-    __syncthreads();
+    store_slice(x.u + block * kC * dv + j0, dv, delta, kC, columns);  // Δ replaces U
 
-    // S ← e^{γ_C} S + Kdᵀ Δ
-    for (int tile = warp; tile < kdp / kTile * 2; tile += kWarps) {
-      const int r0 = tile / 2 * kTile, c0 = tile % 2 * kTile;
-      Accumulator next;
-      wmma::load_matrix_sync(next, state + r0 * kSliceStride + c0, kSliceStride, wmma::mem_row_major);
+    // S ← e^{γ_C} S + Kdᵀ Δ: warp w updates column tile w % 4 of the row tiles w / 4, w / 4 + 4, … two at a time.
+    auto decayed = [&](Accumulator& tile, int row_tile) {
+      wmma::load_matrix_sync(tile, state + row_tile * kTile * kScanStride + c0, kScanStride, wmma::mem_row_major);
 #pragma unroll
-      for (int e = 0; e < next.num_elements; ++e) next.x[e] *= decay;
-      mma_3xtf32<wmma::col_major, wmma::row_major>(next, kd + r0, ldk, delta + c0, kSliceStride, kC / kStep);
-      wmma::store_matrix_sync(state + r0 * kSliceStride + c0, next, kSliceStride, wmma::mem_row_major);
+      for (int e = 0; e < tile.num_elements; ++e) tile.x[e] *= decay;
+    };
+    auto store = [&](const Accumulator& tile, int row_tile) {
+      wmma::store_matrix_sync(state + row_tile * kTile * kScanStride + c0, tile, kScanStride, wmma::mem_row_major);
+    };
+    int row_tile = warp / 4;
+    for (; row_tile + 4 < row_tiles; row_tile += 8) {
+      Accumulator first, second;
+      decayed(first, row_tile);
+      decayed(second, row_tile + 4);
+      mma_pair_3xtf32<wmma::col_major, wmma::row_major>(
+          first, second, kd + row_tile * kTile, kd + (row_tile + 4) * kTile, ldk, delta + c0, kScanStride, kC / kStep);
+      store(first, row_tile);
+      store(second, row_tile + 4);
+    }
+    if (row_tile < row_tiles) {
+      Accumulator next;
+      decayed(next, row_tile);
+      mma_3xtf32<wmma::col_major, wmma::row_major>(next, kd + row_tile * kTile, ldk, delta + c0, kScanStride,
+                                                   kC / kStep);
+      store(next, row_tile);
     }
     __syncthreads();
-    if (chunk + 1 < chunks) stage_kd(chunk + 1);
-    __pipeline_commit();
   }
-  for (int e = tid; e < s.dk * columns; e += kThreads)
-    head_state[e / columns * dv + e % columns] = state[e / columns * kSliceStride + e % columns];
+  store_slice(head_state, dv, state, s.dk, columns);
 }
 
 // Shared memory of the outputs: Qd [C][ldk] (then the output tile [C][36]), P [C][C + 4], S₀ [kdp][36], Δ [C][36].
@@ -433,6 +521,7 @@ __device__ inline void strip_mma_3xtf32(Accumulator (&acc)[kC / kTile], const fl
   using FragmentB = wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major>;
   FragmentB next;
   wmma::load_matrix_sync(next, b, unsigned(ldb));
+#pragma unroll 4
   for (int k = 0; k < steps; ++k) {
     FragmentB b_hi = next, b_lo;
     if (k + 1 < steps) wmma::load_matrix_sync(next, b + (k + 1) * kStep * ldb, unsigned(ldb));
@@ -450,8 +539,10 @@ __device__ inline void strip_mma_3xtf32(Accumulator (&acc)[kC / kTile], const fl
 }
 
 // Block (head, chunk): O = Qd S₀ + P Δ, then out = w ⊙ rmsnorm(O) ⊙ gate(z) row by row (warp t: rows t, t + 8, …).
+template <bool kRelease>
 __global__ void __launch_bounds__(kThreads)
-    gdn_chunk_output_norm_kernel(GdnShape s, GdnInputs in, ChunkScratch x, float* out) {
+    gdn_chunk_output_norm_kernel(GdnShape shape, GdnInputs in, ChunkScratch x, float* out) {
+  const GdnShape s = fixed<kRelease>(shape);
   cudaTriggerProgrammaticLaunchCompletion();
   extern __shared__ __align__(128) float4 shared4[];
   const int ldq = s.dk + 4, ldo = s.dv + 4;
@@ -526,15 +617,21 @@ void gdn_prefill(const GdnShape& s, const GdnInputs& in, float* recurrent, float
   const ChunkScratch x = chunk_scratch(s, in.rows, scratch, nullptr);
   const unsigned chunks = unsigned((in.rows + kC - 1) / kC), heads = unsigned(s.heads);
   const unsigned slices = unsigned((s.dv + kSliceColumns - 1) / kSliceColumns);
+  const bool release = is_release(s);
+  const auto prepare = release ? gdn_chunk_prepare_kernel<true> : gdn_chunk_prepare_kernel<false>;
   const size_t prepare_bytes = prepare_shared_bytes(s);
-  cudaFuncSetAttribute(gdn_chunk_prepare_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(prepare_bytes));
-  gdn_chunk_prepare_kernel<<<dim3(heads, chunks), kThreads, prepare_bytes, stream>>>(s, in, x);
-  launch_with_shared(gdn_chunk_scan_kernel, dim3(heads, slices), scan_shared_bytes(s), stream, s, in.rows, x,
-                     recurrent);
+  cudaFuncSetAttribute(prepare, cudaFuncAttributeMaxDynamicSharedMemorySize, int(prepare_bytes));
+  prepare<<<dim3(heads, chunks), kThreads, prepare_bytes, stream>>>(s, in, x);
+  const size_t scan_bytes = scan_shared_bytes(s);
+  const unsigned scan_slices = unsigned((s.dv + kScanColumns - 1) / kScanColumns);
+  const auto scan = release ? gdn_chunk_scan_kernel<true> : gdn_chunk_scan_kernel<false>;
+  cudaFuncSetAttribute(scan, cudaFuncAttributeMaxDynamicSharedMemorySize, int(scan_bytes));
+  scan<<<dim3(heads, scan_slices), kScanThreads, scan_bytes, stream>>>(s, in.rows, x, recurrent);
   if (fused_output_fits(s)) {
     const size_t bytes = output_norm_shared_bytes(s);
-    cudaFuncSetAttribute(gdn_chunk_output_norm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-    gdn_chunk_output_norm_kernel<<<dim3(heads, chunks), kThreads, bytes, stream>>>(s, in, x, out);
+    const auto output = release ? gdn_chunk_output_norm_kernel<true> : gdn_chunk_output_norm_kernel<false>;
+    cudaFuncSetAttribute(output, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+    output<<<dim3(heads, chunks), kThreads, bytes, stream>>>(s, in, x, out);
     return;
   }
   launch_with_shared(gdn_chunk_output_kernel, dim3(heads, chunks, slices), output_shared_bytes(s), stream, s, in.rows,

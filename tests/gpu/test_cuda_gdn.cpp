@@ -155,7 +155,7 @@ double error_of(const std::vector<float>& got, const std::vector<double>& want) 
 }
 
 // fp32 rounding only: sums over ≤ 128 products per step and, in the chunked form, a reordering of the recurrence
-// (a float32 model of the chunk algorithm stays below 3e-6 here) whose products run as 3×TF32 (dropped terms ~2⁻²²
+// (a float32 model of the chunk algorithm stays below 3e-6 here) whose products run as 3×TF32 (dropped terms ~2⁻²⁰
 // relative, the order of fp32's own rounding). A wrong index, decay, row or slice gives ≥ 1e-2.
 constexpr double kTolerance = 1e-4;
 
@@ -375,6 +375,27 @@ TEST(CudaGdn, ConvDecodePassesCarryTheirStates) {
   EXPECT_LE(error_of(host_copy(out, want.out.size()), want.out), kTolerance);
   EXPECT_LE(error_of(host_copy(state, in.state.size()), want.state), kTolerance);
   EXPECT_EQ(host_copy(conv_state, c.state.size()), conv_want.row_states.back());
+}
+
+// Many chunks at the release's head dimensions (two 64-column scan slices; the scan's two operand stages alternate
+// 16 times; the last chunk is partial), from a non-zero state. Three value heads on one key head keep the reference's
+// recorded row states small.
+TEST(CudaGdn, ChunkedPrefillOfManyChunksMatchesRecurrence) {
+  std::mt19937 rng(10);
+  const GdnShape s = shape_of(3, 1, 128, 128);
+  const int rows = 1000;
+  const Inputs in = random_inputs(s, rows, rng, true);
+  const Expected want = reference(s, in, rows);
+  Device d;
+  const cuda::GdnInputs gpu = device_inputs(d, in, rows);
+  float* state = d.copy(in.state);
+  float* scratch = d.zeros(cuda::gdn_chunk_scratch_floats(s, rows));
+  float* out = d.zeros(want.out.size());
+  cuda::gdn_prefill(s, gpu, state, scratch, out, nullptr);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_LE(error_of(host_copy(out, want.out.size()), want.out), kTolerance);
+  EXPECT_LE(error_of(host_copy(state, in.state.size()), want.state), kTolerance);
 }
 
 }  // namespace
