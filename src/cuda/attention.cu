@@ -2,6 +2,7 @@
 
 #include "cuda/attention.cuh"
 #include "cuda/device_math.cuh"
+#include "cuda/launch.cuh"
 
 namespace vavilov::cuda {
 
@@ -36,7 +37,8 @@ __device__ void norm_rope(const float* x, int width, const float* weight, float 
 __global__ void __launch_bounds__(kInputThreads)
     attention_inputs_kernel(AttentionShape s, AttentionInputs in, const int64_t* first_position, float* queries,
                             float* index_queries, AttentionCaches caches) {
-  cudaTriggerProgrammaticLaunchCompletion();
+  wait_for_producers();
+  allow_dependents();
   extern __shared__ float normed[];
   const int job = blockIdx.x, r = blockIdx.y, hd = s.head_dim, ihd = s.index_dim;
   const int64_t position = *first_position + r;
@@ -63,7 +65,8 @@ __global__ void __launch_bounds__(kInputThreads)
 __global__ void pool_block_keys_kernel(const float* index_keys, const int64_t* first_position, int rows, int ratio,
                                        int dim, const float* norm_weight, float eps, const float* inv_freq,
                                        int rotary_dim, float* block_keys) {
-  cudaTriggerProgrammaticLaunchCompletion();
+  wait_for_producers();
+  allow_dependents();
   __shared__ float normed[kMaxIndexDim];
   const int64_t first = *first_position, b = first / ratio + blockIdx.x;
   if (b >= (first + rows) / ratio) return;  // the whole block: only blocks completed by this pass
@@ -94,7 +97,8 @@ __global__ void pool_block_keys_kernel(const float* index_keys, const int64_t* f
 
 __global__ void qsa_scores_kernel(AttentionShape s, const float* index_queries, const float* block_keys,
                                   const int64_t* first_position, int stride_blocks, float* scores) {
-  cudaTriggerProgrammaticLaunchCompletion();
+  wait_for_producers();
+  allow_dependents();
   const int r = blockIdx.y, lane = threadIdx.x % 32;
   const int b = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int64_t blocks = (*first_position + r + 1) / s.ratio;
@@ -112,7 +116,8 @@ __global__ void qsa_scores_kernel(AttentionShape s, const float* index_queries, 
 
 __global__ void qsa_rank_kernel(AttentionShape s, const int64_t* first_position, int stride_blocks, const float* scores,
                                 uint8_t* selected) {
-  cudaTriggerProgrammaticLaunchCompletion();
+  wait_for_producers();
+  allow_dependents();
   const int r = blockIdx.y, b = blockIdx.x * blockDim.x + threadIdx.x;
   const int64_t blocks = (*first_position + r + 1) / s.ratio;
   if (b >= blocks) return;
@@ -135,7 +140,8 @@ constexpr int kScoresPerBlock = 64;
 __global__ void __launch_bounds__(kScoreWarps * 32)
     attention_scores_kernel(AttentionShape s, const float* queries, const float* keys, const uint8_t* selected,
                             const int64_t* first_position, int stride_blocks, int max_tokens, float* weights) {
-  cudaTriggerProgrammaticLaunchCompletion();
+  wait_for_producers();
+  allow_dependents();
   const int rh = blockIdx.y, r = rh / s.heads, h = rh % s.heads, lane = threadIdx.x % 32;
   const int64_t visible = *first_position + r + 1, blocks = visible / s.ratio;
   const int64_t begin = int64_t(blockIdx.x) * kScoresPerBlock, end = min(begin + kScoresPerBlock, visible);
@@ -164,7 +170,8 @@ constexpr int kValuesPerLane = 8;  // columns a lane accumulates per pass over t
 __global__ void __launch_bounds__(kValueWarps * 32)
     attention_values_kernel(AttentionShape s, const float* q_gate, const float* values, const int64_t* first_position,
                             int max_tokens, float* weights, float* out) {
-  cudaTriggerProgrammaticLaunchCompletion();
+  wait_for_producers();
+  allow_dependents();
   extern __shared__ float partial[];  // [kValueWarps, head_dim]
   const int rh = blockIdx.x, r = rh / s.heads, h = rh % s.heads, hd = s.head_dim;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -206,17 +213,16 @@ void attention_inputs(const AttentionShape& s, const AttentionInputs& in, int ro
   if (rows == 0) return;
   const dim3 grid(unsigned(s.heads + s.kv_heads + s.index_heads + 1), unsigned(rows));
   const size_t shared = size_t(std::max(s.head_dim, s.index_dim)) * sizeof(float);
-  attention_inputs_kernel<<<grid, kInputThreads, shared, stream>>>(s, in, first_position, queries, index_queries,
-                                                                   caches);
+  launch_dependent(attention_inputs_kernel, grid, kInputThreads, shared, stream, s, in, first_position, queries,
+                   index_queries, caches);
 }
 
 void pool_block_keys(const AttentionShape& s, int rows, const int64_t* first_position, const float* norm_weight,
                      float eps, const float* inv_freq, int rotary_dim, const AttentionCaches& caches,
                      cudaStream_t stream) {
   if (rows == 0) return;
-  pool_block_keys_kernel<<<rows / s.ratio + 1, 128, 0, stream>>>(caches.index_keys, first_position, rows, s.ratio,
-                                                                 s.index_dim, norm_weight, eps, inv_freq, rotary_dim,
-                                                                 caches.block_keys);
+  launch_dependent(pool_block_keys_kernel, rows / s.ratio + 1, 128, 0, stream, caches.index_keys, first_position, rows,
+                   s.ratio, s.index_dim, norm_weight, eps, inv_freq, rotary_dim, caches.block_keys);
 }
 
 void qsa_select(const AttentionShape& s, const float* index_queries, const float* block_keys, int rows,
@@ -224,10 +230,10 @@ void qsa_select(const AttentionShape& s, const float* index_queries, const float
                 cudaStream_t stream) {
   const int launch_blocks = bounds.launch_tokens / s.ratio, stride = bounds.stride_blocks(s.ratio);
   if (rows == 0 || launch_blocks == 0) return;
-  qsa_scores_kernel<<<dim3((launch_blocks + 7) / 8, rows), 256, 0, stream>>>(s, index_queries, block_keys,
-                                                                             first_position, stride, scores);
-  qsa_rank_kernel<<<dim3((launch_blocks + 255) / 256, rows), 256, 0, stream>>>(s, first_position, stride, scores,
-                                                                               selected);
+  launch_dependent(qsa_scores_kernel, dim3((launch_blocks + 7) / 8, rows), 256, 0, stream, s, index_queries, block_keys,
+                   first_position, stride, scores);
+  launch_dependent(qsa_rank_kernel, dim3((launch_blocks + 255) / 256, rows), 256, 0, stream, s, first_position, stride,
+                   scores, selected);
 }
 
 void sparse_attention(const AttentionShape& s, const float* queries, const float* q_gate, const float* keys,
@@ -235,11 +241,12 @@ void sparse_attention(const AttentionShape& s, const float* queries, const float
                       const AttentionBounds& bounds, float* weights, float* out, cudaStream_t stream) {
   if (rows == 0) return;
   const int score_blocks = (bounds.launch_tokens + kScoresPerBlock - 1) / kScoresPerBlock;
-  attention_scores_kernel<<<dim3(unsigned(score_blocks), unsigned(rows * s.heads)), kScoreWarps * 32, 0, stream>>>(
-      s, queries, keys, selected, first_position, bounds.stride_blocks(s.ratio), bounds.max_tokens, weights);
+  launch_dependent(attention_scores_kernel, dim3(unsigned(score_blocks), unsigned(rows * s.heads)), kScoreWarps * 32, 0,
+                   stream, s, queries, keys, selected, first_position, bounds.stride_blocks(s.ratio), bounds.max_tokens,
+                   weights);
   const size_t partial_bytes = size_t(kValueWarps) * size_t(s.head_dim) * sizeof(float);
-  attention_values_kernel<<<rows * s.heads, kValueWarps * 32, partial_bytes, stream>>>(
-      s, q_gate, values, first_position, bounds.max_tokens, weights, out);
+  launch_dependent(attention_values_kernel, rows * s.heads, kValueWarps * 32, partial_bytes, stream, s, q_gate, values,
+                   first_position, bounds.max_tokens, weights, out);
 }
 
 }  // namespace vavilov::cuda

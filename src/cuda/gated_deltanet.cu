@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "cuda/gdn_common.cuh"
+#include "cuda/launch.cuh"
 
 namespace vavilov::cuda {
 
@@ -18,7 +19,8 @@ constexpr int kMaxClusterBlocks = 16;  // sm_90 with non-portable cluster sizes;
 
 __global__ void gdn_conv_kernel(const float* taps, int channels, int kernel, float* state, float* x, int rows,
                                 float* row_states) {
-  cudaTriggerProgrammaticLaunchCompletion();
+  wait_for_producers();
+  allow_dependents();
   const int ch = blockIdx.x * blockDim.x + threadIdx.x;
   if (ch >= channels) return;
   const int history = kernel - 1;
@@ -382,7 +384,7 @@ void launch_decode(const GdnShape& s, const GdnInputs& in, const GdnConvState& c
   attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attributes[1].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attributes;
-  config.numAttrs = dependent ? 2 : 1;
+  config.numAttrs = dependent && dependent_launches_enabled() ? 2 : 1;
   cudaLaunchKernelEx(&config, gdn_decode_kernel<kVec, kConv>, s, in, conv, recurrent, row_states, out);
 }
 
@@ -391,7 +393,8 @@ void launch_decode(const GdnShape& s, const GdnInputs& in, const GdnConvState& c
 void gdn_conv(const float* taps, int channels, int kernel, float* state, float* x, int rows, float* row_states,
               cudaStream_t stream) {
   if (rows > 0)
-    gdn_conv_kernel<<<blocks_for(channels, 128), 128, 0, stream>>>(taps, channels, kernel, state, x, rows, row_states);
+    launch_dependent(gdn_conv_kernel, blocks_for(channels, 128), 128, 0, stream, taps, channels, kernel, state, x, rows,
+                     row_states);
 }
 
 void gdn_decode(const GdnShape& s, const GdnInputs& in, float* recurrent, float* row_states, float* out,

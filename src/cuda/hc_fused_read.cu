@@ -16,6 +16,7 @@
 
 #include "cuda/device_math.cuh"
 #include "cuda/hyper_connection.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/quant_mma.cuh"
 
 namespace vavilov::cuda {
@@ -120,6 +121,8 @@ __device__ inline void tile_sum(TileLoads& loads, const TileRows& rows, AffineWi
 
 template <int B>
 __global__ void __launch_bounds__(kDownTiles * 32) hc_down_kernel(DownParams p) {
+  wait_for_producers();
+  allow_dependents();
   extern __shared__ uint4 shared[];
   __shared__ float partials[kDownTiles][64];  // [warp][r·32 + lane]: lane (g, t)'s sum for row g + 8r, batch t
   __shared__ float squares[B];
@@ -217,6 +220,8 @@ __global__ void __launch_bounds__(kDownTiles * 32) hc_down_kernel(DownParams p) 
 
 template <int B>
 __global__ void __launch_bounds__(kUpWarps * 32) hc_up_kernel(UpParams p) {
+  wait_for_producers();
+  allow_dependents();
   extern __shared__ uint4 shared[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int h = p.hidden, sh = p.streams * h, groups = p.rank / kQuantGroup;
@@ -364,13 +369,15 @@ cudaError_t launch(const HcFusedRead& w, float* stack, bool pending, const float
   config.blockDim = dim3(kDownTiles * 32);
   config.dynamicSmemBytes = down_shared_bytes(down.slice_groups, B);
   config.stream = stream;
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = unsigned(slices);
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
+  cudaLaunchAttribute attributes[2]{};
+  attributes[0].id = cudaLaunchAttributeClusterDimension;
+  attributes[0].val.clusterDim.x = unsigned(slices);
+  attributes[0].val.clusterDim.y = 1;
+  attributes[0].val.clusterDim.z = 1;
+  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[1].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attributes;
+  config.numAttrs = dependent_launches_enabled() ? 2 : 1;
   cudaError_t error = cudaLaunchKernelEx(&config, hc_down_kernel<B>, down);
   if (error != cudaSuccess) return error;
 
@@ -388,7 +395,7 @@ cudaError_t launch(const HcFusedRead& w, float* stack, bool pending, const float
                     has_inject ? w.inject.rows : 0};
   const int units = w.hidden / kTileRows;
   const size_t shared = quant_shared_bytes(w.mix_up.cols / kQuantGroup, B);
-  hc_up_kernel<B><<<(units + kUpWarps - 1) / kUpWarps, kUpWarps * 32, shared, stream>>>(up);
+  launch_dependent(hc_up_kernel<B>, (units + kUpWarps - 1) / kUpWarps, kUpWarps * 32, shared, stream, up);
   return cudaGetLastError();
 }
 

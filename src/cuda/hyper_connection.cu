@@ -1,19 +1,22 @@
 #include "cuda/device_math.cuh"
 #include "cuda/hyper_connection.cuh"
+#include "cuda/launch.cuh"
 
 namespace vavilov::cuda {
 
 namespace {
 
 __global__ void hc_low_kernel(float* low, int64_t n, float streams) {
-  cudaTriggerProgrammaticLaunchCompletion();
+  wait_for_producers();
+  allow_dependents();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) low[i] = silu(low[i] / streams);
 }
 
 __global__ void hc_combine_kernel(const float* mix, const float* normed, int rows, int streams, int hidden,
                                   float* input) {
-  cudaTriggerProgrammaticLaunchCompletion();
+  wait_for_producers();
+  allow_dependents();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(rows) * hidden) return;
   const int64_t r = i / hidden, d = i % hidden;
@@ -29,7 +32,8 @@ __global__ void hc_combine_kernel(const float* mix, const float* normed, int row
 // the values it wrote.
 __global__ void hc_write_kernel(const float* inject, const float* y, int streams, int hidden, float* stack,
                                 const float* norm_weight, float eps, float* normed) {
-  cudaTriggerProgrammaticLaunchCompletion();
+  wait_for_producers();
+  allow_dependents();
   const int rs = blockIdx.x, r = rs / streams, s = rs % streams;
   const float gate = 2.0f * sigmoid(inject[rs] / float(streams));
   float* group = stack + size_t(rs) * hidden;
@@ -50,20 +54,21 @@ __global__ void hc_write_kernel(const float* inject, const float* y, int streams
 }  // namespace
 
 void hc_low_activation(float* low, int64_t n, int streams, cudaStream_t stream) {
-  if (n) hc_low_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(low, n, float(streams));
+  if (n) launch_dependent(hc_low_kernel, blocks_for(n, 256), 256, 0, stream, low, n, float(streams));
 }
 
 void hc_combine(const float* mix, const float* normed, int rows, int streams, int hidden, float* input,
                 cudaStream_t stream) {
   const int64_t n = int64_t(rows) * hidden;
-  if (n) hc_combine_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(mix, normed, rows, streams, hidden, input);
+  if (n)
+    launch_dependent(hc_combine_kernel, blocks_for(n, 256), 256, 0, stream, mix, normed, rows, streams, hidden, input);
 }
 
 void hc_write(const float* inject, const float* y, int rows, int streams, int hidden, float* stack,
               const float* norm_weight, float eps, float* normed, cudaStream_t stream) {
   if (rows * streams == 0) return;
-  hc_write_kernel<<<rows * streams, norm_threads(hidden), 0, stream>>>(inject, y, streams, hidden, stack, norm_weight,
-                                                                       eps, normed);
+  launch_dependent(hc_write_kernel, rows * streams, norm_threads(hidden), 0, stream, inject, y, streams, hidden, stack,
+                   norm_weight, eps, normed);
 }
 
 }  // namespace vavilov::cuda

@@ -4,6 +4,7 @@
 
 #include "cuda/gemm.cuh"
 #include "cuda/gemv.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/linear.cuh"
 #include "cuda/nvfp4.cuh"
 
@@ -165,7 +166,8 @@ __device__ inline void row_products(const DeviceMatrix& w, int row, const float*
 
 template <WeightFormat F>
 __global__ void __launch_bounds__(kWarps * 32) linear_kernel(DeviceMatrix w, const float* x, int x_rows, float* y) {
-  cudaTriggerProgrammaticLaunchCompletion();
+  wait_for_producers();
+  allow_dependents();
   const int row = blockIdx.x * kWarps + threadIdx.x / 32;
   const int first = blockIdx.y * kRowsPerPass, batch = min(kRowsPerPass, x_rows - first);
   if (row >= w.rows) return;
@@ -208,7 +210,8 @@ __device__ inline void expert_row_products(const DeviceMatrix& w, int row, const
 template <WeightFormat F>
 __global__ void __launch_bounds__(kWarps * 32)
     expert_kernel(const DeviceMatrix* experts, const int* ids, const float* x, int x_divisor, float* y) {
-  cudaTriggerProgrammaticLaunchCompletion();
+  wait_for_producers();
+  allow_dependents();
   const int slot = blockIdx.y;
   const DeviceMatrix w = experts[ids[slot]];
   const int row = blockIdx.x * kWarps + threadIdx.x / 32;
@@ -220,7 +223,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 template <WeightFormat F, typename Index>
 __global__ void gather_kernel(DeviceMatrix table, const Index* ids, int rows, int copies, float* out) {
-  cudaTriggerProgrammaticLaunchCompletion();
+  wait_for_producers();
+  allow_dependents();
   const int r = blockIdx.y;
   const int64_t id = int64_t(ids[r]);
   for (int col = blockIdx.x * blockDim.x + threadIdx.x; col < table.cols; col += gridDim.x * blockDim.x) {
@@ -235,28 +239,28 @@ void gather(const DeviceMatrix& table, const Index* ids, int rows, int copies, f
   const dim3 grid((table.cols + 255) / 256, rows);
   switch (table.format) {
     case WeightFormat::F32:
-      gather_kernel<WeightFormat::F32><<<grid, 256, 0, stream>>>(table, ids, rows, copies, out);
+      launch_dependent(gather_kernel<WeightFormat::F32, Index>, grid, 256, 0, stream, table, ids, rows, copies, out);
       break;
     case WeightFormat::BF16:
-      gather_kernel<WeightFormat::BF16><<<grid, 256, 0, stream>>>(table, ids, rows, copies, out);
+      launch_dependent(gather_kernel<WeightFormat::BF16, Index>, grid, 256, 0, stream, table, ids, rows, copies, out);
       break;
     case WeightFormat::Q4:
-      gather_kernel<WeightFormat::Q4><<<grid, 256, 0, stream>>>(table, ids, rows, copies, out);
+      launch_dependent(gather_kernel<WeightFormat::Q4, Index>, grid, 256, 0, stream, table, ids, rows, copies, out);
       break;
     case WeightFormat::Q3:
-      gather_kernel<WeightFormat::Q3><<<grid, 256, 0, stream>>>(table, ids, rows, copies, out);
+      launch_dependent(gather_kernel<WeightFormat::Q3, Index>, grid, 256, 0, stream, table, ids, rows, copies, out);
       break;
     case WeightFormat::Q2:
-      gather_kernel<WeightFormat::Q2><<<grid, 256, 0, stream>>>(table, ids, rows, copies, out);
+      launch_dependent(gather_kernel<WeightFormat::Q2, Index>, grid, 256, 0, stream, table, ids, rows, copies, out);
       break;
     case WeightFormat::Affine:
-      gather_kernel<WeightFormat::Affine><<<grid, 256, 0, stream>>>(table, ids, rows, copies, out);
+      launch_dependent(gather_kernel<WeightFormat::Affine, Index>, grid, 256, 0, stream, table, ids, rows, copies, out);
       break;
     case WeightFormat::NVFP4:
-      gather_kernel<WeightFormat::NVFP4><<<grid, 256, 0, stream>>>(table, ids, rows, copies, out);
+      launch_dependent(gather_kernel<WeightFormat::NVFP4, Index>, grid, 256, 0, stream, table, ids, rows, copies, out);
       break;
     case WeightFormat::F8:
-      gather_kernel<WeightFormat::F8><<<grid, 256, 0, stream>>>(table, ids, rows, copies, out);
+      launch_dependent(gather_kernel<WeightFormat::F8, Index>, grid, 256, 0, stream, table, ids, rows, copies, out);
       break;
     case WeightFormat::Mixed:  // a summary of several experts, never one matrix
       break;
@@ -324,28 +328,28 @@ void linear(const DeviceMatrix& w, const float* x, int x_rows, float* y, cudaStr
   const dim3 grid((w.rows + kWarps - 1) / kWarps, (x_rows + kRowsPerPass - 1) / kRowsPerPass);
   switch (w.format) {
     case WeightFormat::F32:
-      linear_kernel<WeightFormat::F32><<<grid, kWarps * 32, 0, stream>>>(w, x, x_rows, y);
+      launch_dependent(linear_kernel<WeightFormat::F32>, grid, kWarps * 32, 0, stream, w, x, x_rows, y);
       break;
     case WeightFormat::BF16:
-      linear_kernel<WeightFormat::BF16><<<grid, kWarps * 32, 0, stream>>>(w, x, x_rows, y);
+      launch_dependent(linear_kernel<WeightFormat::BF16>, grid, kWarps * 32, 0, stream, w, x, x_rows, y);
       break;
     case WeightFormat::Q4:
-      linear_kernel<WeightFormat::Q4><<<grid, kWarps * 32, 0, stream>>>(w, x, x_rows, y);
+      launch_dependent(linear_kernel<WeightFormat::Q4>, grid, kWarps * 32, 0, stream, w, x, x_rows, y);
       break;
     case WeightFormat::Q3:
-      linear_kernel<WeightFormat::Q3><<<grid, kWarps * 32, 0, stream>>>(w, x, x_rows, y);
+      launch_dependent(linear_kernel<WeightFormat::Q3>, grid, kWarps * 32, 0, stream, w, x, x_rows, y);
       break;
     case WeightFormat::Q2:
-      linear_kernel<WeightFormat::Q2><<<grid, kWarps * 32, 0, stream>>>(w, x, x_rows, y);
+      launch_dependent(linear_kernel<WeightFormat::Q2>, grid, kWarps * 32, 0, stream, w, x, x_rows, y);
       break;
     case WeightFormat::Affine:
-      linear_kernel<WeightFormat::Affine><<<grid, kWarps * 32, 0, stream>>>(w, x, x_rows, y);
+      launch_dependent(linear_kernel<WeightFormat::Affine>, grid, kWarps * 32, 0, stream, w, x, x_rows, y);
       break;
     case WeightFormat::NVFP4:
-      linear_kernel<WeightFormat::NVFP4><<<grid, kWarps * 32, 0, stream>>>(w, x, x_rows, y);
+      launch_dependent(linear_kernel<WeightFormat::NVFP4>, grid, kWarps * 32, 0, stream, w, x, x_rows, y);
       break;
     case WeightFormat::F8:
-      linear_kernel<WeightFormat::F8><<<grid, kWarps * 32, 0, stream>>>(w, x, x_rows, y);
+      launch_dependent(linear_kernel<WeightFormat::F8>, grid, kWarps * 32, 0, stream, w, x, x_rows, y);
       break;
     case WeightFormat::Mixed:  // a summary of several experts, never one matrix
       break;
@@ -358,31 +362,32 @@ void expert_linear(const DeviceMatrix* experts, WeightFormat format, int rows_ou
   const dim3 grid((rows_out + kWarps - 1) / kWarps, slots);
   switch (format) {
     case WeightFormat::F32:
-      expert_kernel<WeightFormat::F32><<<grid, kWarps * 32, 0, stream>>>(experts, ids, x, x_divisor, y);
+      launch_dependent(expert_kernel<WeightFormat::F32>, grid, kWarps * 32, 0, stream, experts, ids, x, x_divisor, y);
       break;
     case WeightFormat::BF16:
-      expert_kernel<WeightFormat::BF16><<<grid, kWarps * 32, 0, stream>>>(experts, ids, x, x_divisor, y);
+      launch_dependent(expert_kernel<WeightFormat::BF16>, grid, kWarps * 32, 0, stream, experts, ids, x, x_divisor, y);
       break;
     case WeightFormat::Q4:
-      expert_kernel<WeightFormat::Q4><<<grid, kWarps * 32, 0, stream>>>(experts, ids, x, x_divisor, y);
+      launch_dependent(expert_kernel<WeightFormat::Q4>, grid, kWarps * 32, 0, stream, experts, ids, x, x_divisor, y);
       break;
     case WeightFormat::Q3:
-      expert_kernel<WeightFormat::Q3><<<grid, kWarps * 32, 0, stream>>>(experts, ids, x, x_divisor, y);
+      launch_dependent(expert_kernel<WeightFormat::Q3>, grid, kWarps * 32, 0, stream, experts, ids, x, x_divisor, y);
       break;
     case WeightFormat::Q2:
-      expert_kernel<WeightFormat::Q2><<<grid, kWarps * 32, 0, stream>>>(experts, ids, x, x_divisor, y);
+      launch_dependent(expert_kernel<WeightFormat::Q2>, grid, kWarps * 32, 0, stream, experts, ids, x, x_divisor, y);
       break;
     case WeightFormat::Affine:
-      expert_kernel<WeightFormat::Affine><<<grid, kWarps * 32, 0, stream>>>(experts, ids, x, x_divisor, y);
+      launch_dependent(expert_kernel<WeightFormat::Affine>, grid, kWarps * 32, 0, stream, experts, ids, x, x_divisor,
+                       y);
       break;
     case WeightFormat::NVFP4:
-      expert_kernel<WeightFormat::NVFP4><<<grid, kWarps * 32, 0, stream>>>(experts, ids, x, x_divisor, y);
+      launch_dependent(expert_kernel<WeightFormat::NVFP4>, grid, kWarps * 32, 0, stream, experts, ids, x, x_divisor, y);
       break;
     case WeightFormat::F8:
-      expert_kernel<WeightFormat::F8><<<grid, kWarps * 32, 0, stream>>>(experts, ids, x, x_divisor, y);
+      launch_dependent(expert_kernel<WeightFormat::F8>, grid, kWarps * 32, 0, stream, experts, ids, x, x_divisor, y);
       break;
     case WeightFormat::Mixed:
-      expert_kernel<WeightFormat::Mixed><<<grid, kWarps * 32, 0, stream>>>(experts, ids, x, x_divisor, y);
+      launch_dependent(expert_kernel<WeightFormat::Mixed>, grid, kWarps * 32, 0, stream, experts, ids, x, x_divisor, y);
       break;
   }
 }

@@ -1,4 +1,5 @@
 #include "cuda/device_math.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/ple.cuh"
 
 namespace vavilov::cuda {
@@ -11,7 +12,8 @@ constexpr int kMaxNgram = 16;
 __global__ void ple_rows_kernel(PleShape s, const int64_t* multipliers, const int64_t* head_sizes,
                                 const int64_t* head_offsets, int64_t* previous, const int32_t* ids, int rows,
                                 int64_t* table_rows, int64_t* row_previous) {
-  cudaTriggerProgrammaticLaunchCompletion();
+  wait_for_producers();
+  allow_dependents();
   auto history = [&](int64_t i) { return i < s.context ? previous[i] : int64_t(ids[i - s.context]); };
   const int heads = s.context * s.heads_per_ngram;
   for (int t = threadIdx.x; t < rows; t += blockDim.x) {
@@ -41,7 +43,8 @@ __global__ void ple_rows_kernel(PleShape s, const int64_t* multipliers, const in
 
 __global__ void ple_conv_kernel(const float* taps, int channels, int kernel, int dilation, float* state,
                                 const float* normed, int rows, const float* gated, float* stack, float* row_states) {
-  cudaTriggerProgrammaticLaunchCompletion();
+  wait_for_producers();
+  allow_dependents();
   const int ch = blockIdx.x * blockDim.x + threadIdx.x;
   if (ch >= channels) return;
   const int history = (kernel - 1) * dilation;
@@ -62,7 +65,8 @@ __global__ void ple_conv_kernel(const float* taps, int channels, int kernel, int
 // One block per (row, stream). Each thread reads back only the gated values it wrote.
 __global__ void ple_mix_kernel(const float* keys, const float* stack, const float* value, PleNorms norms, int streams,
                                int hidden, float* gated, float* normed) {
-  cudaTriggerProgrammaticLaunchCompletion();
+  wait_for_producers();
+  allow_dependents();
   const int rs = blockIdx.x, r = rs / streams, s = rs % streams;
   const float* key = keys + size_t(rs) * hidden;
   const float* query = stack + size_t(rs) * hidden;
@@ -95,21 +99,21 @@ __global__ void ple_mix_kernel(const float* keys, const float* stack, const floa
 void ple_table_rows(const PleShape& s, const int64_t* multipliers, const int64_t* head_sizes,
                     const int64_t* head_offsets, int64_t* previous, const int32_t* ids, int rows, int64_t* table_rows,
                     int64_t* row_previous, cudaStream_t stream) {
-  ple_rows_kernel<<<1, 256, 0, stream>>>(s, multipliers, head_sizes, head_offsets, previous, ids, rows, table_rows,
-                                         row_previous);
+  launch_dependent(ple_rows_kernel, 1, 256, 0, stream, s, multipliers, head_sizes, head_offsets, previous, ids, rows,
+                   table_rows, row_previous);
 }
 
 void ple_mix(const float* keys, const float* stack, const float* value, const PleNorms& norms, int rows, int streams,
              int hidden, float* gated, float* normed, cudaStream_t stream) {
   if (rows * streams == 0) return;
-  ple_mix_kernel<<<rows * streams, norm_threads(hidden), 0, stream>>>(keys, stack, value, norms, streams, hidden, gated,
-                                                                      normed);
+  launch_dependent(ple_mix_kernel, rows * streams, norm_threads(hidden), 0, stream, keys, stack, value, norms, streams,
+                   hidden, gated, normed);
 }
 
 void ple_conv(const float* taps, int channels, int kernel, int dilation, float* state, const float* normed, int rows,
               const float* gated, float* stack, float* row_states, cudaStream_t stream) {
-  ple_conv_kernel<<<blocks_for(channels, 128), 128, 0, stream>>>(taps, channels, kernel, dilation, state, normed, rows,
-                                                                 gated, stack, row_states);
+  launch_dependent(ple_conv_kernel, blocks_for(channels, 128), 128, 0, stream, taps, channels, kernel, dilation, state,
+                   normed, rows, gated, stack, row_states);
 }
 
 }  // namespace vavilov::cuda
