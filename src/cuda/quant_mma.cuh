@@ -274,4 +274,54 @@ __device__ inline void tile_products(WarpLoads& current, const uint32_t* const (
   }
 }
 
+// stage_activations for a caller-chosen set of threads: thread `index` of `count` (a multiple of 32, whole warps,
+// every one of them calling) stages the items index, index + count, ... . With (lane, 32) one warp stages its own
+// matrix's activations into its own region, for kernels whose warps read different activations (expert_decode.cu).
+template <int Bits, int B>
+__device__ void stage_activations_by(const GemvMatrix& m, int groups, uint4* fragments, float2* group_terms, int index,
+                                     int count) {
+  const int items = B * groups * 4;
+  for (int base = 0; base < items; base += count) {
+    const int item = base + index, t = item & 3, group = (item >> 2) % groups, b = (item >> 2) / groups;
+    const bool active = item < items;
+    float x[16] = {};
+    if (active) {
+      const float4* source = reinterpret_cast<const float4*>(m.x + size_t(b) * m.cols + group * kQuantGroup + 16 * t);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float4 v = __ldg(source + i);
+        x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
+      }
+    }
+    float peak = 0.0f, sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) peak = fmaxf(peak, fabsf(x[i])), sum += x[i];
+#pragma unroll
+    for (int offset = 1; offset < 4; offset <<= 1) {
+      peak = fmaxf(peak, __shfl_xor_sync(0xffffffffu, peak, offset));
+      sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    }
+    if (!active) continue;
+    const int peak_exponent = int((__float_as_uint(peak) >> 23) & 0xffu) - 127;
+    const int exponent = peak > 0.0f ? min(max(peak_exponent - 14, -126), 113) : 0;
+    const float down = __uint_as_float(uint32_t(127 - exponent) << 23);
+    uint32_t hi[8], lo[8];
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {
+      const float first = x[pair_column(Bits, p, 0)] * down, second = x[pair_column(Bits, p, 1)] * down;
+      const __half2 h = __floats2half2_rn(first, second);
+      const float2 rounded = __half22float2(h);
+      hi[p] = as_bits(h);
+      lo[p] = as_bits(__floats2half2_rn(first - rounded.x, second - rounded.y));
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      uint4* entry = fragments + (size_t(group) * 2 + half) * 8 * B + 4 * (2 * b) + t;
+      entry[0] = make_uint4(hi[4 * half], hi[4 * half + 1], hi[4 * half + 2], hi[4 * half + 3]);
+      entry[4] = make_uint4(lo[4 * half], lo[4 * half + 1], lo[4 * half + 2], lo[4 * half + 3]);
+    }
+    if (t == 0) group_terms[b * groups + group] = make_float2(sum, __uint_as_float(uint32_t(127 + exponent) << 23));
+  }
+}
+
 }  // namespace vavilov::cuda::qmma

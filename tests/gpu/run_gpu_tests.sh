@@ -18,7 +18,7 @@ if command -v compute-sanitizer > /dev/null; then
   # router, CudaProductGroups the grouped products, CudaGdn the GDN kernels at the release's shape, the format tests
   # every weight format's loaders and the NVFP4 GEMV; memcheck slows them ~100x.
   compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 "$tests" --gtest_brief=1 \
-    --gtest_filter='*tiny_f32_hc4_ple1:*mtp_f32_hc4:*CudaMoe*:CudaProductGroups.*:CudaGdn.*:CudaFormats.*:GpuFormats.MlxCheckpoint*:GpuFormats.Nvfp4Checkpoint*' ||
+    --gtest_filter='*tiny_f32_hc4_ple1:*mtp_f32_hc4:*CudaMoe*:*CudaExpertDecode*:CudaProductGroups.*:CudaGdn.*:CudaFormats.*:GpuFormats.MlxCheckpoint*:GpuFormats.Nvfp4Checkpoint*' ||
     status=1
 else
   echo "compute-sanitizer not found: memcheck skipped"
