@@ -53,7 +53,7 @@ ExpertDecode expert_decode_arguments(const DeviceMoe& w, const MoeShape& shape, 
 void decode_fused(const MoeShape& shape, const MoeDecodePlan& plan, const MoeBuffers& buffers, int rows,
                   cudaStream_t stream) {
   const int top_k = shape.route.top_k;
-  run_products(plan.inputs, rows, stream);  // router, shared-expert gate
+  run_products(plan.fused_inputs, rows, stream);  // router, shared-expert gate
   const ExpertSlots slots{buffers.slot_of, buffers.slot_of + kMaxGemvRows * top_k, buffers.slot_weights};
   moe_route_slots(shape.route, buffers.router, rows, buffers.route_ids, buffers.route_weights, slots, stream);
   cuda_check(expert_gate_up(plan.experts, rows, rows * top_k, stream), "MoE experts gate/up");
@@ -93,9 +93,8 @@ MoeDecodePlan plan_moe_decode(const DeviceMoe& w, const MoeShape& shape, const M
   plan.fused = fuses(w, shape);
   if (plan.fused) {
     plan.experts = expert_decode_arguments(w, shape, buffers);
-    plan.inputs =
+    plan.fused_inputs =
         make_product_group(buffers.input, {{w.router, buffers.router}, {w.shared_gate, buffers.shared_scale}});
-    return plan;
   }
   plan.shared_down_joins = w.shared.down.format == w.down_format && gemv_reads(w.shared.down);
   plan.inputs = make_product_group(buffers.input, {{w.router, buffers.router},
@@ -107,7 +106,7 @@ MoeDecodePlan plan_moe_decode(const DeviceMoe& w, const MoeShape& shape, const M
 
 void moe_decode(const DeviceMoe& w, const MoeShape& shape, const MoeDecodePlan& plan, const MoeBuffers& buffers,
                 int rows, cudaStream_t stream) {
-  if (plan.fused) return decode_fused(shape, plan, buffers, rows, stream);
+  if (plan.fused && rows <= plan.fused_max_rows) return decode_fused(shape, plan, buffers, rows, stream);
   const int top_k = shape.route.top_k, selections = rows * top_k, slots = kMaxGemvRows * top_k;
   run_products(plan.inputs, rows, stream);
 

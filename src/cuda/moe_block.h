@@ -8,11 +8,11 @@
 //   4. SwiGLU of those and of the shared expert: one launch;
 //   5. down of every distinct expert and of the shared expert: one GEMV launch;
 //   6. the combine: y = σ(shared gate)·shared + Σ routing weight·expert, only over each row's own picks.
-// When every expert matrix and the shared expert are Q4 (Flash-Next), steps 3–6 are two launches instead
-// (expert_decode.cuh): gate and up of every distinct expert and of the shared expert with SwiGLU in the epilogue, then
-// down with the routing-weighted sum over each row's experts and the gated shared expert, in a fixed order. The router
-// then reads its slots (moe_route_slots) instead of writing GEMV descriptors, and step 1 is the router and the shared-
-// expert gate only.
+// When every expert matrix and the shared expert are Q4 (Flash-Next), passes of up to fused_max_rows rows take four
+// launches instead: the router and the shared-expert gate; moe_route_slots (the step's slots and per-row weights
+// instead of GEMV descriptors); expert_decode.cuh's gate/up of every distinct expert and of the shared expert with
+// SwiGLU in the epilogue; its down with the routing-weighted sum over each row's experts and the gated shared expert,
+// in a fixed order.
 // Experts in formats the GEMV kernels do not read (F32, other quantizations) take the row-general path in
 // sequence.cpp instead.
 #include <cuda_runtime.h>
@@ -57,9 +57,13 @@ size_t moe_slot_weight_count(int top_k);
 struct MoeDecodePlan {
   bool decodes = false;            // every expert matrix is Q4 or BF16 in the GEMV kernels' layout
   bool shared_down_joins = false;  // the shared expert's down runs in the experts' down launch
-  bool fused = false;              // every expert and the shared expert Q4: expert_decode.cuh's two launches
-  ExpertDecode experts;            // their arguments but the row count (fused only)
-  ProductGroup inputs;             // router, shared expert gate and up (not when fused), shared-expert gate
+  bool fused = false;              // every expert and the shared expert Q4: expert_decode.cuh's kernels read them
+  // The most rows a pass may have to take the fused launches. Measured on the H200 (docs/CUDA.md): faster than the
+  // six launches at 1 row, slower at 2–4 (their grids of many short warps pay one latency chain per wave).
+  int fused_max_rows = 1;
+  ExpertDecode experts;       // their arguments but the row count (fused only)
+  ProductGroup inputs;        // router, shared expert gate and up, shared-expert gate
+  ProductGroup fused_inputs;  // router, shared-expert gate (fused only)
 };
 
 // Reads the expert descriptors back once to check every expert's format, shape and alignment.
