@@ -1,6 +1,7 @@
 #include <cmath>
 
 #include "cuda/device_math.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/moe.cuh"
 
 namespace vavilov::cuda {
@@ -49,7 +50,8 @@ __device__ inline int lowest_untaken(const float (&prob)[PerLane], int experts, 
 // bits), then the lowest index among the lanes holding it — and only the lane that owned the pick rescans its
 // registers. Selection j is kept by lane j, so the renormalising total is summed in selection order like the CPU's.
 template <int PerLane>
-__device__ void route_row(const RouteShape& s, const float* logits, int* ids, float* weights, int* ids_copy) {
+__device__ void route_row(const RouteShape& s, const float* logits, int* ids, float* weights, int* ids_copy,
+                          float* weights_copy = nullptr) {
   const int lane = int(threadIdx.x) % 32;
   float prob[PerLane];
   float peak = -INFINITY;
@@ -102,8 +104,10 @@ __device__ void route_row(const RouteShape& s, const float* logits, int* ids, fl
   for (int j = 0; j < s.top_k; ++j) total += __shfl_sync(kFullMask, kept_value, j);
   if (lane < s.top_k) {
     ids[lane] = kept_id;
-    weights[lane] = s.norm_topk ? kept_value / total : kept_value;
+    const float weight = s.norm_topk ? kept_value / total : kept_value;
+    weights[lane] = weight;
     if (ids_copy) ids_copy[lane] = kept_id;
+    if (weights_copy) weights_copy[lane] = weight;
   }
 }
 
@@ -146,7 +150,8 @@ __device__ void write_plan(const RouteShape& s, int rows, const int* selected, c
 template <bool Plan, int PerLane>
 __global__ void __launch_bounds__(kRouteWarps * 32)
     route_kernel(RouteShape s, const float* logits, int rows, int* ids, float* weights, ExpertPlan plan) {
-  cudaTriggerProgrammaticLaunchCompletion();
+  wait_for_producers();
+  allow_dependents();
   __shared__ int selected[kRouteWarps * kMaxMoeTopK];
   const int warp = int(threadIdx.x) / 32, row = int(blockIdx.x) * kRouteWarps + warp;
   if (row < rows)
@@ -163,14 +168,53 @@ void launch_route(const RouteShape& s, const float* logits, int rows, int* ids, 
                   cudaStream_t stream) {
   const int blocks = Plan ? 1 : blocks_for(rows, kRouteWarps);
   if (route_slots_per_lane(s.experts) == 16)
-    route_kernel<Plan, 16><<<blocks, kRouteWarps * 32, 0, stream>>>(s, logits, rows, ids, weights, plan);
+    launch_dependent(route_kernel<Plan, 16>, blocks, kRouteWarps * 32, 0, stream, s, logits, rows, ids, weights, plan);
   else
-    route_kernel<Plan, kMaxMoeExperts / 32>
-        <<<blocks, kRouteWarps * 32, 0, stream>>>(s, logits, rows, ids, weights, plan);
+    launch_dependent(route_kernel<Plan, kMaxMoeExperts / 32>, blocks, kRouteWarps * 32, 0, stream, s, logits, rows, ids,
+                     weights, plan);
+}
+
+// Routing (a warp a row), then the step's distinct experts in parallel: selection i (row i / top_k) opens a slot when
+// no earlier selection picked its expert, and its slot is the number of such openers before it — the first-come
+// order of write_plan, without a serial loop. Each opener also gathers every row's weight of its expert.
+template <int PerLane>
+__global__ void __launch_bounds__(kRouteWarps * 32)
+    route_slots_kernel(RouteShape s, const float* logits, int rows, int* ids, float* weights, ExpertSlots slots) {
+  wait_for_producers();
+  allow_dependents();
+  __shared__ int selected[kRouteWarps * kMaxMoeTopK];
+  __shared__ float selected_weight[kRouteWarps * kMaxMoeTopK];
+  __shared__ bool opens[kRouteWarps * kMaxMoeTopK];
+  const int warp = int(threadIdx.x) / 32, i = int(threadIdx.x), selections = rows * s.top_k;
+  if (warp < rows)
+    route_row<PerLane>(s, logits + size_t(warp) * size_t(s.experts), ids + size_t(warp) * s.top_k,
+                       weights + size_t(warp) * s.top_k, selected + warp * s.top_k, selected_weight + warp * s.top_k);
+  __syncthreads();
+  const int expert = i < selections ? selected[i] : -1;
+  bool first = i < selections;
+  for (int earlier = 0; earlier < i && first; ++earlier) first = selected[earlier] != expert;
+  opens[i] = first;
+  __syncthreads();
+  if (i == 0) {
+    int count = 0;
+    for (int j = 0; j < selections; ++j) count += opens[j];
+    *slots.count = count;
+  }
+  if (!first) return;
+  int slot = 0;
+  for (int earlier = 0; earlier < i; ++earlier) slot += opens[earlier];
+  slots.expert[slot] = expert;
+  for (int b = 0; b < kMaxGemvRows; ++b) {
+    float weight = 0.0f;
+    for (int j = 0; b < rows && j < s.top_k; ++j)
+      if (selected[b * s.top_k + j] == expert) weight = selected_weight[b * s.top_k + j];
+    slots.weights[slot * kMaxGemvRows + b] = weight;
+  }
 }
 
 __global__ void swiglu_kernel(float* gate, const float* up, int64_t n) {
-  cudaTriggerProgrammaticLaunchCompletion();
+  wait_for_producers();
+  allow_dependents();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) gate[i] = silu(gate[i]) * up[i];
 }
@@ -178,7 +222,8 @@ __global__ void swiglu_kernel(float* gate, const float* up, int64_t n) {
 // blockIdx.y: a slot (skipped past the distinct count), or `slots` for the shared expert.
 __global__ void swiglu_slots_kernel(float* expert_gate, const float* expert_up, int64_t block, const int* slot_of,
                                     int slots, float* shared_gate, const float* shared_up, int64_t shared) {
-  cudaTriggerProgrammaticLaunchCompletion();
+  wait_for_producers();
+  allow_dependents();
   const int slot = int(blockIdx.y);
   float* gate = shared_gate;
   const float* up = shared_up;
@@ -195,7 +240,8 @@ __global__ void swiglu_slots_kernel(float* expert_gate, const float* expert_up, 
 
 __global__ void moe_combine_kernel(float* y, const float* shared_gate, const float* weights, const float* expert_out,
                                    int rows, int top_k, int hidden) {
-  cudaTriggerProgrammaticLaunchCompletion();
+  wait_for_producers();
+  allow_dependents();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(rows) * hidden) return;
   const int64_t r = i / hidden, d = i % hidden;
@@ -206,7 +252,8 @@ __global__ void moe_combine_kernel(float* y, const float* shared_gate, const flo
 
 __global__ void moe_combine_slots_kernel(float* y, const float* shared_gate, const float* weights, const int* slot_of,
                                          const float* expert_out, int rows, int top_k, int hidden) {
-  cudaTriggerProgrammaticLaunchCompletion();
+  wait_for_producers();
+  allow_dependents();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(rows) * hidden) return;
   const int64_t r = i / hidden, d = i % hidden;
@@ -230,31 +277,41 @@ void moe_route_and_plan(const RouteShape& shape, const float* logits, int rows, 
   launch_route<true>(shape, logits, rows, ids, weights, plan, stream);
 }
 
+void moe_route_slots(const RouteShape& shape, const float* logits, int rows, int* ids, float* weights,
+                     const ExpertSlots& slots, cudaStream_t stream) {
+  static_assert(kRouteWarps >= kMaxGemvRows && kRouteWarps * 32 >= kMaxGemvRows * kMaxMoeTopK, "a thread a selection");
+  if (route_slots_per_lane(shape.experts) == 16)
+    launch_dependent(route_slots_kernel<16>, 1, kRouteWarps * 32, 0, stream, shape, logits, rows, ids, weights, slots);
+  else
+    launch_dependent(route_slots_kernel<kMaxMoeExperts / 32>, 1, kRouteWarps * 32, 0, stream, shape, logits, rows, ids,
+                     weights, slots);
+}
+
 void swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream) {
-  if (n) swiglu_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(gate, up, n);
+  if (n) launch_dependent(swiglu_kernel, blocks_for(n, 256), 256, 0, stream, gate, up, n);
 }
 
 void swiglu_slots(float* expert_gate, const float* expert_up, int64_t block, const int* slot_of, int slots,
                   float* shared_gate, const float* shared_up, int64_t shared, cudaStream_t stream) {
   const dim3 grid(unsigned(blocks_for(block > shared ? block : shared, 256)), unsigned(slots + 1));
-  swiglu_slots_kernel<<<grid, 256, 0, stream>>>(expert_gate, expert_up, block, slot_of, slots, shared_gate, shared_up,
-                                                shared);
+  launch_dependent(swiglu_slots_kernel, grid, 256, 0, stream, expert_gate, expert_up, block, slot_of, slots,
+                   shared_gate, shared_up, shared);
 }
 
 void moe_combine(float* y, const float* shared_gate, const float* weights, const float* expert_out, int rows, int top_k,
                  int hidden, cudaStream_t stream) {
   const int64_t n = int64_t(rows) * hidden;
   if (n)
-    moe_combine_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(y, shared_gate, weights, expert_out, rows, top_k,
-                                                               hidden);
+    launch_dependent(moe_combine_kernel, blocks_for(n, 256), 256, 0, stream, y, shared_gate, weights, expert_out, rows,
+                     top_k, hidden);
 }
 
 void moe_combine_slots(float* y, const float* shared_gate, const float* weights, const int* slot_of,
                        const float* expert_out, int rows, int top_k, int hidden, cudaStream_t stream) {
   const int64_t n = int64_t(rows) * hidden;
   if (n)
-    moe_combine_slots_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(y, shared_gate, weights, slot_of, expert_out, rows,
-                                                                     top_k, hidden);
+    launch_dependent(moe_combine_slots_kernel, blocks_for(n, 256), 256, 0, stream, y, shared_gate, weights, slot_of,
+                     expert_out, rows, top_k, hidden);
 }
 
 }  // namespace vavilov::cuda

@@ -61,6 +61,19 @@ struct ExpertPlan {
 void moe_route_and_plan(const RouteShape& shape, const float* logits, int rows, int* ids, float* weights,
                         const ExpertPlan& plan, cudaStream_t stream);
 
+// A decode step's distinct experts, for kernels that take each expert's matrices from the DeviceMatrix arrays
+// themselves (expert_decode.cuh): the experts of all rows' picks in first-come order become slots 0..count−1.
+struct ExpertSlots {
+  int* expert = nullptr;     // [kMaxGemvRows·top_k]: slot j's expert
+  int* count = nullptr;      // the number of slots
+  float* weights = nullptr;  // [slot, kMaxGemvRows]: row b's routing weight of the slot's expert, 0 where b did not
+                             // pick it (and for b ≥ rows)
+};
+
+// moe_route for 1–4 rows (one block), then the slots above.
+void moe_route_slots(const RouteShape& shape, const float* logits, int rows, int* ids, float* weights,
+                     const ExpertSlots& slots, cudaStream_t stream);
+
 // gate = silu(gate)·up over n values.
 void swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream);
 

@@ -17,6 +17,49 @@ bool gemv_reads_all(const DeviceMatrix* device, int count, int rows, int cols) {
                      [&](const DeviceMatrix& m) { return m.rows == rows && m.cols == cols && gemv_reads(m); });
 }
 
+// Whether expert_decode.cuh reads the block: Q4 experts (gemv_reads_all checked their shapes) and a Q4 shared expert.
+bool fuses(const DeviceMoe& w, const MoeShape& s) {
+  const auto q4 = [](const DeviceMatrix& m, int rows, int cols) {
+    return m.format == WeightFormat::Q4 && m.group == kQuantGroup && m.rows == rows && m.cols == cols && gemv_reads(m);
+  };
+  return w.gate_up_format == WeightFormat::Q4 && w.down_format == WeightFormat::Q4 &&
+         q4(w.shared.gate, s.shared_inner, s.hidden) && q4(w.shared.up, s.shared_inner, s.hidden) &&
+         q4(w.shared.down, s.hidden, s.shared_inner);
+}
+
+ExpertDecode expert_decode_arguments(const DeviceMoe& w, const MoeShape& shape, const MoeBuffers& b) {
+  ExpertDecode p;
+  p.gate = w.expert_gate;
+  p.up = w.expert_up;
+  p.down = w.expert_down;
+  p.shared_gate = w.shared.gate;
+  p.shared_up = w.shared.up;
+  p.shared_down = w.shared.down;
+  p.hidden = shape.hidden;
+  p.inner = shape.inner;
+  p.shared_inner = shape.shared_inner;
+  p.x = b.input;
+  p.shared_scale = b.shared_scale;
+  p.slot_expert = b.slot_of;
+  p.slot_count = b.slot_of + kMaxGemvRows * shape.route.top_k;
+  p.slot_weights = b.slot_weights;
+  p.h = b.expert_gate;
+  p.shared_h = b.shared_gate;
+  p.y = b.output;
+  return p;
+}
+
+// run_products, routing with slots, and expert_decode.cuh's two launches.
+void decode_fused(const MoeShape& shape, const MoeDecodePlan& plan, const MoeBuffers& buffers, int rows,
+                  cudaStream_t stream) {
+  const int top_k = shape.route.top_k;
+  run_products(plan.fused_inputs, rows, stream);  // router, shared-expert gate
+  const ExpertSlots slots{buffers.slot_of, buffers.slot_of + kMaxGemvRows * top_k, buffers.slot_weights};
+  moe_route_slots(shape.route, buffers.router, rows, buffers.route_ids, buffers.route_weights, slots, stream);
+  cuda_check(expert_gate_up(plan.experts, rows, rows * top_k, stream), "MoE experts gate/up");
+  cuda_check(expert_down(plan.experts, rows, stream), "MoE experts down");
+}
+
 void run_gemv(WeightFormat format, const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch,
               cudaStream_t stream) {
   const cudaError_t status = format == WeightFormat::Q4 ? gemv_q4(matrices, count, max_rows, max_cols, batch, stream)
@@ -37,6 +80,7 @@ MoeShape moe_shape(const ModelConfig& c) {
 
 size_t moe_descriptor_count(int top_k) { return size_t(3 * kMaxGemvRows * top_k + 1); }
 size_t moe_slot_count(int top_k) { return size_t(kMaxGemvRows * top_k + 1); }
+size_t moe_slot_weight_count(int top_k) { return size_t(kMaxGemvRows * top_k * kMaxGemvRows); }
 
 MoeDecodePlan plan_moe_decode(const DeviceMoe& w, const MoeShape& shape, const MoeBuffers& buffers) {
   MoeDecodePlan plan;
@@ -46,6 +90,12 @@ MoeDecodePlan plan_moe_decode(const DeviceMoe& w, const MoeShape& shape, const M
                  gemv_reads_all(w.expert_up, experts, shape.inner, shape.hidden) &&
                  gemv_reads_all(w.expert_down, experts, shape.hidden, shape.inner);
   if (!plan.decodes) return plan;
+  plan.fused = fuses(w, shape);
+  if (plan.fused) {
+    plan.experts = expert_decode_arguments(w, shape, buffers);
+    plan.fused_inputs =
+        make_product_group(buffers.input, {{w.router, buffers.router}, {w.shared_gate, buffers.shared_scale}});
+  }
   plan.shared_down_joins = w.shared.down.format == w.down_format && gemv_reads(w.shared.down);
   plan.inputs = make_product_group(buffers.input, {{w.router, buffers.router},
                                                    {w.shared.gate, buffers.shared_gate},
@@ -56,6 +106,7 @@ MoeDecodePlan plan_moe_decode(const DeviceMoe& w, const MoeShape& shape, const M
 
 void moe_decode(const DeviceMoe& w, const MoeShape& shape, const MoeDecodePlan& plan, const MoeBuffers& buffers,
                 int rows, cudaStream_t stream) {
+  if (plan.fused && rows <= plan.fused_max_rows) return decode_fused(shape, plan, buffers, rows, stream);
   const int top_k = shape.route.top_k, selections = rows * top_k, slots = kMaxGemvRows * top_k;
   run_products(plan.inputs, rows, stream);
 

@@ -8,6 +8,11 @@
 //   4. SwiGLU of those and of the shared expert: one launch;
 //   5. down of every distinct expert and of the shared expert: one GEMV launch;
 //   6. the combine: y = σ(shared gate)·shared + Σ routing weight·expert, only over each row's own picks.
+// When every expert matrix and the shared expert are Q4 (Flash-Next), passes of up to fused_max_rows rows take four
+// launches instead: the router and the shared-expert gate; moe_route_slots (the step's slots and per-row weights
+// instead of GEMV descriptors); expert_decode.cuh's gate/up of every distinct expert and of the shared expert with
+// SwiGLU in the epilogue; its down with the routing-weighted sum over each row's experts and the gated shared expert,
+// in a fixed order.
 // Experts in formats the GEMV kernels do not read (F32, other quantizations) take the row-general path in
 // sequence.cpp instead.
 #include <cuda_runtime.h>
@@ -16,6 +21,7 @@
 #include <vector>
 
 #include "cuda/device_model.h"
+#include "cuda/expert_decode.cuh"
 #include "cuda/gemv.cuh"
 #include "cuda/moe.cuh"
 #include "cuda/product_groups.h"
@@ -39,17 +45,25 @@ struct MoeBuffers {
   float *shared_gate = nullptr, *shared_up = nullptr, *shared_scale = nullptr;
   float *expert_gate = nullptr, *expert_up = nullptr, *expert_out = nullptr;
   GemvMatrix* descriptors = nullptr;  // [moe_descriptor_count(top_k)]
-  int* slot_of = nullptr;             // [moe_slot_count(top_k)]
+  int* slot_of = nullptr;             // [moe_slot_count(top_k)]; the fused path: ExpertSlots' expert, then its count
+  float* slot_weights = nullptr;      // [moe_slot_weight_count(top_k)]: ExpertSlots' weights
 };
 size_t moe_descriptor_count(int top_k);
 size_t moe_slot_count(int top_k);
+size_t moe_slot_weight_count(int top_k);
 
 // One layer's decode setup, made once per sequence: whether the experts take the decode path, and the descriptors
 // of the input's products grouped by format.
 struct MoeDecodePlan {
   bool decodes = false;            // every expert matrix is Q4 or BF16 in the GEMV kernels' layout
   bool shared_down_joins = false;  // the shared expert's down runs in the experts' down launch
-  ProductGroup inputs;             // router, shared expert gate and up, shared-expert gate
+  bool fused = false;              // every expert and the shared expert Q4: expert_decode.cuh's kernels read them
+  // The most rows a pass may have to take the fused launches. Measured on the H200 (docs/CUDA.md): faster than the
+  // six launches at 1 row, slower at 2–4 (their grids of many short warps pay one latency chain per wave).
+  int fused_max_rows = 1;
+  ExpertDecode experts;       // their arguments but the row count (fused only)
+  ProductGroup inputs;        // router, shared expert gate and up, shared-expert gate
+  ProductGroup fused_inputs;  // router, shared-expert gate (fused only)
 };
 
 // Reads the expert descriptors back once to check every expert's format, shape and alignment.

@@ -127,21 +127,19 @@ constexpr size_t quant_shared_bytes(int groups, int batch) {
   return size_t(groups) * batch * (2 * 8 * sizeof(uint4) + sizeof(float2));
 }
 
-template <int Bits, int B>
-__device__ void stage_activations(const GemvMatrix& m, int groups, uint4* fragments, float2* group_terms) {
-  const int items = B * groups * 4;                       // item = (batch row, group, lane column t)
-  for (int base = 0; base < items; base += blockDim.x) {  // uniform trip count: the shuffles need all
-    const int item = base + threadIdx.x, t = item & 3, group = (item >> 2) % groups, b = (item >> 2) / groups;
+// The staging of activations into mma B fragments (the layout the comment above describes), by thread `index` of
+// `count` (whole warps, every one of them calling): items index, index + count, ... . load(b, group, t, x) fills x
+// with columns 16t..16t+15 of `group` for batch row b (activations read from memory, or computed on the fly: a norm,
+// an activation function, a sum of partial products).
+template <int Bits, int B, typename Load>
+__device__ void stage_fragments(int groups, const Load& load, uint4* fragments, float2* group_terms, int index,
+                                int count) {
+  const int items = B * groups * 4;                  // item = (batch row, group, lane column t)
+  for (int base = 0; base < items; base += count) {  // uniform trip count: the shuffles need all
+    const int item = base + index, t = item & 3, group = (item >> 2) % groups, b = (item >> 2) / groups;
     const bool active = item < items;
     float x[16] = {};
-    if (active) {
-      const float4* source = reinterpret_cast<const float4*>(m.x + size_t(b) * m.cols + group * kQuantGroup + 16 * t);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float4 v = __ldg(source + i);
-        x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
-      }
-    }
+    if (active) load(b, group, t, x);
     float peak = 0.0f, sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < 16; ++i) peak = fmaxf(peak, fabsf(x[i])), sum += x[i];
@@ -173,6 +171,38 @@ __device__ void stage_activations(const GemvMatrix& m, int groups, uint4* fragme
     }
     if (t == 0) group_terms[b * groups + group] = make_float2(sum, __uint_as_float(uint32_t(127 + exponent) << 23));
   }
+}
+
+// Columns 16t..16t+15 of `group` of m's activation row b.
+__device__ inline void load_activations(const GemvMatrix& m, int b, int group, int t, float (&x)[16]) {
+  const float4* source = reinterpret_cast<const float4*>(m.x + size_t(b) * m.cols + group * kQuantGroup + 16 * t);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float4 v = __ldg(source + i);
+    x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
+  }
+}
+
+// m's activations, staged by thread `index` of `count` (with (lane, 32) one warp stages its own matrix's activations
+// into its own region, for kernels whose warps read different activations: expert_decode.cu).
+template <int Bits, int B>
+__device__ void stage_activations_by(const GemvMatrix& m, int groups, uint4* fragments, float2* group_terms, int index,
+                                     int count) {
+  stage_fragments<Bits, B>(
+      groups, [&](int b, int group, int t, float(&x)[16]) { load_activations(m, b, group, t, x); }, fragments,
+      group_terms, index, count);
+}
+
+// Activations a kernel computes on the fly (load as for stage_fragments), staged by the whole block.
+template <int Bits, int B, typename Load>
+__device__ void stage_computed_activations(int groups, const Load& load, uint4* fragments, float2* group_terms) {
+  stage_fragments<Bits, B>(groups, load, fragments, group_terms, threadIdx.x, blockDim.x);
+}
+
+// m's activations, staged by the whole block.
+template <int Bits, int B>
+__device__ void stage_activations(const GemvMatrix& m, int groups, uint4* fragments, float2* group_terms) {
+  stage_activations_by<Bits, B>(m, groups, fragments, group_terms, threadIdx.x, blockDim.x);
 }
 
 // What one warp loads for kUnroll groups: codes of rows g and g + 8 of its tile, and the groups' scales and biases,
@@ -271,48 +301,6 @@ __device__ inline void tile_products(WarpLoads& current, const uint32_t* const (
       acc[1] = fmaf(c[2] + c[3], pick(scale_bias[1]) * terms.y, fmaf(pick(scale_bias[3]), terms.x, acc[1]));
     }
     current = next;
-  }
-}
-
-// stage_activations for activations a kernel computes on the fly (a norm, an activation function, a sum of partial
-// products): load(b, group, t, x) fills x with columns 16t..16t+15 of `group` (of the staged range) for batch row b.
-// Same layout and exactness as stage_activations, so tile_products reads the result with groups = the staged range.
-template <int Bits, int B, typename Load>
-__device__ void stage_computed_activations(int groups, const Load& load, uint4* fragments, float2* group_terms) {
-  const int items = B * groups * 4;
-  for (int base = 0; base < items; base += blockDim.x) {  // uniform trip count: the shuffles need all
-    const int item = base + threadIdx.x, t = item & 3, group = (item >> 2) % groups, b = (item >> 2) / groups;
-    const bool active = item < items;
-    float x[16] = {};
-    if (active) load(b, group, t, x);
-    float peak = 0.0f, sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) peak = fmaxf(peak, fabsf(x[i])), sum += x[i];
-#pragma unroll
-    for (int offset = 1; offset < 4; offset <<= 1) {
-      peak = fmaxf(peak, __shfl_xor_sync(0xffffffffu, peak, offset));
-      sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    }
-    if (!active) continue;
-    const int peak_exponent = int((__float_as_uint(peak) >> 23) & 0xffu) - 127;
-    const int exponent = peak > 0.0f ? min(max(peak_exponent - 14, -126), 113) : 0;
-    const float down = __uint_as_float(uint32_t(127 - exponent) << 23);
-    uint32_t hi[8], lo[8];
-#pragma unroll
-    for (int p = 0; p < 8; ++p) {
-      const float first = x[pair_column(Bits, p, 0)] * down, second = x[pair_column(Bits, p, 1)] * down;
-      const __half2 h = __floats2half2_rn(first, second);
-      const float2 rounded = __half22float2(h);
-      hi[p] = as_bits(h);
-      lo[p] = as_bits(__floats2half2_rn(first - rounded.x, second - rounded.y));
-    }
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      uint4* entry = fragments + (size_t(group) * 2 + half) * 8 * B + 4 * (2 * b) + t;
-      entry[0] = make_uint4(hi[4 * half], hi[4 * half + 1], hi[4 * half + 2], hi[4 * half + 3]);
-      entry[4] = make_uint4(lo[4 * half], lo[4 * half + 1], lo[4 * half + 2], lo[4 * half + 3]);
-    }
-    if (t == 0) group_terms[b * groups + group] = make_float2(sum, __uint_as_float(uint32_t(127 + exponent) << 23));
   }
 }
 

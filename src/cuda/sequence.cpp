@@ -60,6 +60,7 @@ struct Workspace {
   float* grouped_rows;
   GemvMatrix* moe_descriptors;  // a decode step's expert products, written on the device
   int* moe_slots;
+  float* moe_slot_weights;
   int64_t* table_rows;
   float *embedding, *ple_keys, *ple_value, *ple_out, *ple_normed;
   float *logits, *mtp_row, *mtp_normed, *mtp_embedded;
@@ -137,6 +138,7 @@ void make_workspace(const ModelConfig& c, Workspace& w) {
   l.add(w.grouped_rows, r * k * h);
   l.add(w.moe_descriptors, moe_descriptor_count(int(k)));
   l.add(w.moe_slots, moe_slot_count(int(k)));
+  l.add(w.moe_slot_weights, moe_slot_weight_count(int(k)));
   l.add(w.table_rows, r * size_t(c.ngram_heads()));
   l.add(w.embedding, r * size_t(c.ple_embed_dim));
   for (float** buffer : {&w.ple_keys, &w.ple_out, &w.ple_normed}) l.add(*buffer, r * sh);
@@ -630,6 +632,7 @@ MoeBuffers CudaSequence::moe_buffers() const {
   b.expert_out = work_.expert_out;
   b.descriptors = work_.moe_descriptors;
   b.slot_of = work_.moe_slots;
+  b.slot_weights = work_.moe_slot_weights;
   return b;
 }
 

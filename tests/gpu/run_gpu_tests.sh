@@ -19,7 +19,7 @@ if command -v compute-sanitizer > /dev/null; then
   # every weight format's loaders and the NVFP4 GEMV, CudaHc* the fused hyper-connection read; memcheck slows them
   # ~100x.
   compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 "$tests" --gtest_brief=1 \
-    --gtest_filter='*tiny_f32_hc4_ple1:*mtp_f32_hc4:*CudaMoe*:CudaProductGroups.*:CudaGdn.*:CudaFormats.*:GpuFormats.MlxCheckpoint*:GpuFormats.Nvfp4Checkpoint*:CudaHc*' ||
+    --gtest_filter='*tiny_f32_hc4_ple1:*mtp_f32_hc4:*CudaMoe*:*CudaExpertDecode*:CudaProductGroups.*:CudaGdn.*:CudaFormats.*:GpuFormats.MlxCheckpoint*:GpuFormats.Nvfp4Checkpoint*:CudaHc*' ||
     status=1
 else
   echo "compute-sanitizer not found: memcheck skipped"

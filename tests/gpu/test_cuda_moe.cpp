@@ -152,6 +152,7 @@ cuda::MoeBuffers make_buffers(DeviceMemory& memory) {
   b.expert_out = memory.zeros<float>(slots * kRows * kHidden);
   b.descriptors = memory.zeros<cuda::GemvMatrix>(cuda::moe_descriptor_count(kTopK));
   b.slot_of = memory.zeros<int>(cuda::moe_slot_count(kTopK));
+  b.slot_weights = memory.zeros<float>(cuda::moe_slot_weight_count(kTopK));
   return b;
 }
 

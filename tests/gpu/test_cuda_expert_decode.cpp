@@ -1,0 +1,301 @@
+// The fused Q4 expert kernels of a decode step (src/cuda/expert_decode.*, moe_route_slots in moe.cu) at Flash-Next's
+// widths against a double-precision evaluation of the spec's MoE on the host: softmax router, top-k renormalised,
+// Σ w_e·down_e(silu(gate_e x)·up_e x) + σ(shared_gate·x)·shared(x), for 1–4 rows whose experts overlap.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "cuda/moe_block.h"
+#include "device_matrices.h"
+
+namespace vavilov {
+namespace {
+
+using cuda::WeightFormat;
+using test::DeviceMemory;
+using test::make_matrix;
+using test::normal_values;
+using test::TestMatrix;
+
+// Flash-Next's hidden, expert and shared-expert widths and top-k; fewer experts (24), so that 4 rows of 10 picks must
+// share some.
+constexpr int kHidden = 2560, kInner = 640, kSharedInner = 640, kExperts = 24, kTopK = 10;
+constexpr int kRows = cuda::kMaxGemvRows;
+
+struct Moe {
+  TestMatrix router, shared_gate, shared_up, shared_down, shared_scale;
+  std::vector<TestMatrix> gate, up, down;
+  cuda::DeviceMoe device;
+};
+
+Moe make_q4_moe(DeviceMemory& memory, std::mt19937& rng) {
+  const auto random = [&](int rows, int cols, float scale) {
+    return make_matrix(memory, WeightFormat::Q4, normal_values(rng, size_t(rows) * size_t(cols), scale), rows, cols);
+  };
+  Moe m;
+  m.router = random(kExperts, kHidden, 0.05f);
+  m.shared_gate = random(kSharedInner, kHidden, 0.03f);
+  m.shared_up = random(kSharedInner, kHidden, 0.03f);
+  m.shared_down = random(kHidden, kSharedInner, 0.05f);
+  m.shared_scale = random(1, kHidden, 0.03f);
+  std::vector<cuda::DeviceMatrix> gate, up, down;
+  for (int e = 0; e < kExperts; ++e) {
+    m.gate.push_back(random(kInner, kHidden, 0.03f));
+    m.up.push_back(random(kInner, kHidden, 0.03f));
+    m.down.push_back(random(kHidden, kInner, 0.05f));
+    gate.push_back(m.gate.back().device);
+    up.push_back(m.up.back().device);
+    down.push_back(m.down.back().device);
+  }
+  m.device.router = m.router.device;
+  m.device.shared_gate = m.shared_scale.device;
+  m.device.shared = {m.shared_gate.device, m.shared_up.device, m.shared_down.device};
+  m.device.expert_gate = memory.copy(gate);
+  m.device.expert_up = memory.copy(up);
+  m.device.expert_down = memory.copy(down);
+  m.device.gate_up_format = m.device.down_format = WeightFormat::Q4;
+  return m;
+}
+
+std::vector<double> product(const TestMatrix& w, const double* x) {
+  std::vector<double> y(size_t(w.rows));
+  for (int r = 0; r < w.rows; ++r) {
+    const float* row = w.exact.data() + size_t(r) * size_t(w.cols);
+    double sum = 0;
+    for (int c = 0; c < w.cols; ++c) sum += double(row[c]) * x[c];
+    y[size_t(r)] = sum;
+  }
+  return y;
+}
+
+// Router probabilities of one row (softmax in double).
+std::vector<double> probabilities(const Moe& m, const double* x) {
+  std::vector<double> p = product(m.router, x);
+  const double peak = *std::max_element(p.begin(), p.end());
+  double sum = 0;
+  for (double& v : p) sum += (v = std::exp(v - peak));
+  for (double& v : p) v /= sum;
+  return p;
+}
+
+// Experts by probability, descending.
+std::vector<int> ranking(const std::vector<double>& p) {
+  std::vector<int> order(p.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[size_t(a)] > p[size_t(b)]; });
+  return order;
+}
+
+// down(silu(gate x) ⊙ up x) into y, weighted, and Σ |terms| into magnitude (the scale of its rounding errors).
+void add_feed_forward(const TestMatrix& gate, const TestMatrix& up, const TestMatrix& down, const double* x,
+                      double weight, double* y, double* magnitude) {
+  const std::vector<double> g = product(gate, x), u = product(up, x);
+  std::vector<double> a(g.size());
+  for (size_t i = 0; i < a.size(); ++i) a[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+  for (int d = 0; d < down.rows; ++d) {
+    double sum = 0, size = 0;
+    for (int i = 0; i < down.cols; ++i)
+      sum += down.at(d, i) * a[size_t(i)], size += std::abs(down.at(d, i) * a[size_t(i)]);
+    y[d] += weight * sum;
+    magnitude[d] += weight * size;
+  }
+}
+
+struct Reference {
+  std::vector<std::set<int>> picks;
+  std::vector<double> y, magnitude;  // [rows, hidden]
+};
+
+Reference reference_moe(const Moe& m, const std::vector<double>& x, int rows) {
+  Reference ref;
+  ref.y.assign(size_t(rows) * kHidden, 0.0);
+  ref.magnitude = ref.y;
+  for (int r = 0; r < rows; ++r) {
+    const double* xr = x.data() + size_t(r) * kHidden;
+    double* y = ref.y.data() + size_t(r) * kHidden;
+    double* magnitude = ref.magnitude.data() + size_t(r) * kHidden;
+    const std::vector<double> p = probabilities(m, xr);
+    const std::vector<int> order = ranking(p);
+    double total = 0;
+    for (int j = 0; j < kTopK; ++j) total += p[size_t(order[size_t(j)])];
+    for (int j = 0; j < kTopK; ++j) {
+      const int e = order[size_t(j)];
+      add_feed_forward(m.gate[size_t(e)], m.up[size_t(e)], m.down[size_t(e)], xr, p[size_t(e)] / total, y, magnitude);
+    }
+    const double scale = 1.0 / (1.0 + std::exp(-product(m.shared_scale, xr)[0]));
+    add_feed_forward(m.shared_gate, m.shared_up, m.shared_down, xr, scale, y, magnitude);
+    ref.picks.emplace_back(order.begin(), order.begin() + kTopK);
+  }
+  return ref;
+}
+
+// Inputs whose k-th and (k+1)-th router probabilities differ by more than 1 % (fp32 cannot swap them): a common part
+// plus each row's own, so that rows agree on some experts.
+std::vector<float> distinct_inputs(const Moe& m, std::mt19937& rng, int rows) {
+  const std::vector<float> common = normal_values(rng, kHidden, 1.0f);
+  std::vector<float> x(size_t(rows) * kHidden);
+  for (int r = 0; r < rows; ++r) {
+    for (int attempt = 0;; ++attempt) {
+      if (attempt == 100) {  // never met: a random draw has such a gap most of the time
+        ADD_FAILURE() << "no input with distinct router scores";
+        break;
+      }
+      const std::vector<float> own = normal_values(rng, kHidden, 1.0f);
+      std::vector<double> row(kHidden);
+      for (int c = 0; c < kHidden; ++c)
+        row[size_t(c)] = x[size_t(r) * kHidden + size_t(c)] = common[size_t(c)] + own[size_t(c)];
+      const std::vector<double> p = probabilities(m, row.data());
+      const std::vector<int> order = ranking(p);
+      if (p[size_t(order[kTopK - 1])] > 1.01 * p[size_t(order[kTopK])]) break;
+    }
+  }
+  return x;
+}
+
+cuda::MoeBuffers make_buffers(DeviceMemory& memory) {
+  constexpr size_t slots = size_t(cuda::kMaxGemvRows) * kTopK;
+  cuda::MoeBuffers b;
+  b.input = memory.zeros<float>(size_t(kRows) * kHidden);
+  b.output = memory.zeros<float>(size_t(kRows) * kHidden);
+  b.router = memory.zeros<float>(size_t(kRows) * kExperts);
+  b.route_weights = memory.zeros<float>(size_t(kRows) * kTopK);
+  b.route_ids = memory.zeros<int>(size_t(kRows) * kTopK);
+  b.shared_gate = memory.zeros<float>(size_t(kRows) * kSharedInner);
+  b.shared_up = memory.zeros<float>(size_t(kRows) * kSharedInner);
+  b.shared_scale = memory.zeros<float>(kRows);
+  b.expert_gate = memory.zeros<float>(slots * kRows * kInner);
+  b.expert_up = memory.zeros<float>(slots * kRows * kInner);
+  b.expert_out = memory.zeros<float>(slots * kRows * kHidden);
+  b.descriptors = memory.zeros<cuda::GemvMatrix>(cuda::moe_descriptor_count(kTopK));
+  b.slot_of = memory.zeros<int>(cuda::moe_slot_count(kTopK));
+  b.slot_weights = memory.zeros<float>(cuda::moe_slot_weight_count(kTopK));
+  return b;
+}
+
+std::vector<float> run_decode(const Moe& moe, const cuda::MoeShape& shape, const cuda::MoeDecodePlan& plan,
+                              const cuda::MoeBuffers& buffers, const std::vector<float>& x, int rows,
+                              std::vector<int>& ids) {
+  EXPECT_EQ(cudaMemcpy(const_cast<float*>(buffers.input), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  cuda::moe_decode(moe.device, shape, plan, buffers, rows, nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<float> y(x.size());
+  ids.resize(size_t(rows) * kTopK);
+  EXPECT_EQ(cudaMemcpy(y.data(), buffers.output, y.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(ids.data(), buffers.route_ids, ids.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  return y;
+}
+
+// Q4 products on tensor cores with ~22-bit activations, fp32 sums and an fp32 softmax: each output is off by rounding
+// only, a few 1e-6 of the magnitude of its terms (more where silu(gate)·up cancels). The bound, 1e-3 of that
+// magnitude, is far below what a wrong expert, row, slot or weight gives (order 1). A second run must give the same
+// bits (fixed summation order).
+TEST(CudaExpertDecode, FusedQ4MatchesDoublePrecisionForOneToFourRows) {
+  std::mt19937 rng(41);
+  DeviceMemory memory;
+  const Moe moe = make_q4_moe(memory, rng);
+  const cuda::MoeBuffers buffers = make_buffers(memory);
+  const cuda::MoeShape shape{kHidden, kInner, kSharedInner, {kExperts, kTopK, true}};
+  cuda::MoeDecodePlan plan = cuda::plan_moe_decode(moe.device, shape, buffers);
+  ASSERT_TRUE(plan.decodes);
+  ASSERT_TRUE(plan.fused);
+  plan.fused_max_rows = kRows;  // the kernels at every row count, not only those the engine sends them
+  for (int rows = 1; rows <= kRows; ++rows) {
+    const std::vector<float> x = distinct_inputs(moe, rng, rows);
+    std::vector<int> ids, again_ids;
+    const std::vector<float> y = run_decode(moe, shape, plan, buffers, x, rows, ids);
+    const Reference ref = reference_moe(moe, std::vector<double>(x.begin(), x.end()), rows);
+    std::set<int> all;
+    for (int r = 0; r < rows; ++r) {
+      const std::set<int> picked(ids.begin() + r * kTopK, ids.begin() + (r + 1) * kTopK);
+      EXPECT_EQ(picked, ref.picks[size_t(r)]) << rows << " rows, row " << r;
+      all.insert(picked.begin(), picked.end());
+    }
+    if (rows > 1) {  // the premise: the rows share some experts and not all
+      EXPECT_LT(all.size(), size_t(rows * kTopK));
+      EXPECT_GT(all.size(), size_t(kTopK));
+    }
+    for (size_t i = 0; i < y.size(); ++i)
+      ASSERT_NEAR(y[i], ref.y[i], 1e-3 * ref.magnitude[i])
+          << rows << " rows, row " << i / kHidden << ", column " << i % kHidden;
+    const std::vector<float> again = run_decode(moe, shape, plan, buffers, x, rows, again_ids);
+    EXPECT_EQ(again_ids, ids);
+    EXPECT_EQ(0, std::memcmp(again.data(), y.data(), y.size() * sizeof(float))) << rows << " rows: not reproducible";
+  }
+}
+
+// The step's slots: first-come over the rows' picks in order, each row's weight of each slot's expert (0 where it did
+// not pick it), at Flash-Next's 512 experts and top 10. Logits are a random permutation of distinct values, and rows
+// 2 and 3 repeat parts of rows 0 and 1, so that picks repeat across rows.
+TEST(CudaExpertDecode, RouteSlotsListTheDistinctExpertsInFirstComeOrder) {
+  constexpr int experts = 512, top_k = 10, rows = cuda::kMaxGemvRows;
+  std::mt19937 rng(13);
+  std::vector<float> logits(size_t(rows) * experts);
+  for (int r = 0; r < rows; ++r) {
+    std::vector<int> rank(experts);
+    std::iota(rank.begin(), rank.end(), 0);
+    std::shuffle(rank.begin(), rank.end(), rng);
+    for (int e = 0; e < experts; ++e) logits[size_t(r) * experts + size_t(e)] = float(rank[size_t(e)]) / 64.0f;
+  }
+  for (int e = 0; e < experts; e += 2) {  // row 2: row 0's even experts; row 3: row 1's odd ones
+    logits[size_t(2) * experts + size_t(e)] = logits[size_t(e)];
+    logits[size_t(3) * experts + size_t(e + 1)] = logits[size_t(experts + e + 1)];
+  }
+  DeviceMemory memory;
+  const float* device_logits = memory.copy(logits);
+  int* ids = memory.zeros<int>(size_t(rows) * top_k);
+  float* weights = memory.zeros<float>(size_t(rows) * top_k);
+  int* slot_of = memory.zeros<int>(cuda::moe_slot_count(top_k));
+  float* slot_weights = memory.zeros<float>(cuda::moe_slot_weight_count(top_k));
+  for (int used = 1; used <= rows; ++used) {
+    const cuda::ExpertSlots slots{slot_of, slot_of + rows * top_k, slot_weights};
+    cuda::moe_route_slots({experts, top_k, true}, device_logits, used, ids, weights, slots, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<int> got_slots(cuda::moe_slot_count(top_k));
+    std::vector<float> got_weights(cuda::moe_slot_weight_count(top_k));
+    ASSERT_EQ(cudaMemcpy(got_slots.data(), slot_of, got_slots.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(got_weights.data(), slot_weights, got_weights.size() * 4, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    std::vector<int> expected_slots;
+    std::vector<std::vector<double>> expected_weights;  // [slot][row]
+    for (int r = 0; r < used; ++r) {
+      const float* row = logits.data() + size_t(r) * experts;
+      std::vector<double> p(row, row + experts);
+      const double peak = *std::max_element(p.begin(), p.end());
+      double sum = 0, total = 0;
+      for (double& v : p) sum += (v = std::exp(v - peak));
+      const std::vector<int> order = ranking(p);
+      for (int j = 0; j < top_k; ++j) total += p[size_t(order[size_t(j)])];
+      for (int j = 0; j < top_k; ++j) {
+        const int e = order[size_t(j)];
+        auto at = std::find(expected_slots.begin(), expected_slots.end(), e);
+        if (at == expected_slots.end()) {
+          expected_slots.push_back(e);
+          expected_weights.emplace_back(size_t(cuda::kMaxGemvRows), 0.0);
+          at = expected_slots.end() - 1;
+        }
+        expected_weights[size_t(at - expected_slots.begin())][size_t(r)] = p[size_t(e)] / total;
+      }
+    }
+    if (used > 2) {
+      EXPECT_LT(expected_slots.size(), size_t(used * top_k)) << "the premise: rows share experts";
+    }
+    ASSERT_EQ(got_slots[size_t(rows * top_k)], int(expected_slots.size())) << used << " rows";
+    for (size_t j = 0; j < expected_slots.size(); ++j) {
+      EXPECT_EQ(got_slots[j], expected_slots[j]) << used << " rows, slot " << j;
+      // fp32 exp over 512 terms and the renormalisation: a few 1e-7 relative.
+      for (int b = 0; b < cuda::kMaxGemvRows; ++b)
+        EXPECT_NEAR(got_weights[j * cuda::kMaxGemvRows + size_t(b)], expected_weights[j][size_t(b)], 1e-5)
+            << used << " rows, slot " << j << ", row " << b;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace vavilov
