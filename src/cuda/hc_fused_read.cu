@@ -9,9 +9,11 @@
 // for every output row of Wd and Wi (a warp per 16-row tile). A block stages only its own slice (R + pending write,
 // times 1 + g), so staging is small; the cluster adds the slices' sums of squares and products through distributed
 // shared memory in rank order (deterministic) and writes the stream's scaled partial products.
-// hc_up_kernel: a warp per 16 hidden indices d owns the S tiles of Wu's rows c·H + d (the S streams' gates of the same
-// d), stages u = silu(Σ_c partials / S) itself, and finishes the read in its epilogue: it applies the pending write to
-// its indices of the stack, normalises them, and gates and sums them into the block input.
+// hc_up_kernel: a block per 16 hidden indices d, its warp c owning the tile of Wu's rows c·H + d (stream c's gates of
+// those d): S·H/16 warps, each with its whole tile's loads in flight from its first statement. The block stages
+// u = silu(Σ_c partials / S) and finishes the read in its epilogue: warp c applies the pending write to stream c's
+// indices of the stack and normalises and gates them; the block sums the streams' terms through shared memory in
+// stream order (deterministic) into the block input.
 #include <cooperative_groups.h>
 
 #include "cuda/device_math.cuh"
@@ -29,8 +31,11 @@ using namespace qmma;
 constexpr int kMaxStreams = 4;
 constexpr int kMaxCluster = 8;    // portable cluster size: slices of one stream's columns
 constexpr int kDownTiles = 8;     // tiles (warps) of one hc_down block
-constexpr int kUpWarps = 2;       // warps of one hc_up block
 constexpr int kScratchHead = 32;  // gates [4 rows][4 streams], then RMS scales [4][4]
+
+// What hc_up's warps hand the block's sum over the streams: per (stream, batch row, index) σ(gate logit) and the
+// normalised value.
+using UpTerms = float2[kMaxStreams][kMaxGemvRows][kTileRows];
 
 // Scratch layout (floats): gates, scales, then partial products [stream][row (4)][outputs, padded to a multiple of 4].
 template <typename T>
@@ -121,8 +126,6 @@ __device__ inline void tile_sum(TileLoads& loads, const TileRows& rows, AffineWi
 
 template <int B>
 __global__ void __launch_bounds__(kDownTiles * 32) hc_down_kernel(DownParams p) {
-  wait_for_producers();
-  allow_dependents();
   extern __shared__ uint4 shared[];
   __shared__ float partials[kDownTiles][64];  // [warp][r·32 + lane]: lane (g, t)'s sum for row g + 8r, batch t
   __shared__ float squares[B];
@@ -141,11 +144,22 @@ __global__ void __launch_bounds__(kDownTiles * 32) hc_down_kernel(DownParams p) 
   const AffineWidth width = slice_affine_width(m, first_group, groups);
   TileLoads loads;
   load_tile(loads, rows, width, has_rows ? groups : 0, t);
+  // Weights only before the wait (launch.cuh's rule): their loads are in flight while the kernel before finishes.
+  wait_for_producers();
+  allow_dependents();
 
-  float gate[B];
+  // The pending write's inject logits: loaded here, their gates computed where they are used, so that the staging's
+  // loads go out without waiting for these.
+  float logit[B];
 #pragma unroll
-  for (int b = 0; b < B; ++b)
-    gate[b] = p.pending_inject ? 2.0f * sigmoid(p.pending_inject[b * p.streams + s] / float(p.streams)) : 0.0f;
+  for (int b = 0; b < B; ++b) logit[b] = p.pending_inject ? p.pending_inject[b * p.streams + s] : 0.0f;
+  const auto gate_of = [&](int b) {
+    float chosen = 0.0f;
+#pragma unroll
+    for (int k = 0; k < B; ++k)
+      if (k == b) chosen = logit[k];
+    return p.pending_inject ? 2.0f * sigmoid(chosen / float(p.streams)) : 0.0f;
+  };
 
   // The slice's activations R + pending write times 1 + g, and per item its sum of squares of R + pending write.
   uint4* fragments = shared;
@@ -159,10 +173,11 @@ __global__ void __launch_bounds__(kDownTiles * 32) hc_down_kernel(DownParams p) 
         load16(p.stack + size_t(b) * sh + col, x);
         load16(p.norm + col, weight);
         if (p.pending_y) load16(p.pending_y + size_t(b) * h + (col - s * h), out);
+        const float gate = gate_of(b);
         float sum = 0.0f;
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
-          const float v = fmaf(gate[b], out[i], x[i]);
+          const float v = fmaf(gate, out[i], x[i]);
           sum = fmaf(v, v, sum);
           x[i] = v * (1.0f + weight[i]);
         }
@@ -213,28 +228,39 @@ __global__ void __launch_bounds__(kDownTiles * 32) hc_down_kernel(DownParams p) 
     for (int b = 0; b < B; ++b)
       if (threadIdx.x == b) {
         scales_of(p.scratch)[b * kMaxStreams + s] = scale[b];
-        gates_of(p.scratch)[b * kMaxStreams + s] = gate[b];
+        gates_of(p.scratch)[b * kMaxStreams + s] = gate_of(b);
       }
   cluster.sync();  // no block leaves while another reads its shared memory
 }
 
 template <int B>
-__global__ void __launch_bounds__(kUpWarps * 32) hc_up_kernel(UpParams p) {
+__global__ void __launch_bounds__(kMaxStreams * 32) hc_up_kernel(UpParams p) {
+  // Weights only before the wait (launch.cuh's rule): their loads are in flight while the down kernel finishes.
+  const int c = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int h = p.hidden, sh = p.streams * h, groups = p.rank / kQuantGroup;
+  const int first = blockIdx.x * kTileRows;  // this block's hidden indices first..first + 15, warp c's stream c
+  const AffineWidth width = slice_affine_width(p.up, 0, groups);
+  const TileRows rows = tile_rows(p.up, c * h + first, 0, g, t);
+  TileLoads loads;
+  load_tile(loads, rows, width, groups, t);
   wait_for_producers();
   allow_dependents();
   extern __shared__ uint4 shared[];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int h = p.hidden, sh = p.streams * h, groups = p.rank / kQuantGroup;
-  const int first = (blockIdx.x * kUpWarps + warp) * kTileRows;  // this warp's hidden indices first..first + 15
-  const bool has_rows = first < h;
-  const AffineWidth width = slice_affine_width(p.up, 0, groups);
-  TileRows rows[kMaxStreams];
-  TileLoads loads[kMaxStreams];
+  __shared__ UpTerms terms;
+
+  // The epilogue's operands, loaded together with the staging's partials: lane (g, t) finishes indices first + g
+  // and first + g + 8 of batch row t in stream c.
+  const bool finishes = t < B;
+  float stack[2] = {}, weight[2] = {}, y[2] = {}, gate = 0.0f, scale = 0.0f;
+  if (finishes) {
+    gate = gates_of(p.scratch)[t * kMaxStreams + c];
+    scale = scales_of(p.scratch)[t * kMaxStreams + c];
 #pragma unroll
-  for (int c = 0; c < kMaxStreams; ++c) {
-    if (c >= p.streams) break;
-    rows[c] = tile_rows(p.up, c * h + (has_rows ? first : 0), 0, g, t);
-    load_tile(loads[c], rows[c], width, has_rows ? groups : 0, t);
+    for (int r = 0; r < 2; ++r) {
+      stack[r] = p.stack[size_t(t) * sh + size_t(c) * h + first + g + 8 * r];
+      weight[r] = __ldg(p.norm + c * h + first + g + 8 * r);
+      if (p.pending_y) y[r] = p.pending_y[size_t(t) * h + first + g + 8 * r];
+    }
   }
   // u = silu(Σ_c partials / S), the streams' partial products added in stream order.
   const float* partials = partials_of(p.scratch);
@@ -242,7 +268,7 @@ __global__ void __launch_bounds__(kUpWarps * 32) hc_up_kernel(UpParams p) {
     for (int i = threadIdx.x; i < B * p.inject_rows; i += blockDim.x) {
       const int b = i / p.inject_rows, j = p.rank + i % p.inject_rows;
       float sum = 0.0f;
-      for (int c = 0; c < p.streams; ++c) sum += partials[(size_t(c) * kMaxGemvRows + b) * p.stride + j];
+      for (int k = 0; k < p.streams; ++k) sum += partials[(size_t(k) * kMaxGemvRows + b) * p.stride + j];
       p.inject[i] = sum;
     }
   uint4* fragments = shared;
@@ -252,62 +278,36 @@ __global__ void __launch_bounds__(kUpWarps * 32) hc_up_kernel(UpParams p) {
       [&](int b, int group, int column, float(&x)[16]) {
         float part[kMaxStreams][16];
 #pragma unroll
-        for (int c = 0; c < kMaxStreams; ++c)
-          if (c < p.streams)
-            load16(partials + (size_t(c) * kMaxGemvRows + b) * p.stride + group * kQuantGroup + 16 * column, part[c]);
+        for (int k = 0; k < kMaxStreams; ++k)
+          if (k < p.streams)
+            load16(partials + (size_t(k) * kMaxGemvRows + b) * p.stride + group * kQuantGroup + 16 * column, part[k]);
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
           float sum = 0.0f;
 #pragma unroll
-          for (int c = 0; c < kMaxStreams; ++c)
-            if (c < p.streams) sum += part[c][i];
+          for (int k = 0; k < kMaxStreams; ++k)
+            if (k < p.streams) sum += part[k][i];
           x[i] = silu(sum / float(p.streams));
         }
       },
       fragments, group_terms);
   __syncthreads();
-  if (!has_rows) return;
-  // The epilogue's operands, loaded while the products wait for their weights: lane (g, t) finishes indices first + g
-  // and first + g + 8 of batch row t.
-  const bool finishes = t < B;
-  float stack[kMaxStreams][2] = {}, weight[kMaxStreams][2] = {}, gates[kMaxStreams] = {}, scales[kMaxStreams] = {};
-  float y[2] = {};
-  if (finishes) {
+  float acc[2] = {};
+  tile_sum<B>(loads, rows, width, groups, fragments, group_terms, acc);
+  if (finishes)
 #pragma unroll
-    for (int c = 0; c < kMaxStreams; ++c) {
-      if (c >= p.streams) break;
-      gates[c] = gates_of(p.scratch)[t * kMaxStreams + c];
-      scales[c] = scales_of(p.scratch)[t * kMaxStreams + c];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        stack[c][r] = p.stack[size_t(t) * sh + size_t(c) * h + first + g + 8 * r];
-        weight[c][r] = __ldg(p.norm + c * h + first + g + 8 * r);
-      }
+    for (int r = 0; r < 2; ++r) {
+      const float v = fmaf(gate, y[r], stack[r]);
+      if (p.pending_y) p.stack[size_t(t) * sh + size_t(c) * h + first + g + 8 * r] = v;
+      terms[c][t][g + 8 * r] = make_float2(sigmoid(acc[r]), v * scale * (1.0f + weight[r]));
     }
-    if (p.pending_y)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) y[r] = p.pending_y[size_t(t) * h + first + g + 8 * r];
-  }
-
-  float acc[kMaxStreams][2] = {};
-#pragma unroll
-  for (int c = 0; c < kMaxStreams; ++c) {
-    if (c >= p.streams) break;
-    tile_sum<B>(loads[c], rows[c], width, groups, fragments, group_terms, acc[c]);
-  }
-  if (!finishes) return;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int d = first + g + 8 * r;
+  __syncthreads();
+  // The gated sum over the streams, in stream order, one thread per (batch row, index).
+  for (int item = threadIdx.x; item < B * kTileRows; item += blockDim.x) {
+    const int b = item / kTileRows, i = item % kTileRows;
     float sum = 0.0f;
-#pragma unroll
-    for (int c = 0; c < kMaxStreams; ++c) {
-      if (c >= p.streams) break;
-      const float v = fmaf(gates[c], y[r], stack[c][r]);
-      if (p.pending_y) p.stack[size_t(t) * sh + size_t(c) * h + d] = v;
-      sum += sigmoid(acc[c][r]) * (v * scales[c] * (1.0f + weight[c][r]));
-    }
-    p.input[size_t(t) * h + d] = sum / float(p.streams);
+    for (int k = 0; k < p.streams; ++k) sum = fmaf(terms[k][b][i].x, terms[k][b][i].y, sum);
+    p.input[size_t(b) * h + first + i] = sum / float(p.streams);
   }
 }
 
@@ -393,9 +393,8 @@ cudaError_t launch(const HcFusedRead& w, float* stack, bool pending, const float
                     w.mix_up.cols,
                     down.stride,
                     has_inject ? w.inject.rows : 0};
-  const int units = w.hidden / kTileRows;
   const size_t shared = quant_shared_bytes(w.mix_up.cols / kQuantGroup, B);
-  launch_dependent(hc_up_kernel<B>, (units + kUpWarps - 1) / kUpWarps, kUpWarps * 32, shared, stream, up);
+  launch_dependent(hc_up_kernel<B>, w.hidden / kTileRows, w.streams * 32, shared, stream, up);
   return cudaGetLastError();
 }
 
@@ -408,7 +407,7 @@ bool hc_fused_read_fits(const DeviceMatrix& mix_down, const DeviceMatrix& mix_up
                       mix_down.cols == streams * hidden && mix_up.rows == streams * hidden && mix_up.cols == rank &&
                       (!inject || (inject->cols == streams * hidden && inject->rows <= kTileRows));
   // Staged activations of one hc_up block (rank columns) and one hc_down block (a slice) must fit the default 48 KB.
-  const bool fits = quant_shared_bytes(rank / kQuantGroup, kMaxGemvRows) <= 48 * 1024 &&
+  const bool fits = quant_shared_bytes(rank / kQuantGroup, kMaxGemvRows) + sizeof(UpTerms) <= 48 * 1024 &&
                     down_shared_bytes(hidden / kQuantGroup / stream_slices(hidden), kMaxGemvRows) <= 48 * 1024;
   return rows >= 1 && rows <= kMaxGemvRows && shapes && fits && aligned16(norm) && q4_readable(mix_down) &&
          q4_readable(mix_up) && (!inject || q4_readable(*inject));

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "cuda/hyper_connection.cuh"
@@ -185,6 +187,41 @@ TEST_F(CudaHcRead, SmallGeometriesMatchTheSpec) {
   expect_reads({3, 192, 64, true});   // three streams: a cluster of 3 slices, an inject tile of 3 rows
   expect_reads({2, 64, 128, false});  // a final mixer: no inject, one slice per stream
   expect_reads({4, 448, 192, true});  // 7 groups per stream: a cluster of 7
+  expect_reads({1, 128, 64, true});   // one stream: hc_up's blocks are a single warp
+}
+
+// Every sum runs in a fixed order: the same read repeated gives the same bits (stack, input, inject).
+TEST_F(CudaHcRead, RepeatedReadsAreBitIdentical) {
+  const Geometry shape{4, 2560, 320, true};
+  const Read read = make_read(memory_, rng_, shape);
+  const int s = shape.streams, h = shape.hidden, n = read.sh();
+  const std::vector<float> stack = normal_values(rng_, size_t(kRows) * n, 1.0f);
+  const std::vector<float> y = normal_values(rng_, size_t(kRows) * h, 1.0f);
+  const std::vector<float> old_inject = normal_values(rng_, size_t(kRows) * s, 2.0f);
+  const cuda::HcFusedRead weights{
+      read.down.device, read.up.device, read.inject.device, memory_.copy(read.norm), s, h, kEps};
+  float* y_device = memory_.copy(y);
+  float* scratch = memory_.zeros<float>(cuda::hc_fused_read_scratch_floats(shape.rank + read.inject_rows()));
+  std::vector<std::vector<float>> outputs;
+  for (int run = 0; run < 3; ++run) {
+    float* stack_device = memory_.copy(stack);
+    float* inject_device = memory_.copy(old_inject);
+    float* input = memory_.zeros<float>(size_t(kRows) * h);
+    ASSERT_EQ(cuda::hc_fused_read(weights, kRows, stack_device, true, y_device, inject_device, scratch, input, nullptr),
+              cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> got(stack.size() + size_t(kRows) * h + old_inject.size());
+    float* at = got.data();
+    for (const auto& [from, count] : {std::pair{stack_device, stack.size()}, std::pair{input, size_t(kRows) * h},
+                                      std::pair{inject_device, old_inject.size()}}) {
+      ASSERT_EQ(cudaMemcpy(at, from, count * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+      at += count;
+    }
+    outputs.push_back(std::move(got));
+  }
+  for (int run = 1; run < 3; ++run)
+    ASSERT_EQ(std::memcmp(outputs[0].data(), outputs[size_t(run)].data(), outputs[0].size() * sizeof(float)), 0)
+        << "run " << run << " differs from the first";
 }
 
 TEST_F(CudaHcRead, FitsOnlyQ4MixersOfWholeGroups) {
