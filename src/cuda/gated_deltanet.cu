@@ -48,10 +48,11 @@ __global__ void gdn_conv_kernel(const float* taps, int channels, int kernel, flo
 // (phase 2): with S' = e^g S, both Sᵀk = S'ᵀk and o = Sᵀq = S'ᵀq + δ (k·q) come from one pass over the state.
 //
 // The blocks of one head share the squared outputs the gated RMS norm needs over all dv columns through a
-// thread-block cluster. With the conv folded in (kConv) the cluster holds all blocks of one key head (heads per key
-// head × slices): each of them convolves the key head's q and k channels itself from the old conv state, and only
-// after the cluster barrier, when every block has read that state, does the key head's first block write it back.
-// Each block owns the conv state of its own v columns.
+// thread-block cluster: each block pushes its rows' sums into every block's shared memory, then one barrier (its
+// arrive before the state stores, so that it does not wait for them to complete). With the conv folded in (kConv) the
+// cluster holds all blocks of one key head (heads per key head × slices): each of them convolves the key head's q and k
+// channels itself from the old conv state, and only after the cluster barrier, when every block has read that state,
+// does the key head's first block write it back. Each block owns the conv state of its own v columns.
 
 template <int kVec>
 struct DecodeLayout {
@@ -84,6 +85,17 @@ __device__ inline void store_columns(float* p, const float (&v)[kVec]) {
   else
     *p = v[0];
 }
+
+// The cluster barrier in two halves (sm_90): arrive, do other work, wait. A relaxed arrive publishes nothing; a
+// release arrive makes this block's earlier writes (its shared-memory pushes) visible to the blocks that then wait,
+// and costs the time its outstanding stores take to complete, so the big state stores are issued after it.
+__device__ inline void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ inline void cluster_arrive_release() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ inline void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
 // One channel's causal conv in registers: its taps and its last kernel−1 inputs (window[0] the oldest), indexed by
 // compile-time constants only; entries past `history` are zero.
@@ -150,8 +162,11 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ __align__(16) float partial[2][kWarps][2][kSliceColumns];  // by row parity: Sᵀk, Sᵀq per warp
   __shared__ float norms[kGdnDecodeMaxRows][kKeyWarps][3];              // per warp: Σq², Σk², Σqk
   __shared__ float gates[kGdnDecodeMaxRows][3];                         // e^g, β, k̂·q̂
-  __shared__ float outputs[kGdnDecodeMaxRows][kSliceColumns], squares[kGdnDecodeMaxRows];
-  __shared__ int squares_head;
+  __shared__ float outputs[kGdnDecodeMaxRows][kSliceColumns];
+  __shared__ float pushed[kMaxClusterBlocks][kGdnDecodeMaxRows];  // by the sender's rank: its rows' Σo²
+  __shared__ int pushed_head[kMaxClusterBlocks];                  // the sender's head
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster_arrive_relaxed();  // waited for before the first push into another block's shared memory: all have started
   const int head = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32, rows = in.rows;
   const int column_thread = tid % L::kColumnThreads, row_group = tid / L::kColumnThreads;
   const int j0 = blockIdx.y * kSliceColumns + column_thread * kVec;  // this thread's first column
@@ -169,6 +184,22 @@ __global__ void __launch_bounds__(kThreads)
   const int j = blockIdx.y * kSliceColumns + lane;  // the output norm's column (warp r: row r)
   const bool norm_thread = warp < rows && j < s.dv;
   const float weight = norm_thread ? in.norm[j] : 0.0f;
+  // Phase 1's channels: threads [0, 128) a q (first) and a k (second) channel, [128, 160) a v channel (first). Their
+  // conv taps and state are loaded with the recurrent state: the layer's own, which only this kernel writes.
+  const bool key_thread = tid < kGdnMaxKeyDim, value_thread = !key_thread && tid < kGateThread0;
+  const bool key_valid = tid < s.dk,
+             value_valid = value_thread && blockIdx.y * kSliceColumns + tid - kValueThread0 < s.dv;
+  const int q_channel = key_head * s.dk + (key_valid ? tid : 0), k_channel = s.key_dim + q_channel;
+  const int v_channel =
+      2 * s.key_dim + head * s.dv + (value_valid ? blockIdx.y * kSliceColumns + tid - kValueThread0 : 0);
+  const int first_channel = key_thread ? q_channel : v_channel;
+  // The key head's first block (of the cluster) owns its q and k channels' conv state.
+  const bool key_owner = kConv && blockIdx.x % cluster.dim_blocks().x == 0 && blockIdx.y == 0;
+  ConvChannel first_conv, second_conv;
+  if constexpr (kConv) {
+    if (key_thread || value_thread) first_conv.load(conv, s.conv_dim, first_channel);
+    if (key_thread) second_conv.load(conv, s.conv_dim, k_channel);
+  }
   // A dependent launch got here while the kernel before it (the layer's input products) may still run: the state is
   // this layer's own, the pass's inputs are read only after that kernel has finished (a no-op in a plain launch).
   cudaGridDependencySynchronize();
@@ -176,26 +207,19 @@ __global__ void __launch_bounds__(kThreads)
   const size_t out_at = (size_t(warp) * s.heads + head) * s.dv + j;
   const float gate = norm_thread ? output_gate(in.z[out_at], in.sigmoid_gate) : 0.0f;
 
-  // Phase 1. The key head's first block (of the cluster) owns its q and k channels' conv state.
-  cg::cluster_group cluster = cg::this_cluster();
-  const bool key_owner = kConv && blockIdx.x % cluster.dim_blocks().x == 0 && blockIdx.y == 0;
-  ConvChannel q_conv, k_conv;
-  if (tid < kGdnMaxKeyDim) {
-    const bool valid = tid < s.dk;
-    const int q_channel = key_head * s.dk + (valid ? tid : 0), k_channel = s.key_dim + q_channel;
+  // Phase 1.
+  if (key_thread) {
     float q_rows[kGdnDecodeMaxRows], k_rows[kGdnDecodeMaxRows];
-    float* recorded = key_owner && valid ? conv.row_states : nullptr;
+    float* recorded = key_owner && key_valid ? conv.row_states : nullptr;
     load_rows(in.qkv, s.conv_dim, q_channel, rows, q_rows);
     load_rows(in.qkv, s.conv_dim, k_channel, rows, k_rows);
     if constexpr (kConv) {
-      q_conv.load(conv, s.conv_dim, q_channel);
-      k_conv.load(conv, s.conv_dim, k_channel);
-      convolve_rows(q_conv, s.conv_dim, q_channel, rows, recorded, q_rows);
-      convolve_rows(k_conv, s.conv_dim, k_channel, rows, recorded, k_rows);
+      convolve_rows(first_conv, s.conv_dim, q_channel, rows, recorded, q_rows);
+      convolve_rows(second_conv, s.conv_dim, k_channel, rows, recorded, k_rows);
     }
 #pragma unroll
     for (int t = 0; t < kGdnDecodeMaxRows; ++t) {
-      if (!valid) q_rows[t] = k_rows[t] = 0.0f;
+      if (!key_valid) q_rows[t] = k_rows[t] = 0.0f;
       if (t < rows) {
         q[t][tid] = q_rows[t];
         k[t][tid] = k_rows[t];
@@ -204,21 +228,17 @@ __global__ void __launch_bounds__(kThreads)
         if (lane == 0) norms[t][warp][0] = qq, norms[t][warp][1] = kk, norms[t][warp][2] = qk;
       }
     }
-  } else if (tid < kGateThread0) {
-    const int c = tid - kValueThread0, column = blockIdx.y * kSliceColumns + c;
-    const bool valid = column < s.dv;
-    const int channel = 2 * s.key_dim + head * s.dv + (valid ? column : 0);
-    ConvChannel v_conv;
+  } else if (value_thread) {
+    const int c = tid - kValueThread0;
     float v_rows[kGdnDecodeMaxRows];
-    load_rows(in.qkv, s.conv_dim, channel, rows, v_rows);
+    load_rows(in.qkv, s.conv_dim, v_channel, rows, v_rows);
     if constexpr (kConv) {
-      v_conv.load(conv, s.conv_dim, channel);
-      convolve_rows(v_conv, s.conv_dim, channel, rows, valid ? conv.row_states : nullptr, v_rows);
-      if (valid) v_conv.store(conv.state, s.conv_dim, channel);  // this thread alone reads it
+      convolve_rows(first_conv, s.conv_dim, v_channel, rows, value_valid ? conv.row_states : nullptr, v_rows);
+      if (value_valid) first_conv.store(conv.state, s.conv_dim, v_channel);  // this thread alone reads it
     }
 #pragma unroll
     for (int t = 0; t < kGdnDecodeMaxRows; ++t)
-      if (t < rows) v[t][c] = valid ? v_rows[t] : 0.0f;
+      if (t < rows) v[t][c] = value_valid ? v_rows[t] : 0.0f;
   } else if (tid < kGateThread0 + rows) {
     const int t = tid - kGateThread0;
     const size_t at = size_t(t) * s.heads + head;
@@ -296,7 +316,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     if (row_group == 0) store_columns<kVec>(&outputs[t][column], o);
-    if (row_states && active) {
+    if (row_states && active && t + 1 < rows) {  // the last row's with the state, after the cluster arrive
       float* snapshot = row_states + (size_t(t) * s.heads + head) * head_size;
 #pragma unroll
       for (int m = 0; m < L::kRowsPerThread; ++m) {
@@ -305,39 +325,43 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
+  __syncthreads();  // outputs complete
+
+  // Gated RMS norm over the head's dv outputs of each row (warp t: row t). Every block pushes its rows' squares and its
+  // head into the shared memory of each block of the cluster (distributed shared memory) and adds up, after the
+  // barrier, those of its own head: one barrier, and no block reads another's memory after it (so none waits to exit).
+  const float o = norm_thread ? outputs[warp][lane] : 0.0f;
+  const int blocks = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  cluster_wait();  // every block of the cluster has started
+  if (warp < rows) {
+    const float sum = warp_sum(o * o);
+    if (lane < blocks) {
+      cluster.map_shared_rank(&pushed[0][0], unsigned(lane))[rank * kGdnDecodeMaxRows + warp] = sum;
+      if (warp == 0) cluster.map_shared_rank(pushed_head, unsigned(lane))[rank] = head;
+    }
+  }
+  cluster_arrive_release();
+  // The new state (and the last row's snapshot) while the other blocks arrive.
+  float* last_snapshot = row_states ? row_states + (size_t(rows - 1) * s.heads + head) * head_size : nullptr;
 #pragma unroll
   for (int m = 0; m < L::kRowsPerThread; ++m) {
     const int i = row_group + m * L::kRowGroups;
-    if (active && i < s.dk) store_columns<kVec>(head_state + size_t(i) * s.dv + j0, state[m]);
-  }
-  __syncthreads();  // outputs complete
-
-  // Gated RMS norm over the head's dv outputs of each row (warp t: row t). Every block of the cluster publishes its
-  // squares with its head; a block adds up those of its own head's blocks.
-  const float o = norm_thread ? outputs[warp][lane] : 0.0f;
-  if (warp < rows) {
-    const float sum = warp_sum(o * o);
-    if (lane == 0) squares[warp] = sum;
-  }
-  if (tid == 0) squares_head = head;
-  cluster.sync();
-  if (warp < rows) {
-    float mine = 0.0f;  // lane r: block r's squares of this row when it serves this head (one remote read each)
-    if (lane < int(cluster.num_blocks())) {
-      const int other_head = *cluster.map_shared_rank(&squares_head, unsigned(lane));
-      const float other = cluster.map_shared_rank(squares, unsigned(lane))[warp];
-      if (other_head == head) mine = other;
+    if (active && i < s.dk) {
+      store_columns<kVec>(head_state + size_t(i) * s.dv + j0, state[m]);
+      if (last_snapshot) store_columns<kVec>(last_snapshot + size_t(i) * s.dv + j0, state[m]);
     }
+  }
+  cluster_wait();
+  if (warp < rows) {
+    const float mine = lane < blocks && pushed_head[lane] == head ? pushed[lane][warp] : 0.0f;
     const float total = warp_sum(mine);
     if (norm_thread) out[out_at] = weight * (o * (1.0f / sqrtf(total / float(s.dv) + in.eps))) * gate;
   }
-  // Every block of the key head has read the old conv state (phase 1 came before the barrier).
-  if (key_owner && tid < s.dk) {
-    const int q_channel = key_head * s.dk + tid;
-    q_conv.store(conv.state, s.conv_dim, q_channel);
-    k_conv.store(conv.state, s.conv_dim, s.key_dim + q_channel);
+  // Every block of the key head has read the old conv state (phase 1 came before its arrive).
+  if (key_owner && key_valid) {
+    first_conv.store(conv.state, s.conv_dim, q_channel);
+    second_conv.store(conv.state, s.conv_dim, k_channel);
   }
-  cluster.sync();  // no block leaves while another still reads its `squares`
 }
 
 // The largest cluster (≤ 16 blocks) the fused kernel can be launched with; non-portable sizes (> 8) allowed once.

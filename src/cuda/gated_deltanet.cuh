@@ -58,9 +58,9 @@ struct GdnConvState {
 // holds the pass's raw projections (q | k | v before the conv; in.qkv is not read). The blocks of one key head form a
 // thread-block cluster (value heads per key head × ⌈dv/32⌉ blocks); where that exceeds what the device can schedule
 // (more than 16 blocks) the two kernels run instead, and qkv is convolved in place.
-// dependent: launch it as a programmatic dependent launch, whose blocks load the recurrent state while the kernel
-// before it in the stream still runs and wait for that kernel before reading anything else. So that kernel must not
-// write this layer's recurrent state (in a pass it is the layer's input products).
+// dependent: launch it as a programmatic dependent launch, whose blocks load the recurrent state, the conv state and
+// the taps while the kernel before it in the stream still runs and wait for that kernel before reading anything else.
+// So that kernel must not write this layer's recurrent or conv state (in a pass it is the layer's input products).
 void gdn_conv_decode(const GdnShape& shape, const GdnConvState& conv, float* qkv, GdnInputs in, float* recurrent,
                      float* row_states, float* out, bool dependent, cudaStream_t stream);
 
