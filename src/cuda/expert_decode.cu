@@ -49,7 +49,7 @@ __device__ inline TileRows tile_rows(const GemvMatrix& m, int first_row) {
   return r;
 }
 
-// blockIdx.y: a slot (blocks past the step's slot count leave at once) or, at `selections`, the shared expert.
+// blockIdx.y: a slot (blocks of empty slots leave at once) or, at `selections`, the shared expert.
 template <int B>
 __global__ void __launch_bounds__(kGateUpWarps * 32) gate_up_kernel(ExpertDecode p, int selections) {
   wait_for_producers();
@@ -58,16 +58,16 @@ __global__ void __launch_bounds__(kGateUpWarps * 32) gate_up_kernel(ExpertDecode
   __shared__ float partials[kGateUpWarps][64];
   const int slot = int(blockIdx.y);
   const bool shared_expert = slot == selections;
-  if (!shared_expert && slot >= *p.slot_count) return;
   const int inner = shared_expert ? p.shared_inner : p.inner, first_row = int(blockIdx.x) * kTileRows;
   if (first_row >= inner) return;
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, t = lane % 4, slice = warp / 2;
-  DeviceMatrix source;
+  GemvMatrix m;  // one read of the slot's descriptor, then the weights
   if (shared_expert)
-    source = warp % 2 ? p.shared_up : p.shared_gate;
+    m = gemv_matrix(warp % 2 ? p.shared_up : p.shared_gate, p.x, nullptr);
   else
-    source = (warp % 2 ? p.up : p.gate)[p.slot_expert[slot]];
-  const GemvMatrix m = gemv_matrix(source, p.x, nullptr);
+    m = p.slot_matrices[3 * slot + warp % 2];
+  if (m.rows == 0) return;  // a slot past the step's distinct experts (gate and up alike: the whole block)
+  m.x = p.x;
   const TileRows rows = tile_rows(m, first_row);
   const int begin = slice_start(slice, kGateUpSlices, rows.groups);
   const int end = slice_start(slice + 1, kGateUpSlices, rows.groups);
@@ -92,9 +92,9 @@ __global__ void __launch_bounds__(kGateUpWarps * 32) gate_up_kernel(ExpertDecode
   }
 }
 
-// Block (16-row output tile, cluster rank). Worker q = rank·kDownWarps + warp sums experts q, q + kDownWorkers, ...
-// (slot `count` is the shared expert), each weighted per batch row; the block adds its warps' sums in warp order and
-// the cluster's first block adds the blocks' in rank order. Each warp stages its own expert's h.
+// Block (16-row output tile, cluster rank). Worker q = rank·kDownWarps + warp sums slots q, q + kDownWorkers, ...
+// (empty ones skipped; slot rows·top_k is the shared expert), each weighted per batch row; the block adds its warps'
+// sums in warp order and the cluster's first block adds the blocks' in rank order. Each warp stages its own expert's h.
 template <int B>
 __global__ void __cluster_dims__(1, kDownCluster, 1) __launch_bounds__(kDownWarps * 32)
     down_kernel(ExpertDecode p, int warp_stage_words) {
@@ -105,14 +105,19 @@ __global__ void __cluster_dims__(1, kDownCluster, 1) __launch_bounds__(kDownWarp
   __shared__ float block_total[64];
   cg::cluster_group cluster = cg::this_cluster();
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, t = lane % 4;
-  const int first_row = int(blockIdx.x) * kTileRows, count = *p.slot_count;
+  const int first_row = int(blockIdx.x) * kTileRows, selections = B * p.top_k;
   uint4* fragments = staged + size_t(warp) * size_t(warp_stage_words);
   float total[2] = {};
-  for (int s = int(cluster.block_rank()) * kDownWarps + warp; s <= count; s += kDownWorkers) {
-    const bool shared_expert = s == count;
-    const DeviceMatrix source = shared_expert ? p.shared_down : p.down[p.slot_expert[s]];
-    const GemvMatrix m =
-        gemv_matrix(source, shared_expert ? p.shared_h : p.h + size_t(s) * B * size_t(p.inner), nullptr);
+  for (int s = int(cluster.block_rank()) * kDownWarps + warp; s <= selections; s += kDownWorkers) {
+    const bool shared_expert = s == selections;
+    GemvMatrix m;
+    if (shared_expert) {
+      m = gemv_matrix(p.shared_down, p.shared_h, nullptr);
+    } else {
+      m = p.slot_matrices[3 * s + 2];
+      if (m.rows == 0) continue;  // a slot past the step's distinct experts
+      m.x = p.h + size_t(s) * B * size_t(p.inner);
+    }
     const TileRows rows = tile_rows(m, first_row);
     WarpLoads current;
     load_group_block<4>(current, rows.codes, rows.affine, 0, rows.groups, rows.width, t);

@@ -14,17 +14,15 @@
 namespace vavilov::cuda {
 
 struct ExpertDecode {
-  const DeviceMatrix *gate = nullptr, *up = nullptr, *down = nullptr;  // device arrays, one matrix per expert
   DeviceMatrix shared_gate, shared_up, shared_down;
-  int hidden = 0, inner = 0, shared_inner = 0;
-  const float* x = nullptr;             // [rows, hidden]
-  const float* shared_scale = nullptr;  // [rows]: the shared-expert gate's logit
-  const int* slot_expert = nullptr;     // ExpertSlots::expert
-  const int* slot_count = nullptr;      // ExpertSlots::count
-  const float* slot_weights = nullptr;  // ExpertSlots::weights
-  float* h = nullptr;                   // [rows·top_k slots, rows, inner]
-  float* shared_h = nullptr;            // [rows, shared_inner]
-  float* y = nullptr;                   // [rows, hidden]
+  int hidden = 0, inner = 0, shared_inner = 0, top_k = 0;
+  const float* x = nullptr;                   // [rows, hidden]
+  const float* shared_scale = nullptr;        // [rows]: the shared-expert gate's logit
+  const GemvMatrix* slot_matrices = nullptr;  // ExpertSlots::matrices (an empty slot: rows = 0)
+  const float* slot_weights = nullptr;        // ExpertSlots::weights
+  float* h = nullptr;                         // [rows·top_k slots, rows, inner]
+  float* shared_h = nullptr;                  // [rows, shared_inner]
+  float* y = nullptr;                         // [rows, hidden]
 };
 
 // h and shared_h for `rows` rows with `selections` = rows·top_k (the grid's bound on the slot count).

@@ -63,14 +63,19 @@ void moe_route_and_plan(const RouteShape& shape, const float* logits, int rows, 
 
 // A decode step's distinct experts, for kernels that take each expert's matrices from the DeviceMatrix arrays
 // themselves (expert_decode.cuh): the experts of all rows' picks in first-come order become slots 0..count−1.
+// With `matrices` set, also each slot's descriptors, so that the expert kernels read one value before the weights.
 struct ExpertSlots {
   int* expert = nullptr;     // [kMaxGemvRows·top_k]: slot j's expert
   int* count = nullptr;      // the number of slots
   float* weights = nullptr;  // [slot, kMaxGemvRows]: row b's routing weight of the slot's expert, 0 where b did not
                              // pick it (and for b ≥ rows)
+  const DeviceMatrix *gate = nullptr, *up = nullptr, *down = nullptr;  // device arrays, one matrix per expert
+  GemvMatrix* matrices = nullptr;  // [3·kMaxGemvRows·top_k]: slot j's gate, up, down at 3j, 3j + 1, 3j + 2 (x and y
+                                   // unset); rows = 0 for the slots from the count to rows·top_k
 };
 
-// moe_route for 1–4 rows (one block), then the slots above.
+// moe_route for 1–4 rows (one block of 16 warps a row: the experts' keys sorted per warp and merged in a tree), then
+// the slots above.
 void moe_route_slots(const RouteShape& shape, const float* logits, int rows, int* ids, float* weights,
                      const ExpertSlots& slots, cudaStream_t stream);
 

@@ -29,9 +29,6 @@ bool fuses(const DeviceMoe& w, const MoeShape& s) {
 
 ExpertDecode expert_decode_arguments(const DeviceMoe& w, const MoeShape& shape, const MoeBuffers& b) {
   ExpertDecode p;
-  p.gate = w.expert_gate;
-  p.up = w.expert_up;
-  p.down = w.expert_down;
   p.shared_gate = w.shared.gate;
   p.shared_up = w.shared.up;
   p.shared_down = w.shared.down;
@@ -40,8 +37,8 @@ ExpertDecode expert_decode_arguments(const DeviceMoe& w, const MoeShape& shape, 
   p.shared_inner = shape.shared_inner;
   p.x = b.input;
   p.shared_scale = b.shared_scale;
-  p.slot_expert = b.slot_of;
-  p.slot_count = b.slot_of + kMaxGemvRows * shape.route.top_k;
+  p.top_k = shape.route.top_k;
+  p.slot_matrices = b.descriptors;
   p.slot_weights = b.slot_weights;
   p.h = b.expert_gate;
   p.shared_h = b.shared_gate;
@@ -50,11 +47,15 @@ ExpertDecode expert_decode_arguments(const DeviceMoe& w, const MoeShape& shape, 
 }
 
 // run_products, routing with slots, and expert_decode.cuh's two launches.
-void decode_fused(const MoeShape& shape, const MoeDecodePlan& plan, const MoeBuffers& buffers, int rows,
-                  cudaStream_t stream) {
+void decode_fused(const DeviceMoe& w, const MoeShape& shape, const MoeDecodePlan& plan, const MoeBuffers& buffers,
+                  int rows, cudaStream_t stream) {
   const int top_k = shape.route.top_k;
   run_products(plan.fused_inputs, rows, stream);  // router, shared-expert gate
-  const ExpertSlots slots{buffers.slot_of, buffers.slot_of + kMaxGemvRows * top_k, buffers.slot_weights};
+  ExpertSlots slots{buffers.slot_of, buffers.slot_of + kMaxGemvRows * top_k, buffers.slot_weights};
+  slots.gate = w.expert_gate;
+  slots.up = w.expert_up;
+  slots.down = w.expert_down;
+  slots.matrices = buffers.descriptors;  // the slots' descriptors (expert_decode_arguments: slot_matrices)
   moe_route_slots(shape.route, buffers.router, rows, buffers.route_ids, buffers.route_weights, slots, stream);
   cuda_check(expert_gate_up(plan.experts, rows, rows * top_k, stream), "MoE experts gate/up");
   cuda_check(expert_down(plan.experts, rows, stream), "MoE experts down");
@@ -106,7 +107,7 @@ MoeDecodePlan plan_moe_decode(const DeviceMoe& w, const MoeShape& shape, const M
 
 void moe_decode(const DeviceMoe& w, const MoeShape& shape, const MoeDecodePlan& plan, const MoeBuffers& buffers,
                 int rows, cudaStream_t stream) {
-  if (plan.fused && rows <= plan.fused_max_rows) return decode_fused(shape, plan, buffers, rows, stream);
+  if (plan.fused && rows <= plan.fused_max_rows) return decode_fused(w, shape, plan, buffers, rows, stream);
   const int top_k = shape.route.top_k, selections = rows * top_k, slots = kMaxGemvRows * top_k;
   run_products(plan.inputs, rows, stream);
 

@@ -9,8 +9,8 @@
 //   5. down of every distinct expert and of the shared expert: one GEMV launch;
 //   6. the combine: y = σ(shared gate)·shared + Σ routing weight·expert, only over each row's own picks.
 // When every expert matrix and the shared expert are Q4 (Flash-Next), passes of up to fused_max_rows rows take four
-// launches instead: the router and the shared-expert gate; moe_route_slots (the step's slots and per-row weights
-// instead of GEMV descriptors); expert_decode.cuh's gate/up of every distinct expert and of the shared expert with
+// launches instead: the router and the shared-expert gate; moe_route_slots (the step's slots, per-row weights and
+// each slot's matrix descriptors); expert_decode.cuh's gate/up of every distinct expert and of the shared expert with
 // SwiGLU in the epilogue; its down with the routing-weighted sum over each row's experts and the gated shared expert,
 // in a fixed order.
 // Experts in formats the GEMV kernels do not read (F32, other quantizations) take the row-general path in
@@ -44,7 +44,7 @@ struct MoeBuffers {
   int* route_ids = nullptr;
   float *shared_gate = nullptr, *shared_up = nullptr, *shared_scale = nullptr;
   float *expert_gate = nullptr, *expert_up = nullptr, *expert_out = nullptr;
-  GemvMatrix* descriptors = nullptr;  // [moe_descriptor_count(top_k)]
+  GemvMatrix* descriptors = nullptr;  // [moe_descriptor_count(top_k)]; the fused path: ExpertSlots' matrices
   int* slot_of = nullptr;             // [moe_slot_count(top_k)]; the fused path: ExpertSlots' expert, then its count
   float* slot_weights = nullptr;      // [moe_slot_weight_count(top_k)]: ExpertSlots' weights
 };

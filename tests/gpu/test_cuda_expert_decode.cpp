@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -231,8 +232,9 @@ TEST(CudaExpertDecode, FusedQ4MatchesDoublePrecisionForOneToFourRows) {
 }
 
 // The step's slots: first-come over the rows' picks in order, each row's weight of each slot's expert (0 where it did
-// not pick it), at Flash-Next's 512 experts and top 10. Logits are a random permutation of distinct values, and rows
-// 2 and 3 repeat parts of rows 0 and 1, so that picks repeat across rows.
+// not pick it), each slot's gate/up/down descriptors copied from the expert tables (rows 0 for empty slots), at
+// Flash-Next's 512 experts and top 10. Logits are a random permutation of distinct values, and rows 2 and 3 repeat
+// parts of rows 0 and 1, so that picks repeat across rows.
 TEST(CudaExpertDecode, RouteSlotsListTheDistinctExpertsInFirstComeOrder) {
   constexpr int experts = 512, top_k = 10, rows = cuda::kMaxGemvRows;
   std::mt19937 rng(13);
@@ -253,14 +255,38 @@ TEST(CudaExpertDecode, RouteSlotsListTheDistinctExpertsInFirstComeOrder) {
   float* weights = memory.zeros<float>(size_t(rows) * top_k);
   int* slot_of = memory.zeros<int>(cuda::moe_slot_count(top_k));
   float* slot_weights = memory.zeros<float>(cuda::moe_slot_weight_count(top_k));
+  // Expert tables whose entries tell the experts apart (the kernel copies them, it never reads what they point to).
+  std::vector<cuda::DeviceMatrix> tables[3];
+  for (int m = 0; m < 3; ++m)
+    for (int e = 0; e < experts; ++e) {
+      cuda::DeviceMatrix d;
+      d.format = cuda::WeightFormat::Q4;
+      d.rows = 100 * (m + 1);
+      d.cols = 64 * (m + 1);
+      const uintptr_t base = uintptr_t(0x10000000) * uintptr_t(m + 1) + uintptr_t(e) * 0x1000;
+      d.data = reinterpret_cast<const void*>(base);
+      d.scales = reinterpret_cast<const uint16_t*>(base + 0x100);
+      d.biases = reinterpret_cast<const uint16_t*>(base + 0x200);
+      tables[m].push_back(d);
+    }
+  cuda::GemvMatrix* matrices = memory.zeros<cuda::GemvMatrix>(cuda::moe_descriptor_count(top_k));
+  cuda::ExpertSlots slots{slot_of, slot_of + rows * top_k, slot_weights};
+  slots.gate = memory.copy(tables[0]);
+  slots.up = memory.copy(tables[1]);
+  slots.down = memory.copy(tables[2]);
+  slots.matrices = matrices;
   for (int used = 1; used <= rows; ++used) {
-    const cuda::ExpertSlots slots{slot_of, slot_of + rows * top_k, slot_weights};
+    ASSERT_EQ(cudaMemset(matrices, 0xff, cuda::moe_descriptor_count(top_k) * sizeof(cuda::GemvMatrix)), cudaSuccess);
     cuda::moe_route_slots({experts, top_k, true}, device_logits, used, ids, weights, slots, nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<int> got_slots(cuda::moe_slot_count(top_k));
     std::vector<float> got_weights(cuda::moe_slot_weight_count(top_k));
+    std::vector<cuda::GemvMatrix> got_matrices(cuda::moe_descriptor_count(top_k));
     ASSERT_EQ(cudaMemcpy(got_slots.data(), slot_of, got_slots.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
     ASSERT_EQ(cudaMemcpy(got_weights.data(), slot_weights, got_weights.size() * 4, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(got_matrices.data(), matrices, got_matrices.size() * sizeof(cuda::GemvMatrix),
+                         cudaMemcpyDeviceToHost),
               cudaSuccess);
     std::vector<int> expected_slots;
     std::vector<std::vector<double>> expected_weights;  // [slot][row]
@@ -287,6 +313,20 @@ TEST(CudaExpertDecode, RouteSlotsListTheDistinctExpertsInFirstComeOrder) {
       EXPECT_LT(expected_slots.size(), size_t(used * top_k)) << "the premise: rows share experts";
     }
     ASSERT_EQ(got_slots[size_t(rows * top_k)], int(expected_slots.size())) << used << " rows";
+    for (size_t j = 0; j < size_t(used * top_k); ++j)  // slot j's gate, up, down; empty past the distinct count
+      for (int m = 0; m < 3; ++m) {
+        const cuda::GemvMatrix& got = got_matrices[3 * j + size_t(m)];
+        if (j >= expected_slots.size()) {
+          EXPECT_EQ(got.rows, 0) << used << " rows, empty slot " << j << ", matrix " << m;
+          continue;
+        }
+        const cuda::DeviceMatrix& want = tables[m][size_t(expected_slots[j])];
+        EXPECT_EQ(got.rows, want.rows) << used << " rows, slot " << j << ", matrix " << m;
+        EXPECT_EQ(got.cols, want.cols) << used << " rows, slot " << j << ", matrix " << m;
+        EXPECT_EQ(static_cast<const void*>(got.codes), want.data) << used << " rows, slot " << j << ", matrix " << m;
+        EXPECT_EQ(static_cast<const void*>(got.scales), static_cast<const void*>(want.scales));
+        EXPECT_EQ(static_cast<const void*>(got.biases), static_cast<const void*>(want.biases));
+      }
     for (size_t j = 0; j < expected_slots.size(); ++j) {
       EXPECT_EQ(got_slots[j], expected_slots[j]) << used << " rows, slot " << j;
       // fp32 exp over 512 terms and the renormalisation: a few 1e-7 relative.

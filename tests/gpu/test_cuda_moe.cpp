@@ -221,7 +221,8 @@ TEST(CudaMoeDecodePlan, F32ExpertsTakeTheGeneralPath) {
 // give bit-equal probabilities on both sides, and unequal ones differ by a factor e^(1/4), so the CPU's order
 // (probability descending, then index ascending: src/cpu/moe.cpp's partial_sort) is the only right answer. Rows
 // span two blocks; one row is all ties, one has its winners at the highest indices. Also the kernel's other register
-// layout (2048 experts, the most, with top 32, the most) and an expert count that is no multiple of 32.
+// layout (2048 experts, the most, with top 32, the most) and an expert count that is no multiple of 32. moe_route_slots
+// (a block a row: per-warp sorts merged in a tree) must give the same picks and weights.
 class CudaMoeRoute : public ::testing::TestWithParam<std::pair<int, int>> {};
 
 TEST_P(CudaMoeRoute, TopKMatchesTheCpuOrderWithTies) {
@@ -237,14 +238,27 @@ TEST_P(CudaMoeRoute, TopKMatchesTheCpuOrderWithTies) {
   const float* device_logits = memory.copy(logits);
   int* ids = memory.zeros<int>(size_t(rows) * top_k);
   float* weights = memory.zeros<float>(size_t(rows) * top_k);
-  for (bool norm_topk : {true, false}) {
-    cuda::moe_route({experts, top_k, norm_topk}, device_logits, rows, ids, weights, nullptr);
+  cuda::ExpertSlots slots;
+  slots.expert = memory.zeros<int>(cuda::moe_slot_count(top_k));
+  slots.count = memory.zeros<int>(1);
+  slots.weights = memory.zeros<float>(cuda::moe_slot_weight_count(top_k));
+  // moe_route (a warp a row) over every row, and moe_route_slots (the block a row) over the first kMaxGemvRows, the
+  // most it takes: the same answers.
+  using Case = std::pair<bool, bool>;  // norm_topk, route_slots
+  for (const auto& [norm_topk, route_slots] :
+       {Case{true, false}, Case{false, false}, Case{true, true}, Case{false, true}}) {
+    const int checked = route_slots ? cuda::kMaxGemvRows : rows;
+    ASSERT_EQ(cudaMemset(ids, 0xff, size_t(rows) * top_k * sizeof(int)), cudaSuccess);
+    if (route_slots)
+      cuda::moe_route_slots({experts, top_k, norm_topk}, device_logits, checked, ids, weights, slots, nullptr);
+    else
+      cuda::moe_route({experts, top_k, norm_topk}, device_logits, rows, ids, weights, nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<int> got_ids(size_t(rows) * top_k);
     std::vector<float> got_weights(got_ids.size());
     ASSERT_EQ(cudaMemcpy(got_ids.data(), ids, got_ids.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
     ASSERT_EQ(cudaMemcpy(got_weights.data(), weights, got_weights.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    for (int r = 0; r < rows; ++r) {
+    for (int r = 0; r < checked; ++r) {
       const float* row = logits.data() + size_t(r) * experts;
       std::vector<int> order(experts);
       std::iota(order.begin(), order.end(), 0);
@@ -254,11 +268,11 @@ TEST_P(CudaMoeRoute, TopKMatchesTheCpuOrderWithTies) {
       for (int j = 0; j < top_k; ++j) total += std::exp(double(row[order[size_t(j)]]) - 5.75) / sum;
       for (int j = 0; j < top_k; ++j) {
         const size_t at = size_t(r) * top_k + size_t(j);
-        EXPECT_EQ(got_ids[at], order[size_t(j)]) << "row " << r << ", pick " << j;
+        EXPECT_EQ(got_ids[at], order[size_t(j)]) << "row " << r << ", pick " << j << (route_slots ? " (slots)" : "");
         const double p = std::exp(double(row[order[size_t(j)]]) - 5.75) / sum;
         // fp32 exp and a ≤ 2048-term fp32 sum: a few 1e-7 relative (the sum cancels in the renormalised weights).
         EXPECT_NEAR(got_weights[at], norm_topk ? p / total : p, 1e-5 * p / (norm_topk ? total : 1.0))
-            << "row " << r << ", pick " << j;
+            << "row " << r << ", pick " << j << (route_slots ? " (slots)" : "");
       }
     }
   }
