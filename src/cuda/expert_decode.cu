@@ -184,30 +184,14 @@ cudaError_t launch_down(const ExpertDecode& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename Launch>
-cudaError_t with_rows(int rows, Launch&& launch) {
-  switch (rows) {
-    case 1:
-      return launch(std::integral_constant<int, 1>{});
-    case 2:
-      return launch(std::integral_constant<int, 2>{});
-    case 3:
-      return launch(std::integral_constant<int, 3>{});
-    case 4:
-      return launch(std::integral_constant<int, 4>{});
-    default:
-      return cudaErrorInvalidValue;
-  }
-}
-
 }  // namespace
 
 cudaError_t expert_gate_up(const ExpertDecode& p, int rows, int selections, cudaStream_t stream) {
-  return with_rows(rows, [&](auto b) { return launch_gate_up<decltype(b)::value>(p, selections, stream); });
+  return with_batch(rows, [&](auto b) { return launch_gate_up<decltype(b)::value>(p, selections, stream); });
 }
 
 cudaError_t expert_down(const ExpertDecode& p, int rows, cudaStream_t stream) {
-  return with_rows(rows, [&](auto b) { return launch_down<decltype(b)::value>(p, stream); });
+  return with_batch(rows, [&](auto b) { return launch_down<decltype(b)::value>(p, stream); });
 }
 
 }  // namespace vavilov::cuda

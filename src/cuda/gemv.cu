@@ -111,23 +111,6 @@ cudaError_t launch_quant(const GemvMatrix& single, const GemvMatrix* matrices, i
                           single, matrices, split, plan);
 }
 
-// launch(std::integral_constant<int, B>{}) for the batch size B (1–4): the kernels take it as a template argument.
-template <typename Launch>
-cudaError_t with_batch(int batch, Launch&& launch) {
-  switch (batch) {
-    case 1:
-      return launch(std::integral_constant<int, 1>{});
-    case 2:
-      return launch(std::integral_constant<int, 2>{});
-    case 3:
-      return launch(std::integral_constant<int, 3>{});
-    case 4:
-      return launch(std::integral_constant<int, 4>{});
-    default:
-      return cudaErrorInvalidValue;
-  }
-}
-
 constexpr GemvSplit kChosenSplit{0, 0};  // the split gemv_quant_split chooses
 
 template <int Bits>

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace vavilov::cuda {
 
@@ -64,5 +65,22 @@ cudaError_t gemv_bf16(const GemvMatrix& matrix, int batch, cudaStream_t stream);
 cudaError_t gemv_f32(const GemvMatrix& matrix, int batch, cudaStream_t stream);
 // One Q4 matrix with a given split (tiles · splits ≤ 16 warps), for the benchmark's split sweeps.
 cudaError_t gemv_q4(const GemvMatrix& matrix, int batch, GemvSplit split, cudaStream_t stream);
+
+// launch(std::integral_constant<int, B>{}) for the batch size B (1–4): the kernels take it as a template argument.
+template <typename Launch>
+cudaError_t with_batch(int batch, Launch&& launch) {
+  switch (batch) {
+    case 1:
+      return launch(std::integral_constant<int, 1>{});
+    case 2:
+      return launch(std::integral_constant<int, 2>{});
+    case 3:
+      return launch(std::integral_constant<int, 3>{});
+    case 4:
+      return launch(std::integral_constant<int, 4>{});
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
 
 }  // namespace vavilov::cuda

@@ -13,6 +13,7 @@
 #include "core/dtype.h"
 #include "cuda/moe_block.h"
 #include "device_matrices.h"
+#include "moe_buffers.h"
 
 namespace vavilov {
 namespace {
@@ -137,23 +138,7 @@ Reference reference_moe(const TestMoe& m, const std::vector<double>& x, int rows
 }
 
 cuda::MoeBuffers make_buffers(DeviceMemory& memory) {
-  constexpr size_t slots = size_t(cuda::kMaxGemvRows) * kTopK;
-  cuda::MoeBuffers b;
-  b.input = memory.zeros<float>(size_t(kRows) * kHidden);
-  b.output = memory.zeros<float>(size_t(kRows) * kHidden);
-  b.router = memory.zeros<float>(size_t(kRows) * kExperts);
-  b.route_weights = memory.zeros<float>(size_t(kRows) * kTopK);
-  b.route_ids = memory.zeros<int>(size_t(kRows) * kTopK);
-  b.shared_gate = memory.zeros<float>(size_t(kRows) * kSharedInner);
-  b.shared_up = memory.zeros<float>(size_t(kRows) * kSharedInner);
-  b.shared_scale = memory.zeros<float>(kRows);
-  b.expert_gate = memory.zeros<float>(slots * kRows * kInner);
-  b.expert_up = memory.zeros<float>(slots * kRows * kInner);
-  b.expert_out = memory.zeros<float>(slots * kRows * kHidden);
-  b.descriptors = memory.zeros<cuda::GemvMatrix>(cuda::moe_descriptor_count(kTopK));
-  b.slot_of = memory.zeros<int>(cuda::moe_slot_count(kTopK));
-  b.slot_weights = memory.zeros<float>(cuda::moe_slot_weight_count(kTopK));
-  return b;
+  return test::make_moe_buffers(memory, {kHidden, kInner, kSharedInner, {kExperts, kTopK, true}}, kRows);
 }
 
 class CudaMoeDecode : public ::testing::TestWithParam<Formats> {};
