@@ -67,6 +67,30 @@ TEST(CpuKernels, MatmulMatchesDoublePrecisionForEveryBlockShape) {
         }
 }
 
+// A row's outputs do not depend on the other rows of the product (the blocking over input and weight rows only
+// changes which pairs share registers), so a speculative verify row computes exactly what a one-row decode step
+// would: compared bit for bit, for every row count and shape tail.
+TEST(CpuKernels, MatmulRowIsBitIdenticalWhateverTheBatch) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  for (DType dtype : {DType::F32, DType::BF16})
+    for (int64_t out_dim : {1, 5, 8, 13, 27, 33})
+      for (int64_t in_dim : {5, 8, 45, 320})
+        for (int64_t rows : {2, 3, 4, 5, 9}) {
+          std::vector<std::byte> storage;
+          Matrix w = dense_matrix(storage, dtype, out_dim, in_dim, rng);
+          std::vector<float> x(size_t(rows * in_dim)), y(size_t(rows * out_dim)), alone(static_cast<size_t>(out_dim));
+          for (float& v : x) v = normal(rng);
+          cpu::matmul(w, x.data(), rows, y.data());
+          for (int64_t r = 0; r < rows; ++r) {
+            cpu::matmul(w, x.data() + r * in_dim, 1, alone.data());
+            ASSERT_EQ(std::memcmp(alone.data(), y.data() + r * out_dim, size_t(out_dim) * sizeof(float)), 0)
+                << "dtype " << dtype_name(dtype) << " out " << out_dim << " in " << in_dim << " row " << r << " of "
+                << rows;
+          }
+        }
+}
+
 // The int8 product (draft logits) against the double-precision product of the original weights: within the error
 // that rounding weights to max|w|/63 and inputs to max|x|/127 steps allows, scale_w/2·Σ|x| + scale_x/2·Σ(|w| +
 // scale_w/2), plus fp32 slack. A subset of rows comes out in the order asked for.

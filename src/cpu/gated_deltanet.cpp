@@ -39,14 +39,19 @@ struct DeltaInputs {
   int64_t rows;
 };
 
-// The recurrence for one value head over all rows: S ← e^g S; δ = β(v − Sᵀk); S ← S + kδᵀ; o = Sᵀq.
+// The recurrence for one value head over all rows: S ← e^g S; δ = β(v − Sᵀk); S ← S + kδᵀ; o = Sᵀq. Two passes over
+// S a row: the decay is applied as Sᵀk is summed. When row states are recorded, row t's state is written straight into
+// its record (row t + 1 reads it from there) and only the last row's into the live state, so recording copies nothing.
 void delta_rule_head(const ModelConfig& c, int64_t head, const DeltaInputs& in, float* state, float* out,
                      std::vector<GatedDeltaNetState>* row_states) {
   const int64_t dk = c.linear_key_head_dim, dv = c.linear_value_head_dim, heads = c.linear_num_value_heads;
   const int64_t key_head = head / (heads / c.linear_num_key_heads);
   const int64_t conv_dim = c.gdn_conv_dim(), key_dim = c.gdn_key_dim();
   std::vector<float> q(static_cast<size_t>(dk)), k(static_cast<size_t>(dk)), delta(static_cast<size_t>(dv));
+  const float* previous = state;
   for (int64_t t = 0; t < in.rows; ++t) {
+    const bool recorded = row_states && size_t(t) < row_states->size();
+    float* next = recorded ? (*row_states)[size_t(t)].recurrent.data() + head * dk * dv : state;
     const float* row = in.qkv + t * conv_dim;
     std::copy(row + key_head * dk, row + (key_head + 1) * dk, q.begin());
     std::copy(row + key_dim + key_head * dk, row + key_dim + (key_head + 1) * dk, k.begin());
@@ -56,20 +61,21 @@ void delta_rule_head(const ModelConfig& c, int64_t head, const DeltaInputs& in, 
     float q_scale = 1.0f / std::sqrt(float(dk));
     for (auto& value : q) value *= q_scale;
     float decay = std::exp(in.decay[t * heads + head]), beta = in.beta[t * heads + head];
-    for (int64_t i = 0; i < dk * dv; ++i) state[i] *= decay;
     for (int64_t j = 0; j < dv; ++j) delta[j] = 0.0f;
     for (int64_t i = 0; i < dk; ++i)
-      for (int64_t j = 0; j < dv; ++j) delta[j] += state[i * dv + j] * k[i];
+      for (int64_t j = 0; j < dv; ++j) {
+        next[i * dv + j] = previous[i * dv + j] * decay;
+        delta[j] += next[i * dv + j] * k[i];
+      }
     for (int64_t j = 0; j < dv; ++j) delta[j] = beta * (v[j] - delta[j]);
     float* o = out + t * heads * dv + head * dv;
     for (int64_t j = 0; j < dv; ++j) o[j] = 0.0f;
     for (int64_t i = 0; i < dk; ++i)
       for (int64_t j = 0; j < dv; ++j) {
-        state[i * dv + j] += k[i] * delta[j];
-        o[j] += state[i * dv + j] * q[i];
+        next[i * dv + j] += k[i] * delta[j];
+        o[j] += next[i * dv + j] * q[i];
       }
-    if (row_states && size_t(t) < row_states->size())
-      std::copy_n(state, dk * dv, (*row_states)[size_t(t)].recurrent.data() + head * dk * dv);
+    previous = next;
   }
 }
 
@@ -121,8 +127,7 @@ void gated_deltanet(const GatedDeltaNetWeights& w, const ModelConfig& c, std::sp
       float sum = 0.0f;
       for (int64_t j = 0; j < dv; ++j) sum += o[j] * o[j];
       float scale = 1.0f / std::sqrt(sum / float(dv) + c.rms_norm_eps);
-      for (int64_t j = 0; j < dv; ++j)
-        o[j] = w.norm[j] * (o[j] * scale) * gate[j];
+      for (int64_t j = 0; j < dv; ++j) o[j] = w.norm[j] * (o[j] * scale) * gate[j];
     }
   matmul(w.out, core.data(), rows, y);
 }
