@@ -201,21 +201,19 @@ void weight_rows_times(const T* w, int64_t w_stride, int64_t o_begin, int64_t o_
   for (; o < o_end; ++o) dot_block<1, R>(w + o * w_stride, w_stride, x, n, y + o, out_dim);
 }
 
-// Weight rows [o_begin, o_end) (w points at row 0) against `rows` input rows, four at a time. Slices of 24 weight
-// rows (a multiple of every block size) meet all input rows while they are in cache.
+// Weight rows [o_begin, o_end) (w points at row 0) against `rows` input rows, three at a time (the block shape with
+// the most work per load: 4 input rows would leave room for only 2 weight rows). Slices of 24 weight rows (a
+// multiple of every block size) meet all input rows while they are in cache.
 template <typename T>
 void rows_times_inputs(const T* w, int64_t w_stride, int64_t o_begin, int64_t o_end, const float* x, int64_t rows,
                        int64_t n, float* y, int64_t out_dim) {
   constexpr int64_t kSlice = 24;
   for (int64_t slice = o_begin; slice < o_end; slice += kSlice) {
     const int64_t slice_end = std::min(slice + kSlice, o_end);
-    for (int64_t r = 0; r < rows; r += 4) {
+    for (int64_t r = 0; r < rows; r += 3) {
       const float* xr = x + r * n;
       float* yr = y + r * out_dim;
-      switch (std::min<int64_t>(4, rows - r)) {
-        case 4:
-          weight_rows_times<4>(w, w_stride, slice, slice_end, xr, n, yr, out_dim);
-          break;
+      switch (std::min<int64_t>(3, rows - r)) {
         case 3:
           weight_rows_times<3>(w, w_stride, slice, slice_end, xr, n, yr, out_dim);
           break;
@@ -331,11 +329,12 @@ void matmul(const Matrix& w, const float* x, int64_t rows, float* y) {
   // rows make each weight row that much more work, so its matrices split into that many times more tasks.
   const size_t work_per_row = std::max<size_t>(1, w.row_bytes()) * size_t(std::clamp<int64_t>(rows, 1, 4));
   const size_t grain = std::max<size_t>(1, (256 << 10) / work_per_row);
-  // bf16 weights are widened in registers while few rows reuse them; for many rows (prefill) a row is widened once.
-  // Quantized weights (group 64) likewise: decoded in registers for decode and verify steps.
+  // F32 and BF16 weights are read in place for any number of rows (a bf16 vector is widened in two operations).
+  // Quantized weights (group 64) are decoded in registers for decode and verify steps; other dtypes, and quantized
+  // weights for many rows (prefill), have a row widened once.
   const bool quantized_in_registers =
       w.quantized() && rows <= 4 && (w.nvfp4() || (w.bits <= 4 && w.group == kQuantGroup));
-  const bool in_registers = !w.quantized() && (w.dtype == DType::F32 || (w.dtype == DType::BF16 && rows <= 4));
+  const bool in_registers = !w.quantized() && (w.dtype == DType::F32 || w.dtype == DType::BF16);
   parallel_for(size_t(out_dim), grain, [&](size_t begin, size_t end) {
     if (quantized_in_registers) {
       for (size_t o = begin; o < end; ++o) quantized_row_times_inputs(w, x, rows, int64_t(o), y);
