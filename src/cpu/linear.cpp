@@ -350,10 +350,13 @@ void matmul(const Matrix& w, const float* x, int64_t rows, float* y) {
                         y, out_dim);
       return;
     }
-    std::vector<float> converted(static_cast<size_t>(in_dim));
-    for (size_t o = begin; o < end; ++o) {
-      matrix_row(w, int64_t(o), converted.data());
-      rows_times_inputs(converted.data(), in_dim, 0, 1, x, rows, in_dim, y + o, out_dim);
+    // Eight rows widened at a time, so the blocked kernel has weight rows to block over.
+    constexpr size_t kWidened = 8;
+    std::vector<float> converted(kWidened * size_t(in_dim));
+    for (size_t o = begin; o < end; o += kWidened) {
+      const size_t count = std::min(kWidened, end - o);
+      for (size_t i = 0; i < count; ++i) matrix_row(w, int64_t(o + i), converted.data() + i * size_t(in_dim));
+      rows_times_inputs(converted.data(), in_dim, 0, int64_t(count), x, rows, in_dim, y + o, out_dim);
     }
   });
 }
