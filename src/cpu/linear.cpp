@@ -141,7 +141,7 @@ inline float load1(const uint16_t* p) { return bf16_to_f32(*p); }
 // blocking): each weight vector is widened once and feeds R rows, each input vector feeds O weight rows, and the O·R
 // independent FMA chains hide the FMA latency. Every (o, r) pair has one accumulator over k in steps of 8, then the
 // same horizontal sum and scalar tail, so an output does not depend on O, R or how the rows are split into blocks
-// and tasks: a verify row's values equal the one-row decode step's bit for bit.
+// and tasks: a verify row's products equal the one-row decode step's bit for bit.
 constexpr int64_t kPrefetchDistance = 8192;
 
 template <int O, int R, typename T>
@@ -178,13 +178,12 @@ void dot_block(const T* w, int64_t w_stride, const float* x, int64_t n, float* y
     }
 }
 
-// Weight rows per block for R input rows: O·R accumulators (8–9 chains cover the FMA latency at two FMAs a cycle) plus
-// the R input vectors stay within the 16 vector registers.
+// Weight rows per block for R (1–3) input rows: O·R accumulators (8–9 chains cover the FMA latency at two FMAs a cycle)
+// plus the R input vectors stay within the 16 vector registers.
 template <int R>
 constexpr int kWeightRowsPerBlock = R == 1   ? 8
                                     : R == 2 ? 4
-                                    : R == 3 ? 3
-                                             : 2;
+                                             : 3;
 
 // Weight rows [o_begin, o_end) against R input rows, in blocks of kWeightRowsPerBlock<R> weight rows.
 template <int R, typename T>
