@@ -1,4 +1,5 @@
-// The CPU kernels against plain double-precision arithmetic: the blocked matmul for every row count and shape tail,
+// The CPU kernels against plain double-precision arithmetic: the blocked matmul for every row count and shape tail
+// (in place for F32/BF16, through widened rows for F16), and each row's result independent of its batch;
 // the int8 draft product within its rounding bound, and the vectorised gates against std::exp.
 #include <gtest/gtest.h>
 
@@ -23,6 +24,9 @@ Matrix dense_matrix(std::vector<std::byte>& storage, DType dtype, int64_t rows, 
     if (dtype == DType::BF16) {
       uint16_t bits = f32_to_bf16(v);
       std::memcpy(storage.data() + i * 2, &bits, 2);
+    } else if (dtype == DType::F16) {  // sign, exponent 2^-3 … 2^2, random mantissa: finite normal values
+      const auto bits = uint16_t((rng() & 0x83FFu) | ((12u + rng() % 6u) << 10));
+      std::memcpy(storage.data() + i * 2, &bits, 2);
     } else {
       std::memcpy(storage.data() + i * 4, &v, 4);
     }
@@ -41,7 +45,7 @@ Matrix dense_matrix(std::vector<std::byte>& storage, DType dtype, int64_t rows, 
 TEST(CpuKernels, MatmulMatchesDoublePrecisionForEveryBlockShape) {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
-  for (DType dtype : {DType::F32, DType::BF16})
+  for (DType dtype : {DType::F32, DType::BF16, DType::F16})
     for (int64_t out_dim : {1, 3, 7, 8, 13, 33})
       for (int64_t in_dim : {5, 8, 32, 45, 320})
         for (int64_t rows : {1, 2, 3, 4, 5, 9}) {
@@ -63,6 +67,30 @@ TEST(CpuKernels, MatmulMatchesDoublePrecisionForEveryBlockShape) {
                   << "dtype " << dtype_name(dtype) << " out " << out_dim << " in " << in_dim << " rows " << rows
                   << " at (" << r << ", " << o << ")";
             }
+          }
+        }
+}
+
+// A row's outputs do not depend on the other rows of the product (the blocking over input and weight rows only
+// changes which pairs share registers), so a speculative verify row computes exactly what a one-row decode step
+// would: compared bit for bit, for every row count and shape tail.
+TEST(CpuKernels, MatmulRowIsBitIdenticalWhateverTheBatch) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  for (DType dtype : {DType::F32, DType::BF16, DType::F16})
+    for (int64_t out_dim : {1, 5, 8, 13, 27, 33})
+      for (int64_t in_dim : {5, 8, 45, 320})
+        for (int64_t rows : {2, 3, 4, 5, 9}) {
+          std::vector<std::byte> storage;
+          Matrix w = dense_matrix(storage, dtype, out_dim, in_dim, rng);
+          std::vector<float> x(size_t(rows * in_dim)), y(size_t(rows * out_dim)), alone(static_cast<size_t>(out_dim));
+          for (float& v : x) v = normal(rng);
+          cpu::matmul(w, x.data(), rows, y.data());
+          for (int64_t r = 0; r < rows; ++r) {
+            cpu::matmul(w, x.data() + r * in_dim, 1, alone.data());
+            ASSERT_EQ(std::memcmp(alone.data(), y.data() + r * out_dim, size_t(out_dim) * sizeof(float)), 0)
+                << "dtype " << dtype_name(dtype) << " out " << out_dim << " in " << in_dim << " row " << r << " of "
+                << rows;
           }
         }
 }

@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/error.h"
+#include "engine/speculative.h"
 #include "server/http_server.h"
 
 namespace vavilov::cli {
@@ -69,7 +70,8 @@ void register_serve(CLI::App& app) {
   auto args = std::make_shared<ServeArgs>();
   server::ServerOptions& o = args->options;
   CLI::App* command = app.add_subcommand("serve", "OpenAI-compatible HTTP server (docs/SERVER.md)");
-  command->add_option("--model", o.model_dir, "Model directory or packed store, with tokenizer.json (default: the bundled model)");
+  command->add_option("--model", o.model_dir,
+                      "Model directory or packed store, with tokenizer.json (default: the bundled model)");
   command->add_option("--model-name", o.model_name, "Model id clients send (default: the directory's name)");
   command->add_option("--host", o.host, "Address to listen on")->capture_default_str();
   command->add_option("--port", o.port, "Port (0: any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
@@ -99,10 +101,15 @@ void register_serve(CLI::App& app) {
       ->check(CLI::Range(0, 3600))
       ->capture_default_str();
   add_experts_option(command, o.experts);
-  command->add_option("--device", args->device,
-                      "cpu (default), cuda, or auto (the GPU when present); on the GPU the prefix cache is off")
+  command
+      ->add_option("--device", args->device,
+                   "cpu (default), cuda, or auto (the GPU when present); on the GPU the prefix cache is off")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  command->add_option("--drafts", o.drafts, "MTP drafts per step, 0-3 (default: 1 with an MTP head, else 0)")
+  command
+      ->add_option(
+          "--drafts", o.drafts,
+          "MTP drafts per step, 0-3, adaptive (default with an MTP head: " + std::to_string(kDefaultDraftsGpu) +
+              " on the GPU, " + std::to_string(kDefaultDraftsCpu) + " on the CPU; else 0)")
       ->check(CLI::Range(0, 3));
   add_threads_option(command, args->threads);
   command->callback([args] { run_serve(*args); });

@@ -1,5 +1,7 @@
 // Gated DeltaNet (linear_attn): causal depthwise conv over q|k|v, then the gated delta rule with an fp32
 // recurrent state per value head, a gated RMS norm and the output projection.
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -39,14 +41,93 @@ struct DeltaInputs {
   int64_t rows;
 };
 
-// The recurrence for one value head over all rows: S ← e^g S; δ = β(v − Sᵀk); S ← S + kδᵀ; o = Sᵀq.
+// The two passes a row makes over one head's state [dk, dv], on B·8 columns from j0 with B accumulators in registers.
+// Within a column every sum runs over i in order, as the scalar loops for the last dv mod 8 columns do.
+
+// next = decay·previous (previous may be next) and delta = nextᵀk.
+template <int B>
+void decay_and_transpose_product(const float* previous, float decay, const float* k, int64_t dk, int64_t dv, int64_t j0,
+                                 float* next, float* delta) {
+  const __m256 factor = _mm256_set1_ps(decay);
+  __m256 acc[B];
+  for (int b = 0; b < B; ++b) acc[b] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < dk; ++i) {
+    const __m256 ki = _mm256_set1_ps(k[i]);
+    for (int b = 0; b < B; ++b) {
+      const __m256 decayed = _mm256_mul_ps(_mm256_loadu_ps(previous + i * dv + j0 + 8 * b), factor);
+      _mm256_storeu_ps(next + i * dv + j0 + 8 * b, decayed);
+      acc[b] = _mm256_fmadd_ps(decayed, ki, acc[b]);
+    }
+  }
+  for (int b = 0; b < B; ++b) _mm256_storeu_ps(delta + j0 + 8 * b, acc[b]);
+}
+
+// next += k·deltaᵀ and out = nextᵀq.
+template <int B>
+void rank_one_update_and_read(const float* k, const float* delta, const float* q, int64_t dk, int64_t dv, int64_t j0,
+                              float* next, float* out) {
+  __m256 acc[B], d[B];
+  for (int b = 0; b < B; ++b) {
+    acc[b] = _mm256_setzero_ps();
+    d[b] = _mm256_loadu_ps(delta + j0 + 8 * b);
+  }
+  for (int64_t i = 0; i < dk; ++i) {
+    const __m256 ki = _mm256_set1_ps(k[i]), qi = _mm256_set1_ps(q[i]);
+    for (int b = 0; b < B; ++b) {
+      float* cell = next + i * dv + j0 + 8 * b;
+      const __m256 updated = _mm256_fmadd_ps(ki, d[b], _mm256_loadu_ps(cell));
+      _mm256_storeu_ps(cell, updated);
+      acc[b] = _mm256_fmadd_ps(updated, qi, acc[b]);
+    }
+  }
+  for (int b = 0; b < B; ++b) _mm256_storeu_ps(out + j0 + 8 * b, acc[b]);
+}
+
+void decay_and_transpose_product(const float* previous, float decay, const float* k, int64_t dk, int64_t dv,
+                                 float* next, float* delta) {
+  int64_t j = 0;
+  for (; j + 32 <= dv; j += 32) decay_and_transpose_product<4>(previous, decay, k, dk, dv, j, next, delta);
+  for (; j + 16 <= dv; j += 16) decay_and_transpose_product<2>(previous, decay, k, dk, dv, j, next, delta);
+  for (; j + 8 <= dv; j += 8) decay_and_transpose_product<1>(previous, decay, k, dk, dv, j, next, delta);
+  for (; j < dv; ++j) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < dk; ++i) {
+      next[i * dv + j] = previous[i * dv + j] * decay;
+      sum = std::fma(next[i * dv + j], k[i], sum);
+    }
+    delta[j] = sum;
+  }
+}
+
+void rank_one_update_and_read(const float* k, const float* delta, const float* q, int64_t dk, int64_t dv, float* next,
+                              float* out) {
+  int64_t j = 0;
+  for (; j + 32 <= dv; j += 32) rank_one_update_and_read<4>(k, delta, q, dk, dv, j, next, out);
+  for (; j + 16 <= dv; j += 16) rank_one_update_and_read<2>(k, delta, q, dk, dv, j, next, out);
+  for (; j + 8 <= dv; j += 8) rank_one_update_and_read<1>(k, delta, q, dk, dv, j, next, out);
+  for (; j < dv; ++j) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < dk; ++i) {
+      next[i * dv + j] = std::fma(k[i], delta[j], next[i * dv + j]);
+      sum = std::fma(next[i * dv + j], q[i], sum);
+    }
+    out[j] = sum;
+  }
+}
+
+// The recurrence for one value head over all rows: S ← e^g S; δ = β(v − Sᵀk); S ← S + kδᵀ; o = Sᵀq. Two passes over
+// S a row: the decay is applied as Sᵀk is summed. When row states are recorded, row t's state is written straight into
+// its record (row t + 1 reads it from there) and only the last row's into the live state, so recording copies nothing.
 void delta_rule_head(const ModelConfig& c, int64_t head, const DeltaInputs& in, float* state, float* out,
                      std::vector<GatedDeltaNetState>* row_states) {
   const int64_t dk = c.linear_key_head_dim, dv = c.linear_value_head_dim, heads = c.linear_num_value_heads;
   const int64_t key_head = head / (heads / c.linear_num_key_heads);
   const int64_t conv_dim = c.gdn_conv_dim(), key_dim = c.gdn_key_dim();
   std::vector<float> q(static_cast<size_t>(dk)), k(static_cast<size_t>(dk)), delta(static_cast<size_t>(dv));
+  const float* previous = state;
   for (int64_t t = 0; t < in.rows; ++t) {
+    const bool recorded = row_states && size_t(t) < row_states->size();
+    float* next = recorded ? (*row_states)[size_t(t)].recurrent.data() + head * dk * dv : state;
     const float* row = in.qkv + t * conv_dim;
     std::copy(row + key_head * dk, row + (key_head + 1) * dk, q.begin());
     std::copy(row + key_dim + key_head * dk, row + key_dim + (key_head + 1) * dk, k.begin());
@@ -56,20 +137,10 @@ void delta_rule_head(const ModelConfig& c, int64_t head, const DeltaInputs& in, 
     float q_scale = 1.0f / std::sqrt(float(dk));
     for (auto& value : q) value *= q_scale;
     float decay = std::exp(in.decay[t * heads + head]), beta = in.beta[t * heads + head];
-    for (int64_t i = 0; i < dk * dv; ++i) state[i] *= decay;
-    for (int64_t j = 0; j < dv; ++j) delta[j] = 0.0f;
-    for (int64_t i = 0; i < dk; ++i)
-      for (int64_t j = 0; j < dv; ++j) delta[j] += state[i * dv + j] * k[i];
+    decay_and_transpose_product(previous, decay, k.data(), dk, dv, next, delta.data());
     for (int64_t j = 0; j < dv; ++j) delta[j] = beta * (v[j] - delta[j]);
-    float* o = out + t * heads * dv + head * dv;
-    for (int64_t j = 0; j < dv; ++j) o[j] = 0.0f;
-    for (int64_t i = 0; i < dk; ++i)
-      for (int64_t j = 0; j < dv; ++j) {
-        state[i * dv + j] += k[i] * delta[j];
-        o[j] += state[i * dv + j] * q[i];
-      }
-    if (row_states && size_t(t) < row_states->size())
-      std::copy_n(state, dk * dv, (*row_states)[size_t(t)].recurrent.data() + head * dk * dv);
+    rank_one_update_and_read(k.data(), delta.data(), q.data(), dk, dv, next, out + t * heads * dv + head * dv);
+    previous = next;
   }
 }
 
@@ -121,8 +192,7 @@ void gated_deltanet(const GatedDeltaNetWeights& w, const ModelConfig& c, std::sp
       float sum = 0.0f;
       for (int64_t j = 0; j < dv; ++j) sum += o[j] * o[j];
       float scale = 1.0f / std::sqrt(sum / float(dv) + c.rms_norm_eps);
-      for (int64_t j = 0; j < dv; ++j)
-        o[j] = w.norm[j] * (o[j] * scale) * gate[j];
+      for (int64_t j = 0; j < dv; ++j) o[j] = w.norm[j] * (o[j] * scale) * gate[j];
     }
   matmul(w.out, core.data(), rows, y);
 }

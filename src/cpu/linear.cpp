@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -136,64 +137,90 @@ using simd::load8;
 inline float load1(const float* p) { return *p; }
 inline float load1(const uint16_t* p) { return bf16_to_f32(*p); }
 
-// y[r·y_stride] = Σ_k w[k]·x[r·n + k] for R input rows: each weight vector is widened once and feeds R rows, so
-// decode and verify steps (1–4 rows) read every weight once. Every row gets 4/R accumulators over consecutive
-// vectors (at least one): a single chain of dependent FMAs waits out the FMA latency at every step, which left a
-// one-row product (the decode step, the routed experts, the MTP head) latency-bound.
-template <int R, typename T>
-void dot_rows(const T* w, const float* x, int64_t n, float* y, int64_t y_stride) {
-  constexpr int A = R >= 4 ? 1 : 4 / R;  // accumulators per row
-  __m256 acc[R][A];
+// y[r·out_dim + o] = Σ_k w[o·w_stride + k]·x[r·n + k] for O weight rows and R input rows at once (register
+// blocking): each weight vector is widened once and feeds R rows, each input vector feeds O weight rows, and the O·R
+// independent FMA chains hide the FMA latency. Every (o, r) pair has one accumulator over k in steps of 8, then the
+// same horizontal sum and scalar tail, so an output does not depend on O, R or how the rows are split into blocks
+// and tasks: a verify row's products equal the one-row decode step's bit for bit.
+constexpr int64_t kPrefetchDistance = 8192;
+
+template <int O, int R, typename T>
+void dot_block(const T* w, int64_t w_stride, const float* x, int64_t n, float* y, int64_t out_dim) {
+  __m256 acc[O][R];
+#pragma GCC unroll 8
+  for (int o = 0; o < O; ++o)
 #pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int a = 0; a < A; ++a) acc[r][a] = _mm256_setzero_ps();
+    for (int r = 0; r < R; ++r) acc[o][r] = _mm256_setzero_ps();
+  // The block's O rows are one contiguous run of memory, consumed O·8 weights a step; the hardware prefetchers do not
+  // follow O interleaved rows, so each step prefetches the same share of the run kPrefetchDistance bytes ahead.
+  constexpr int64_t kStepBytes = O * 8 * int64_t(sizeof(T));
+  const char* ahead = reinterpret_cast<const char*>(w) + kPrefetchDistance;
   int64_t k = 0;
-  for (; k + 8 * A <= n; k += 8 * A) {
+  for (; k + 8 <= n; k += 8, ahead += kStepBytes) {
 #pragma GCC unroll 4
-    for (int a = 0; a < A; ++a) {
-      const __m256 wv = load8(w + k + 8 * a);
+    for (int64_t line = 0; line < kStepBytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+    __m256 xv[R];
 #pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) acc[r][a] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * n + k + 8 * a), acc[r][a]);
+    for (int r = 0; r < R; ++r) xv[r] = _mm256_loadu_ps(x + r * n + k);
+#pragma GCC unroll 8
+    for (int o = 0; o < O; ++o) {
+      const __m256 wv = load8(w + o * w_stride + k);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) acc[o][r] = _mm256_fmadd_ps(wv, xv[r], acc[o][r]);
     }
   }
-  for (; k + 8 <= n; k += 8) {
-    const __m256 wv = load8(w + k);
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) acc[r][0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * n + k), acc[r][0]);
-  }
-  for (int r = 0; r < R; ++r) {
-    __m256 total = acc[r][0];
-#pragma GCC unroll 4
-    for (int a = 1; a < A; ++a) total = _mm256_add_ps(total, acc[r][a]);
-    float sum = horizontal_sum(total);
-    for (int64_t tail = k; tail < n; ++tail) sum += load1(w + tail) * x[r * n + tail];
-    y[r * y_stride] = sum;
-  }
+  for (int o = 0; o < O; ++o)
+    for (int r = 0; r < R; ++r) {
+      float sum = horizontal_sum(acc[o][r]);
+      // An explicit fma: whether the compiler would contract a*b + c must not differ between weight dtypes.
+      for (int64_t tail = k; tail < n; ++tail) sum = std::fma(load1(w + o * w_stride + tail), x[r * n + tail], sum);
+      y[r * out_dim + o] = sum;
+    }
 }
 
-// Weight rows [o_begin, o_end) (w points at row 0) against `rows` input rows, four at a time; each weight row meets
-// every input row while it is in cache.
+// Weight rows per block for R (1–3) input rows: O·R accumulators (8–9 chains cover the FMA latency at two FMAs a cycle)
+// plus the R input vectors stay within the 16 vector registers.
+template <int R>
+constexpr int kWeightRowsPerBlock = R == 1   ? 8
+                                    : R == 2 ? 4
+                                             : 3;
+
+// Weight rows [o_begin, o_end) against R input rows, in blocks of kWeightRowsPerBlock<R> weight rows.
+template <int R, typename T>
+void weight_rows_times(const T* w, int64_t w_stride, int64_t o_begin, int64_t o_end, const float* x, int64_t n,
+                       float* y, int64_t out_dim) {
+  constexpr int O = kWeightRowsPerBlock<R>;
+  int64_t o = o_begin;
+  for (; o + O <= o_end; o += O) dot_block<O, R>(w + o * w_stride, w_stride, x, n, y + o, out_dim);
+  // The rest in halving blocks: a single weight row against one input row is one latency-bound chain.
+  if constexpr (O > 4)
+    for (; o + 4 <= o_end; o += 4) dot_block<4, R>(w + o * w_stride, w_stride, x, n, y + o, out_dim);
+  if constexpr (O > 2)
+    for (; o + 2 <= o_end; o += 2) dot_block<2, R>(w + o * w_stride, w_stride, x, n, y + o, out_dim);
+  for (; o < o_end; ++o) dot_block<1, R>(w + o * w_stride, w_stride, x, n, y + o, out_dim);
+}
+
+// Weight rows [o_begin, o_end) (w points at row 0) against `rows` input rows, three at a time (the block shape with
+// the most work per load: 4 input rows would leave room for only 2 weight rows). Slices of 24 weight rows (a
+// multiple of every block size) meet all input rows while they are in cache.
 template <typename T>
 void rows_times_inputs(const T* w, int64_t w_stride, int64_t o_begin, int64_t o_end, const float* x, int64_t rows,
                        int64_t n, float* y, int64_t out_dim) {
-  for (int64_t o = o_begin; o < o_end; ++o) {
-    const T* row = w + o * w_stride;
-    for (int64_t r = 0; r < rows; r += 4) {
+  constexpr int64_t kSlice = 24;
+  for (int64_t slice = o_begin; slice < o_end; slice += kSlice) {
+    const int64_t slice_end = std::min(slice + kSlice, o_end);
+    for (int64_t r = 0; r < rows; r += 3) {
       const float* xr = x + r * n;
-      float* yr = y + r * out_dim + o;
-      switch (std::min<int64_t>(4, rows - r)) {
-        case 4:
-          dot_rows<4>(row, xr, n, yr, out_dim);
-          break;
+      float* yr = y + r * out_dim;
+      switch (std::min<int64_t>(3, rows - r)) {
         case 3:
-          dot_rows<3>(row, xr, n, yr, out_dim);
+          weight_rows_times<3>(w, w_stride, slice, slice_end, xr, n, yr, out_dim);
           break;
         case 2:
-          dot_rows<2>(row, xr, n, yr, out_dim);
+          weight_rows_times<2>(w, w_stride, slice, slice_end, xr, n, yr, out_dim);
           break;
         default:
-          dot_rows<1>(row, xr, n, yr, out_dim);
+          weight_rows_times<1>(w, w_stride, slice, slice_end, xr, n, yr, out_dim);
           break;
       }
     }
@@ -301,11 +328,12 @@ void matmul(const Matrix& w, const float* x, int64_t rows, float* y) {
   // rows make each weight row that much more work, so its matrices split into that many times more tasks.
   const size_t work_per_row = std::max<size_t>(1, w.row_bytes()) * size_t(std::clamp<int64_t>(rows, 1, 4));
   const size_t grain = std::max<size_t>(1, (256 << 10) / work_per_row);
-  // bf16 weights are widened in registers while few rows reuse them; for many rows (prefill) a row is widened once.
-  // Quantized weights (group 64) likewise: decoded in registers for decode and verify steps.
+  // F32 and BF16 weights are read in place for any number of rows (a bf16 vector is widened in two operations).
+  // Quantized weights (group 64) are decoded in registers for decode and verify steps; other dtypes, and quantized
+  // weights for many rows (prefill), have a row widened once.
   const bool quantized_in_registers =
       w.quantized() && rows <= 4 && (w.nvfp4() || (w.bits <= 4 && w.group == kQuantGroup));
-  const bool in_registers = !w.quantized() && (w.dtype == DType::F32 || (w.dtype == DType::BF16 && rows <= 4));
+  const bool in_registers = !w.quantized() && (w.dtype == DType::F32 || w.dtype == DType::BF16);
   parallel_for(size_t(out_dim), grain, [&](size_t begin, size_t end) {
     if (quantized_in_registers) {
       for (size_t o = begin; o < end; ++o) quantized_row_times_inputs(w, x, rows, int64_t(o), y);
@@ -321,10 +349,13 @@ void matmul(const Matrix& w, const float* x, int64_t rows, float* y) {
                         y, out_dim);
       return;
     }
-    std::vector<float> converted(static_cast<size_t>(in_dim));
-    for (size_t o = begin; o < end; ++o) {
-      matrix_row(w, int64_t(o), converted.data());
-      rows_times_inputs(converted.data(), in_dim, 0, 1, x, rows, in_dim, y + o, out_dim);
+    // Eight rows widened at a time, so the blocked kernel has weight rows to block over.
+    constexpr size_t kWidened = 8;
+    std::vector<float> converted(kWidened * size_t(in_dim));
+    for (size_t o = begin; o < end; o += kWidened) {
+      const size_t count = std::min(kWidened, end - o);
+      for (size_t i = 0; i < count; ++i) matrix_row(w, int64_t(o + i), converted.data() + i * size_t(in_dim));
+      rows_times_inputs(converted.data(), in_dim, 0, int64_t(count), x, rows, in_dim, y + o, out_dim);
     }
   });
 }

@@ -6,11 +6,27 @@
 
 namespace vavilov::cpu {
 
+namespace {
+
+// Σ x² in eight lanes (a scalar sum is a chain of dependent adds the compiler may not reorder), then the tail.
+float sum_of_squares(const float* x, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  float sum = simd::horizontal_sum(acc);
+  for (; i < n; ++i) sum += x[i] * x[i];
+  return sum;
+}
+
+}  // namespace
+
 void rms_norm_zero_centred(const float* x, const float* weight, int64_t groups, int64_t width, float eps, float* out) {
   for (int64_t g = 0; g < groups; ++g) {
     const float* xg = x + g * width;
-    float sum = 0.0f;
-    for (int64_t i = 0; i < width; ++i) sum += xg[i] * xg[i];
+    const float sum = sum_of_squares(xg, width);
     float scale = 1.0f / std::sqrt(sum / float(width) + eps);
     for (int64_t i = 0; i < width; ++i) out[g * width + i] = xg[i] * scale * (1.0f + weight[g * width + i]);
   }

@@ -25,10 +25,10 @@
 namespace vavilov {
 
 // Drafts per step when the user does not say, the fastest setting measured on the bundled model (docs/MTP.md): on the
-// GPU 2 (1053 tok/s against 785 without drafts), on the CPU 1 (745 / 877 tok/s on 1 / 2 threads against 746 / 869
-// without: a tie at best, where 2 drafts lose 4-9 %; the best total over both thread counts).
+// GPU 2 (1053 tok/s against 785 without drafts), on the CPU 2 with the default adaptive mode (892 / 1062 tok/s on
+// 1 / 2 threads against 724 / 906 without and 866 / 1063 with 1 draft: the best total over both thread counts).
 constexpr int kDefaultDraftsGpu = 2;
-constexpr int kDefaultDraftsCpu = 1;
+constexpr int kDefaultDraftsCpu = 2;
 inline int default_drafts(const Model& model, bool gpu) {
   return model.mtp ? (gpu ? kDefaultDraftsGpu : kDefaultDraftsCpu) : 0;
 }

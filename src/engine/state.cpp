@@ -1,5 +1,7 @@
 #include "engine/state.h"
 
+#include <utility>
+
 #include "core/error.h"
 
 namespace vavilov {
@@ -64,14 +66,14 @@ void restore(SequenceState& state, const StateSnapshot& snap, const ModelConfig&
   state.mtp_position = snap.mtp_position;
 }
 
-void keep_rows(SequenceState& state, const RowStates& rows, int64_t first_position, int64_t kept,
-               const ModelConfig& config) {
+void keep_rows(SequenceState& state, RowStates& rows, int64_t first_position, int64_t kept, const ModelConfig& config) {
   check(kept >= 1 && first_position + kept <= state.position, "keep_rows: cannot keep {} rows from position {}", kept,
         first_position);
   if (first_position + kept == state.position) return;
   for (size_t i = 0; i < state.layers.size(); ++i) {
-    if (!rows.gdn[i].empty()) state.layers[i].gdn = rows.gdn[i][size_t(kept - 1)];
-    if (!rows.ple[i].empty()) state.layers[i].ple = rows.ple[i][size_t(kept - 1)];
+    // Swapped, not copied: the record is not read again, and its storage stays shaped for the next pass.
+    if (!rows.gdn[i].empty()) std::swap(state.layers[i].gdn, rows.gdn[i][size_t(kept - 1)]);
+    if (!rows.ple[i].empty()) std::swap(state.layers[i].ple, rows.ple[i][size_t(kept - 1)]);
     truncate_attention(state.layers[i].attn, first_position + kept, config);
   }
   state.position = first_position + kept;

@@ -21,7 +21,7 @@ struct AttentionState {
 
 struct PleState {
   std::vector<int64_t> previous_ids;  // the ngram_size − 1 tokens before the next one (EOS at the start)
-  std::vector<float> conv_rows;      // last (kernel−1)·dilation normalised rows [rows, S·H], oldest first
+  std::vector<float> conv_rows;       // last (kernel−1)·dilation normalised rows [rows, S·H], oldest first
 };
 
 struct LayerState {
@@ -33,7 +33,7 @@ struct LayerState {
 struct SequenceState {
   int64_t position = 0;
   std::vector<LayerState> layers;
-  LayerState mtp;           // the MTP layer's own caches
+  LayerState mtp;            // the MTP layer's own caches
   int64_t mtp_position = 0;  // how many positions the MTP layer has cached
 };
 
@@ -59,9 +59,9 @@ SequenceState new_sequence_state(const Model& model);
 StateSnapshot snapshot(const SequenceState& state);
 // Returns the state to a snapshot taken earlier in the same sequence (caches truncated, recurrences copied back).
 void restore(SequenceState& state, const StateSnapshot& snap, const ModelConfig& config);
-// Keeps the first `kept` rows of the last forward pass (which started at `first_position` and recorded `rows`).
-void keep_rows(SequenceState& state, const RowStates& rows, int64_t first_position, int64_t kept,
-               const ModelConfig& config);
+// Keeps the first `kept` rows of the last forward pass (which started at `first_position` and recorded `rows`). The
+// kept row's record is swapped into the state, so `rows` holds no valid record afterwards.
+void keep_rows(SequenceState& state, RowStates& rows, int64_t first_position, int64_t kept, const ModelConfig& config);
 // Truncates attention caches of one layer to `position` tokens.
 void truncate_attention(AttentionState& attn, int64_t position, const ModelConfig& config);
 
