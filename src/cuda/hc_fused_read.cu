@@ -30,7 +30,7 @@ using namespace qmma;
 
 constexpr int kMaxStreams = 4;
 constexpr int kMaxCluster = 8;    // portable cluster size: slices of one stream's columns
-constexpr int kDownTiles = 8;     // tiles (warps) of one hc_down block
+constexpr int kDownTiles = 4;     // tiles (warps) of one hc_down block: Flash-Next's 21 tiles in 6 sets, 192 blocks
 constexpr int kScratchHead = 32;  // gates [4 rows][4 streams], then RMS scales [4][4]
 
 // What hc_up's warps hand the block's sum over the streams: per (stream, batch row, index) σ(gate logit) and the
@@ -185,10 +185,14 @@ __global__ void __launch_bounds__(kDownTiles * 32) hc_down_kernel(DownParams p) 
       },
       fragments, group_terms);
   __syncthreads();
-  if (threadIdx.x < B) {
+  // Batch row b's sum of squares over the slice, by warp b: its lanes add strided items, then a fixed butterfly (a
+  // few dependent steps instead of one per item).
+  for (int b = warp; b < B; b += kDownTiles) {
     float sum = 0.0f;
-    for (int i = 0; i < groups * 4; ++i) sum += item_squares[threadIdx.x * groups * 4 + i];
-    squares[threadIdx.x] = sum;
+    for (int i = lane; i < groups * 4; i += 32) sum += item_squares[b * groups * 4 + i];
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (lane == 0) squares[b] = sum;
   }
   float acc[2] = {};
   if (has_rows) tile_sum<B>(loads, rows, width, groups, fragments, group_terms, acc);
