@@ -2,6 +2,7 @@
 #include <stdexcept>
 
 #include "cuda/expert_prefill.cuh"
+#include "cuda/launch.cuh"
 
 namespace vavilov::cuda {
 
@@ -15,7 +16,7 @@ constexpr int kCountsPerThread = kMaxExperts / kGroupThreads;
 // warp after warp, so that slots of one expert keep their order (deterministic grouping).
 __global__ void __launch_bounds__(kGroupThreads)
     group_kernel(const int* ids, int slots, int experts, int* counts, int* offsets, int* order, int* position) {
-  cudaTriggerProgrammaticLaunchCompletion();
+  allow_dependents();
   __shared__ int cursor[kMaxExperts];
   using Scan = cub::BlockScan<int, kGroupThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
@@ -59,7 +60,7 @@ __global__ void __launch_bounds__(kGroupThreads)
 }
 
 __global__ void gather_grouped_kernel(const float* x, const int* order, int x_divisor, int cols, float* out) {
-  cudaTriggerProgrammaticLaunchCompletion();
+  allow_dependents();
   const int p = int(blockIdx.y);
   const float* from = x + size_t(order[p] / x_divisor) * size_t(cols);
   float* to = out + size_t(p) * size_t(cols);
@@ -67,7 +68,7 @@ __global__ void gather_grouped_kernel(const float* x, const int* order, int x_di
 }
 
 __global__ void scatter_grouped_kernel(const float* grouped, const int* position, int cols, float* out) {
-  cudaTriggerProgrammaticLaunchCompletion();
+  allow_dependents();
   const int s = int(blockIdx.y);
   const float* from = grouped + size_t(position[s]) * size_t(cols);
   float* to = out + size_t(s) * size_t(cols);

@@ -202,8 +202,8 @@ __global__ void __launch_bounds__(kThreads)
   }
   // A dependent launch got here while the kernel before it (the layer's input products) may still run: the state is
   // this layer's own, the pass's inputs are read only after that kernel has finished (a no-op in a plain launch).
-  cudaGridDependencySynchronize();
-  cudaTriggerProgrammaticLaunchCompletion();
+  wait_for_producers();
+  allow_dependents();
   const size_t out_at = (size_t(warp) * s.heads + head) * s.dv + j;
   const float gate = norm_thread ? output_gate(in.z[out_at], in.sigmoid_gate) : 0.0f;
 
@@ -395,21 +395,10 @@ int fused_cluster_limit() {
 template <int kVec, bool kConv>
 void launch_decode(const GdnShape& s, const GdnInputs& in, const GdnConvState& conv, float* recurrent,
                    float* row_states, float* out, bool dependent, cudaStream_t stream) {
-  const int slices = (s.dv + kSliceColumns - 1) / kSliceColumns;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(s.heads), unsigned(slices));
-  config.blockDim = dim3(kThreads);
-  config.stream = stream;
-  cudaLaunchAttribute attributes[2];
-  attributes[0].id = cudaLaunchAttributeClusterDimension;
-  attributes[0].val.clusterDim.x = kConv ? unsigned(s.heads / s.key_heads) : 1u;
-  attributes[0].val.clusterDim.y = unsigned(slices);
-  attributes[0].val.clusterDim.z = 1;
-  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attributes[1].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attributes;
-  config.numAttrs = dependent && dependent_launches_enabled() ? 2 : 1;
-  cudaLaunchKernelEx(&config, gdn_decode_kernel<kVec, kConv>, s, in, conv, recurrent, row_states, out);
+  const unsigned slices = unsigned((s.dv + kSliceColumns - 1) / kSliceColumns);
+  const dim3 cluster(kConv ? unsigned(s.heads / s.key_heads) : 1u, slices, 1);
+  launch_clustered(gdn_decode_kernel<kVec, kConv>, dim3(unsigned(s.heads), slices), dim3(kThreads), 0, stream, cluster,
+                   dependent, s, in, conv, recurrent, row_states, out);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "cuda/gdn_common.cuh"
+#include "cuda/launch.cuh"
 
 namespace vavilov::cuda {
 
@@ -191,7 +192,7 @@ size_t prepare_shared_bytes(const GdnShape& s) {
 template <bool kRelease>
 __global__ void __launch_bounds__(kThreads) gdn_chunk_prepare_kernel(GdnShape shape, GdnInputs in, ChunkScratch x) {
   const GdnShape s = fixed<kRelease>(shape);
-  cudaTriggerProgrammaticLaunchCompletion();
+  allow_dependents();
   extern __shared__ __align__(128) float4 shared4[];
   const int kdp = padded(s.dk), vdp = padded(s.dv);
   const int ldk = stride_of(s.dk), ldx = max(stride_of(s.dk), stride_of(s.dv));
@@ -378,7 +379,7 @@ template <bool kRelease>
 __global__ void __launch_bounds__(kScanThreads, 1)
     gdn_chunk_scan_kernel(GdnShape shape, int rows, ChunkScratch x, float* recurrent) {
   const GdnShape s = fixed<kRelease>(shape);
-  cudaTriggerProgrammaticLaunchCompletion();
+  allow_dependents();
   extern __shared__ __align__(128) float4 shared4[];
   const int kdp = padded(s.dk), ldk = stride_of(s.dk);
   const size_t stage_floats = scan_stage_floats(s);
@@ -470,7 +471,7 @@ size_t output_shared_bytes(const GdnShape& s) {
 // Block (head, chunk, slice of 32 value columns): O = Qd S₀ + P Δ, written to out [rows, heads·dv]. Warp w computes
 // the tile (rows 16·(w/2), columns 16·(w%2)).
 __global__ void __launch_bounds__(kThreads) gdn_chunk_output_kernel(GdnShape s, int rows, ChunkScratch x, float* out) {
-  cudaTriggerProgrammaticLaunchCompletion();
+  allow_dependents();
   extern __shared__ __align__(128) float4 shared4[];
   const int kdp = padded(s.dk), ldk = stride_of(s.dk);
   float* qd = reinterpret_cast<float*>(shared4);  // [C][ldk]
@@ -543,7 +544,7 @@ template <bool kRelease>
 __global__ void __launch_bounds__(kThreads)
     gdn_chunk_output_norm_kernel(GdnShape shape, GdnInputs in, ChunkScratch x, float* out) {
   const GdnShape s = fixed<kRelease>(shape);
-  cudaTriggerProgrammaticLaunchCompletion();
+  allow_dependents();
   extern __shared__ __align__(128) float4 shared4[];
   const int ldq = s.dk + 4, ldo = s.dv + 4;
   float* qd = reinterpret_cast<float*>(shared4);  // [C][dk + 4]
@@ -585,7 +586,7 @@ __global__ void __launch_bounds__(kThreads)
 // o = w ⊙ rmsnorm(o) ⊙ gate(z) per head of dv values, in place; one warp per (row, head), kWarps a block.
 __global__ void __launch_bounds__(kThreads) gdn_gated_norm_kernel(float* core, const float* z, const float* weight,
                                                                   int groups, int dv, float eps, bool sigmoid_gate) {
-  cudaTriggerProgrammaticLaunchCompletion();
+  allow_dependents();
   const int group = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (group >= groups) return;
   float* o = core + size_t(group) * dv;

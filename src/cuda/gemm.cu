@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cuda/gemm.cuh"
+#include "cuda/launch.cuh"
 
 namespace vavilov::cuda {
 
@@ -58,19 +59,19 @@ __device__ inline void widen(const DeviceMatrix& w, int64_t first_row, int64_t c
 // Rows [first_row, first_row + count / cols) of W into out.
 template <WeightFormat F, typename T>
 __global__ void widen_rows_kernel(DeviceMatrix w, int first_row, int64_t count, T* out) {
-  cudaTriggerProgrammaticLaunchCompletion();
+  allow_dependents();
   widen<F>(w, first_row, count, out);
 }
 
 // Expert batch: out[b] (rows × cols each) = E[ids[b]] widened, for b < gridDim.y.
 template <WeightFormat F, typename T>
 __global__ void widen_experts_kernel(const DeviceMatrix* experts, const int* ids, int64_t count, T* out) {
-  cudaTriggerProgrammaticLaunchCompletion();
+  allow_dependents();
   widen<F>(experts[ids[blockIdx.y]], 0, count, out + int64_t(blockIdx.y) * count);
 }
 
 __global__ void to_bf16_kernel(const float* x, int64_t n, __nv_bfloat16* out) {
-  cudaTriggerProgrammaticLaunchCompletion();
+  allow_dependents();
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     out[i] = __float2bfloat16_rn(x[i]);
 }

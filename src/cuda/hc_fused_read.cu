@@ -368,21 +368,10 @@ cudaError_t launch(const HcFusedRead& w, float* stack, bool pending, const float
                   w.mix_down.rows + (has_inject ? w.inject.rows : 0),
                   partial_stride(w.mix_down.rows + (has_inject ? w.inject.rows : 0)),
                   w.eps};
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned(slices), unsigned(w.streams), unsigned((down.tiles + kDownTiles - 1) / kDownTiles));
-  config.blockDim = dim3(kDownTiles * 32);
-  config.dynamicSmemBytes = down_shared_bytes(down.slice_groups, B);
-  config.stream = stream;
-  cudaLaunchAttribute attributes[2]{};
-  attributes[0].id = cudaLaunchAttributeClusterDimension;
-  attributes[0].val.clusterDim.x = unsigned(slices);
-  attributes[0].val.clusterDim.y = 1;
-  attributes[0].val.clusterDim.z = 1;
-  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attributes[1].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attributes;
-  config.numAttrs = dependent_launches_enabled() ? 2 : 1;
-  cudaError_t error = cudaLaunchKernelEx(&config, hc_down_kernel<B>, down);
+  const dim3 grid(unsigned(slices), unsigned(w.streams), unsigned((down.tiles + kDownTiles - 1) / kDownTiles));
+  const cudaError_t error =
+      launch_clustered(hc_down_kernel<B>, grid, dim3(kDownTiles * 32), down_shared_bytes(down.slice_groups, B), stream,
+                       dim3(unsigned(slices), 1, 1), true, down);
   if (error != cudaSuccess) return error;
 
   const UpParams up{q4_matrix(w.mix_up),

@@ -48,21 +48,42 @@ inline bool dependent_launches_enabled() {
   return enabled;
 }
 
-// kernel<<<grid, block, shared, stream>>>(args...) as a dependent launch (see the rule above).
+// kernel<<<grid, block, shared, stream>>>(args...) in thread-block clusters of `cluster` blocks (kNoCluster: launched
+// without the attribute), as a dependent launch (see the rule above) when `dependent`.
+inline constexpr dim3 kNoCluster{0, 0, 0};
+
 template <typename... Params, typename... Args>
-cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared, cudaStream_t stream,
-                             Args&&... args) {
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
+cudaError_t launch_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared, cudaStream_t stream,
+                             dim3 cluster, bool dependent, Args&&... args) {
+  cudaLaunchAttribute attributes[2]{};
+  unsigned count = 0;
+  if (cluster.x != 0) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count].val.clusterDim.x = cluster.x;
+    attributes[count].val.clusterDim.y = cluster.y;
+    attributes[count].val.clusterDim.z = cluster.z;
+    ++count;
+  }
+  if (dependent && dependent_launches_enabled()) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count].val.programmaticStreamSerializationAllowed = 1;
+    ++count;
+  }
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = shared;
   config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = dependent_launches_enabled() ? 1 : 0;
+  config.attrs = attributes;
+  config.numAttrs = count;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+// kernel<<<grid, block, shared, stream>>>(args...) as a dependent launch (see the rule above).
+template <typename... Params, typename... Args>
+cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared, cudaStream_t stream,
+                             Args&&... args) {
+  return launch_clustered(kernel, grid, block, shared, stream, kNoCluster, true, std::forward<Args>(args)...);
 }
 
 }  // namespace vavilov::cuda
