@@ -7,6 +7,7 @@
 #include "cuda/launch.cuh"
 #include "cuda/linear.cuh"
 #include "cuda/nvfp4.cuh"
+#include "cuda/quant_gemm.cuh"
 
 namespace vavilov::cuda {
 
@@ -322,7 +323,9 @@ bool gemv_fast_path(const DeviceMatrix& w, const float* x, int x_rows, float* y,
 
 void linear(const DeviceMatrix& w, const float* x, int x_rows, float* y, cudaStream_t stream) {
   if (x_rows == 0 || w.rows == 0) return;
-  if (x_rows > kRowsPerPass && gemm_linear(w, x, x_rows, y, stream)) return;  // prefill chunks: cuBLAS (gemm.cuh)
+  // Prefill chunks: quantized matrices on their codes (quant_gemm.cuh), the dense formats on cuBLAS (gemm.cuh).
+  if (x_rows > kRowsPerPass && quant_gemm_takes(w.format) && quant_gemm(w, x, x_rows, y, stream) == cudaSuccess) return;
+  if (x_rows > kRowsPerPass && gemm_linear(w, x, x_rows, y, stream)) return;
   if (gemv_fast_path(w, x, x_rows, y, stream) || (x_rows <= kMaxGemvRows && nvfp4_gemv(w, x, x_rows, y, stream)))
     return;
   const dim3 grid((w.rows + kWarps - 1) / kWarps, (x_rows + kRowsPerPass - 1) / kRowsPerPass);

@@ -20,6 +20,7 @@
 #include "cuda/ops.cuh"
 #include "cuda/ple.cuh"
 #include "cuda/product_groups.h"
+#include "cuda/quant_gemm.cuh"
 #include "cuda/step_runner.h"
 
 namespace vavilov::cuda {
@@ -92,6 +93,13 @@ class Layout {
   size_t total_ = 0;
   std::vector<Entry> entries_;
 };
+
+// Whether a prefill chunk's routed experts run grouped by expert (moe_prefill): on their codes (quant_gemm.cuh) or
+// widened for cuBLAS (gemm.cuh); other formats take the per-slot products.
+bool groups_experts(const DeviceMoe& moe) {
+  return (quant_gemm_takes(moe.gate_up_format) && quant_gemm_takes(moe.down_format)) ||
+         (gemm_widens(moe.gate_up_format) && gemm_widens(moe.down_format));
+}
 
 GdnShape gdn_shape(const ModelConfig& c) {
   return {c.linear_num_value_heads, c.linear_num_key_heads, c.linear_key_head_dim,
@@ -438,7 +446,7 @@ void CudaSequence::run_layer(const DeviceLayer& w, LayerState& state, int64_t fi
     attention(w.attn, state, first, rows);
   hyper_write(stack, rows, &w.mlp_hc);
   hyper_read(w.mlp_hc, state.mlp_read, stack, rows, work_.input, true);
-  if (rows > kMaxDecodeRows && gemm_widens(w.moe.gate_up_format) && gemm_widens(w.moe.down_format))
+  if (rows > kMaxDecodeRows && groups_experts(w.moe))
     moe_prefill(w.moe, rows);
   else
     moe(w.moe, state.moe, rows);
@@ -668,27 +676,34 @@ void CudaSequence::moe(const DeviceMoe& w, const MoeDecodePlan& plan, int rows) 
   moe_combine(work_.output, work_.shared_scale, work_.route_weights, work_.expert_out, rows, k, h, stream_);
 }
 
-// Prefill chunks: the routed experts' (row, slot) pairs grouped by expert id on the device, one GEMM per active expert
-// (grouped cuBLAS calls, gemm.cuh) for gate, up and down, the results scattered back to slot order for the combine.
-// The per-expert counts come to the host once per layer (the GEMM sizes); decode never takes this path.
+// Prefill chunks: the routed experts' (row, slot) pairs grouped by expert id on the device, then for gate, up and down
+// one grouped product over the active experts — on the tensor cores from the codes for quantized experts
+// (quant_gemm.cuh), else grouped cuBLAS calls (gemm.cuh, which need the per-expert counts on the host once per layer)
+// — and the results scattered back to slot order for the combine. Decode never takes this path.
 void CudaSequence::moe_prefill(const DeviceMoe& w, int rows) {
   const int h = int(c_.hidden_size), k = c_.num_experts_per_tok, inner = int(c_.moe_intermediate_size);
   route_and_shared_expert(w, rows);
   const int slots = rows * k;
   group_by_expert(work_.route_ids, slots, c_.num_experts, work_.expert_counts, work_.expert_offsets, work_.expert_order,
                   work_.expert_position, stream_);
+  const bool on_codes = quant_gemm_takes(w.gate_up_format) && quant_gemm_takes(w.down_format);
   std::vector<ExpertGroup> groups;
-  cuda_check(active_experts(work_.expert_counts, c_.num_experts, groups, stream_), "expert counts");
+  if (!on_codes) cuda_check(active_experts(work_.expert_counts, c_.num_experts, groups, stream_), "expert counts");
+  auto grouped_products = [&](const DeviceMatrix* experts, WeightFormat format, int rows_out, int cols, const float* x,
+                              float* y) {
+    if (on_codes)
+      cuda_check(quant_expert_gemm(experts, format, c_.num_experts, rows_out, cols, work_.expert_counts,
+                                   work_.expert_offsets, x, y, stream_),
+                 "routed experts");
+    else
+      check(grouped_expert_gemm(experts, format, rows_out, cols, groups, x, y, stream_),
+            "routed experts: the grouped cuBLAS products failed");
+  };
   gather_grouped_rows(work_.input, work_.expert_order, slots, k, h, work_.grouped_rows, stream_);
-  const bool done = grouped_expert_gemm(w.expert_gate, w.gate_up_format, inner, h, groups, work_.grouped_rows,
-                                        work_.expert_gate, stream_) &&
-                    grouped_expert_gemm(w.expert_up, w.gate_up_format, inner, h, groups, work_.grouped_rows,
-                                        work_.expert_up, stream_);
-  check(done, "routed experts: the grouped cuBLAS products failed");
+  grouped_products(w.expert_gate, w.gate_up_format, inner, h, work_.grouped_rows, work_.expert_gate);
+  grouped_products(w.expert_up, w.gate_up_format, inner, h, work_.grouped_rows, work_.expert_up);
   swiglu(work_.expert_gate, work_.expert_up, int64_t(slots) * inner, stream_);
-  check(grouped_expert_gemm(w.expert_down, w.down_format, h, inner, groups, work_.expert_gate, work_.grouped_rows,
-                            stream_),
-        "routed experts: the grouped cuBLAS products failed");
+  grouped_products(w.expert_down, w.down_format, h, inner, work_.expert_gate, work_.grouped_rows);
   scatter_grouped_rows(work_.grouped_rows, work_.expert_position, slots, h, work_.expert_out, stream_);
   moe_combine(work_.output, work_.shared_scale, work_.route_weights, work_.expert_out, rows, k, h, stream_);
 }

@@ -56,11 +56,13 @@ inline TestMatrix make_matrix(DeviceMemory& memory, cuda::WeightFormat format, c
   m.device.format = format;
   m.device.rows = rows;
   m.device.cols = cols;
-  if (format == cuda::WeightFormat::Q4) {
-    QuantizedRows q = quantize_rows(w.data(), rows, cols, 4);
-    Matrix host{"w", DType::BF16,     rows,           cols, reinterpret_cast<const std::byte*>(q.codes.data()),
-                4,   q.scales.data(), q.biases.data()};
+  if (format == cuda::WeightFormat::Q4 || format == cuda::WeightFormat::Q3 || format == cuda::WeightFormat::Q2) {
+    const int bits = format == cuda::WeightFormat::Q4 ? 4 : format == cuda::WeightFormat::Q3 ? 3 : 2;
+    QuantizedRows q = quantize_rows(w.data(), rows, cols, bits);
+    Matrix host{"w",  DType::BF16,     rows,           cols, reinterpret_cast<const std::byte*>(q.codes.data()),
+                bits, q.scales.data(), q.biases.data()};
     for (int r = 0; r < rows; ++r) dequantize_row(host, r, m.exact.data() + size_t(r) * size_t(cols));
+    m.device.bits = bits;
     m.device.data = memory.copy(q.codes);
     m.device.scales = memory.copy(q.scales);
     m.device.biases = memory.copy(q.biases);

@@ -1,0 +1,148 @@
+// The prefill's grouped expert products on the codes (quant_gemm.cuh) against double-precision products of the exact
+// weights the GPU sees.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "cuda/quant_gemm.cuh"
+#include "device_matrices.h"
+
+namespace vavilov {
+namespace {
+
+using cuda::WeightFormat;
+using test::DeviceMemory;
+using test::TestMatrix;
+
+const char* name_of(WeightFormat f) { return f == WeightFormat::Q4 ? "Q4" : f == WeightFormat::Q3 ? "Q3" : "Q2"; }
+
+// Rounding-order differences only, as for the decode GEMV (test_cuda_linear): 1e-5 of the sum of |w·x| terms. The
+// activations enter the tensor cores as two fp16 halves (22 significant bits) and the codes exactly, so a wrong index,
+// stride, pass or chunk gives errors of order one.
+constexpr double kBound = 1e-5;
+
+struct Result {
+  std::vector<float> y;
+  std::vector<TestMatrix> experts;
+};
+
+// y for rows grouped by expert: expert e owns rows [offsets[e], offsets[e] + counts[e]) of x.
+std::vector<float> run(DeviceMemory& memory, const std::vector<TestMatrix>& experts, WeightFormat format,
+                       const std::vector<int>& counts, const std::vector<float>& x, int rows_out, int cols) {
+  std::vector<int> offsets(counts.size());
+  int total = 0;
+  for (size_t e = 0; e < counts.size(); ++e) offsets[e] = total, total += counts[e];
+  std::vector<cuda::DeviceMatrix> descriptors;
+  for (const TestMatrix& m : experts) descriptors.push_back(m.device);
+  float* y = memory.zeros<float>(size_t(total) * size_t(rows_out));
+  const std::vector<float> nan(size_t(total) * size_t(rows_out), std::numeric_limits<float>::quiet_NaN());
+  EXPECT_EQ(cudaMemcpy(y, nan.data(), nan.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cuda::quant_expert_gemm(memory.copy(descriptors), format, int(experts.size()), rows_out, cols,
+                                    memory.copy(counts), memory.copy(offsets), memory.copy(x), y, nullptr),
+            cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<float> host(nan.size());
+  EXPECT_EQ(cudaMemcpy(host.data(), y, host.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  return host;
+}
+
+double scaled_error(const TestMatrix& w, int row, const float* x, float got) {
+  double want = 0, magnitude = 0;
+  for (int k = 0; k < w.cols; ++k) {
+    const double term = w.at(row, k) * double(x[k]);
+    want += term;
+    magnitude += std::abs(term);
+  }
+  return std::isfinite(got) ? std::abs(double(got) - want) / std::max(magnitude, 1e-30) : INFINITY;
+}
+
+// Shapes with partial row blocks and tiles (96, 200 rows), a partial column chunk (640 = 8 + 2 groups), and experts
+// with no rows, one, a partial pass, a whole one (16) and several (17, 40).
+TEST(CudaQuantGemm, GroupedProductsOnTheCodesMatchDoublePrecision) {
+  struct Shape {
+    int rows_out, cols;
+  };
+  const std::vector<int> counts = {3, 0, 1, 16, 17, 0, 40, 5};
+  std::mt19937 rng(21);
+  for (WeightFormat format : {WeightFormat::Q4, WeightFormat::Q3, WeightFormat::Q2})
+    for (Shape s : {Shape{96, 640}, Shape{200, 2560}, Shape{640, 256}}) {
+      DeviceMemory memory;
+      std::vector<TestMatrix> experts;
+      for (size_t e = 0; e < counts.size(); ++e)
+        experts.push_back(test::make_matrix(
+            memory, format, test::normal_values(rng, size_t(s.rows_out) * size_t(s.cols), 0.05f), s.rows_out, s.cols));
+      int total = 0;
+      for (int c : counts) total += c;
+      // Rows of very different magnitudes, so that the per-group scaling of the activations is exercised.
+      std::vector<float> x = test::normal_values(rng, size_t(total) * size_t(s.cols), 1.0f);
+      for (int r = 0; r < total; ++r)
+        for (int k = 0; k < s.cols; ++k) x[size_t(r) * size_t(s.cols) + size_t(k)] *= std::ldexp(1.0f, r % 7 - 3);
+      const std::vector<float> y = run(memory, experts, format, counts, x, s.rows_out, s.cols);
+      double worst = 0;
+      int row = 0;
+      for (size_t e = 0; e < counts.size(); ++e)
+        for (int i = 0; i < counts[e]; ++i, ++row)
+          for (int r = 0; r < s.rows_out; ++r)
+            worst = std::max(worst, scaled_error(experts[e], r, x.data() + size_t(row) * size_t(s.cols),
+                                                 y[size_t(row) * size_t(s.rows_out) + size_t(r)]));
+      EXPECT_LE(worst, kBound) << name_of(format) << " " << s.rows_out << "×" << s.cols;
+    }
+}
+
+// An activation row's products do not depend on which other rows share its expert: the same row alone and as row 20
+// of 33 gives the same bits.
+TEST(CudaQuantGemm, RowResultsDoNotDependOnTheExpertsOtherRows) {
+  constexpr int kRowsOut = 130, kCols = 768;
+  std::mt19937 rng(22);
+  DeviceMemory memory;
+  std::vector<TestMatrix> experts = {test::make_matrix(
+      memory, WeightFormat::Q4, test::normal_values(rng, size_t(kRowsOut) * kCols, 0.05f), kRowsOut, kCols)};
+  const std::vector<float> many = test::normal_values(rng, size_t(33) * kCols, 1.0f);
+  const std::vector<float> alone(many.begin() + 20 * kCols, many.begin() + 21 * kCols);
+  const std::vector<float> y_many = run(memory, experts, WeightFormat::Q4, {33}, many, kRowsOut, kCols);
+  const std::vector<float> y_alone = run(memory, experts, WeightFormat::Q4, {1}, alone, kRowsOut, kCols);
+  EXPECT_EQ(std::memcmp(y_alone.data(), y_many.data() + 20 * kRowsOut, kRowsOut * sizeof(float)), 0);
+}
+
+// The dense form: rows in slices of 16 side by side (5, 16, 17 and 100 rows: partial and several slices).
+TEST(CudaQuantGemm, DenseProductsOnTheCodesMatchDoublePrecision) {
+  std::mt19937 rng(23);
+  for (WeightFormat format : {WeightFormat::Q4, WeightFormat::Q3, WeightFormat::Q2})
+    for (int x_rows : {5, 16, 17, 100}) {
+      constexpr int kRowsOut = 200, kCols = 640;
+      DeviceMemory memory;
+      const TestMatrix w =
+          test::make_matrix(memory, format, test::normal_values(rng, size_t(kRowsOut) * kCols, 0.05f), kRowsOut, kCols);
+      const std::vector<float> x = test::normal_values(rng, size_t(x_rows) * kCols, 1.0f);
+      float* y = memory.zeros<float>(size_t(x_rows) * kRowsOut);
+      ASSERT_EQ(cuda::quant_gemm(w.device, memory.copy(x), x_rows, y, nullptr), cudaSuccess);
+      std::vector<float> host(size_t(x_rows) * kRowsOut);
+      ASSERT_EQ(cudaMemcpy(host.data(), y, host.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      double worst = 0;
+      for (int b = 0; b < x_rows; ++b)
+        for (int r = 0; r < kRowsOut; ++r)
+          worst = std::max(worst, scaled_error(w, r, x.data() + size_t(b) * kCols, host[size_t(b) * kRowsOut + r]));
+      EXPECT_LE(worst, kBound) << name_of(format) << ", " << x_rows << " rows";
+    }
+}
+
+TEST(CudaQuantGemm, RefusesWhatItDoesNotTake) {
+  EXPECT_FALSE(cuda::quant_gemm_takes(WeightFormat::BF16));
+  EXPECT_FALSE(cuda::quant_gemm_takes(WeightFormat::NVFP4));
+  EXPECT_EQ(
+      cuda::quant_expert_gemm(nullptr, WeightFormat::BF16, 4, 64, 64, nullptr, nullptr, nullptr, nullptr, nullptr),
+      cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::quant_expert_gemm(nullptr, WeightFormat::Q4, 4, 64, 100, nullptr, nullptr, nullptr, nullptr, nullptr),
+            cudaErrorInvalidValue);
+  cuda::DeviceMatrix bf16;
+  bf16.format = WeightFormat::BF16, bf16.rows = 64, bf16.cols = 64;
+  EXPECT_EQ(cuda::quant_gemm(bf16, nullptr, 8, nullptr, nullptr), cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace vavilov
