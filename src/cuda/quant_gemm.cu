@@ -27,17 +27,16 @@ struct Pass {
 };
 
 // acc[n][r] += the products of groups [pass.chunk, pass.end) of rows g + 8r of the warp's tile with activation row
-// 4n + t (lane (g, t)).
+// 4n + t (lane (g, t)). `current` holds the chunk's first unit of weights on entry and the next chunk's on return, so
+// that those loads are in flight while the block stages the next chunk.
 template <int Bits>
-__device__ inline void chunk_products(const uint32_t* const (&codes)[2], const __nv_bfloat16* affine, AffineWidth width,
-                                      const Pass& pass, const uint4* fragments, const float2* group_terms,
-                                      float (&acc)[kRowTiles][2]) {
+__device__ inline void chunk_products(WarpLoads& current, const uint32_t* const (&codes)[2],
+                                      const __nv_bfloat16* affine, AffineWidth width, int groups, const Pass& pass,
+                                      const uint4* fragments, const float2* group_terms, float (&acc)[kRowTiles][2]) {
   const int lane = threadIdx.x % 32, t = lane % 4, staged = pass.end - pass.chunk;
-  WarpLoads current;
-  load_group_block<Bits>(current, codes, affine, pass.chunk, pass.end, width, t);
   for (int first = pass.chunk; first < pass.end; first += kUnroll) {
     WarpLoads next;
-    load_group_block<Bits>(next, codes, affine, first + kUnroll, pass.end, width, t);
+    load_group_block<Bits>(next, codes, affine, first + kUnroll, groups, width, t);
     uint32_t scale_bias[4];  // bf16 pairs of two groups: scale row g, scale row g + 8, bias g, bias g + 8
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -81,8 +80,12 @@ struct RowGroups {
   int rows = 0;  // dense form: rows of x
 };
 
+// Two resident blocks a multiprocessor (~120 registers a thread, no spills); built for three (80 registers, spilling),
+// the 8-layer Flash-Next prefill measured 17 % slower.
+constexpr int kMinBlocks = 2;
+
 template <int Bits>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
     quant_gemm_kernel(RowGroups groups_of_rows, int rows_out, int cols, const float* x, float* y) {
   allow_dependents();
   __shared__ uint4 fragments[kChunkGroups * 2 * 8 * kRows];
@@ -112,6 +115,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int first_row = 0; first_row < count; first_row += kRows) {
     Pass pass{min(kRows, count - first_row), 0, 0};
     float acc[kRowTiles][2] = {};
+    WarpLoads current;  // the first weights' loads go out before the activations are staged
+    if (has_rows) load_group_block<Bits>(current, codes, affine, 0, groups, width, t);
     for (pass.chunk = 0; pass.chunk < groups; pass.chunk += kChunkGroups) {
       pass.end = min(pass.chunk + kChunkGroups, groups);
       __syncthreads();  // the previous chunk's fragments are used up
@@ -130,7 +135,7 @@ __global__ void __launch_bounds__(kWarps * 32)
           },
           fragments, group_terms);
       __syncthreads();
-      if (has_rows) chunk_products<Bits>(codes, affine, width, pass, fragments, group_terms, acc);
+      if (has_rows) chunk_products<Bits>(current, codes, affine, width, groups, pass, fragments, group_terms, acc);
     }
     if (!has_rows) continue;
 #pragma unroll
