@@ -1,7 +1,7 @@
 // The Decoder through the SequenceBackend seam as a device backend sees it (no CPU state: each decoder steps on its
 // own), checked on the CPU engine: the calls keep the contract the CUDA backend relies on (at most 4 recorded rows,
-// rollback right after the recorded pass, the head never truncated past its own position), and the tokens equal plain
-// greedy decoding for every draft count.
+// rollback right after the recorded pass, the head never truncated past its own position), greedy decoding asks for
+// greedy ids and never for logits, and the tokens equal plain greedy decoding for every draft count.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -30,6 +30,7 @@ class ContractCheckingSequence final : public SequenceBackend {
     }
     recorded_first_ = outputs.record_rows ? position() : -1;
     recorded_rows_ = outputs.record_rows ? int64_t(ids.size()) : 0;
+    logits_requests_ += outputs.logits != nullptr;
     inner_->forward(ids, outputs);
     ++calls_;
   }
@@ -47,7 +48,11 @@ class ContractCheckingSequence final : public SequenceBackend {
     head_ += int64_t(next_ids.size());
   }
   void mtp_logits(const float* head_stacks, int64_t rows, float* logits) override {
+    ++logits_requests_;
     inner_->mtp_logits(head_stacks, rows, logits);
+  }
+  void mtp_greedy(const float* head_stacks, int64_t rows, int32_t* ids) override {
+    inner_->mtp_greedy(head_stacks, rows, ids);
   }
   void truncate_head(int64_t position) override {
     EXPECT_GE(position, 0);
@@ -56,10 +61,11 @@ class ContractCheckingSequence final : public SequenceBackend {
     head_ = position;
   }
   int64_t calls() const { return calls_; }
+  int64_t logits_requests() const { return logits_requests_; }
 
  private:
   std::unique_ptr<SequenceBackend> inner_;
-  int64_t recorded_first_ = -1, recorded_rows_ = 0, head_ = 0, calls_ = 0;
+  int64_t recorded_first_ = -1, recorded_rows_ = 0, head_ = 0, calls_ = 0, logits_requests_ = 0;
 };
 
 class BackendSeam : public ::testing::TestWithParam<std::filesystem::path> {};
@@ -93,7 +99,9 @@ TEST_P(BackendSeam, DeviceStyleDecoderKeepsTheContractAndEqualsPlainGreedy) {
           if (int64_t(generated.size()) < kTokens) generated.push_back(token);
       }
       EXPECT_EQ(generated, plain) << "drafts " << drafts << (adaptive ? " adaptive" : " fixed");
-      EXPECT_GT(static_cast<ContractCheckingSequence&>(decoder.backend()).calls(), 0);
+      const auto& sequence = static_cast<ContractCheckingSequence&>(decoder.backend());
+      EXPECT_GT(sequence.calls(), 0);
+      EXPECT_EQ(sequence.logits_requests(), 0) << "greedy decoding downloaded logits";
     }
 }
 

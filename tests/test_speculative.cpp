@@ -2,6 +2,7 @@
 // the committed state (trunk and head) must equal what plain decoding has at the same position.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -61,7 +62,7 @@ struct PlainRun {
     cpu::forward(model, state, prompt, {false, logits.data(), nullptr});
     for (int64_t i = 0; i < kTokens; ++i) {
       states[state.position] = state;
-      int32_t next = argmax(logits.data(), vocab);
+      const int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
       generated.push_back(next);
       tokens.push_back(next);
       cpu::forward(model, state, std::span<const int32_t>(&next, 1), {false, logits.data(), nullptr});
@@ -162,8 +163,9 @@ TEST_P(Speculative, BatchedDecodersMatchPlainGreedy) {
     auto emitted = step_batch(*model, active);
     std::vector<Decoder*> still;
     for (size_t i = 0; i < active.size(); ++i) {
-      size_t index = size_t(std::find_if(decoders.begin(), decoders.end(),
-                                         [&](auto& d) { return d.get() == active[i]; }) - decoders.begin());
+      size_t index =
+          size_t(std::find_if(decoders.begin(), decoders.end(), [&](auto& d) { return d.get() == active[i]; }) -
+                 decoders.begin());
       outputs[index].insert(outputs[index].end(), emitted[i].begin(), emitted[i].end());
       if (int64_t(outputs[index].size()) < options.max_tokens) still.push_back(active[i]);
     }

@@ -109,7 +109,8 @@ void run_bench(const BenchArgs& args) {
   out["prefill_tok_s"] = prefill;
   out["notes"] =
       "decode steps at full acceptance (forced: every draft counts as accepted), wall time of the backend calls a "
-      "Decoder step makes, host argmax and logits download included; bytes: weights the step must read (dense once, "
+      "greedy Decoder step makes (greedy ids from the GPU's argmax, no logits download); bytes: weights the step must "
+      "read (dense once, "
       "the expected union of uniformly routed experts, every MTP pass)";
   const std::string text = out.dump(2) + "\n";
   if (args.out.empty())

@@ -74,33 +74,31 @@ std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint64_t& state) {
 
 }  // namespace
 
-// The backend calls of one Decoder verify step at full acceptance (engine/speculative.cpp), with argmax on the host.
+// The backend calls of one greedy Decoder verify step at full acceptance (engine/speculative.cpp): the trunk's and the
+// drafts' greedy ids come from the device (TrunkOutputs::greedy, draft_greedy), no logits.
 void verify_step(SequenceBackend& seq, const ModelConfig& c, int drafts, uint64_t& rng, StepBuffers& buffers) {
-  std::vector<float>&logits = buffers.logits, &stacks = buffers.stacks, &head_stacks = buffers.head;
+  std::vector<float>&stacks = buffers.stacks, &head_stacks = buffers.head;
   const bool head = drafts > 0;
   const int64_t rows = drafts + 1, sh = c.hc_hidden(), vocab = c.vocab_size;
   const std::vector<int32_t> ids = random_ids(rows, vocab, rng);
   const int64_t first = seq.position();
-  seq.forward(ids, {true, logits.data(), stacks.data(), true});
-  int32_t best = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const auto row = logits.begin() + r * vocab;
-    best = int32_t(std::max_element(row, row + vocab) - row);
-  }
+  int32_t greedy[StepBuffers::kVerifyRows];
+  seq.forward(ids, {true, nullptr, stacks.data(), true, greedy});
   seq.keep_rows(first, rows);
   if (!head) return;
   const int64_t committed = seq.position();
   seq.truncate_head(committed - rows);
   std::vector<int32_t> next(ids.begin() + 1, ids.end());
-  next.push_back(best);
+  next.push_back(greedy[rows - 1]);
   seq.mtp_forward(stacks.data(), next, head_stacks.data(), MtpRows::Last);
   std::vector<float> chain(head_stacks.begin(), head_stacks.begin() + sh), chained(static_cast<size_t>(sh));
+  int32_t draft = next.back();
   for (int j = 0; j < drafts; ++j) {
-    if (j > 0) {
-      seq.mtp_forward(chain.data(), std::span<const int32_t>(&next.back(), 1), chained.data(), MtpRows::Last);
+    if (j > 0) {  // chained on the previous draft, as the Decoder does
+      seq.mtp_forward(chain.data(), std::span<const int32_t>(&draft, 1), chained.data(), MtpRows::Last);
       chain.swap(chained);
     }
-    seq.mtp_logits(chain.data(), 1, logits.data());
+    draft = seq.draft_greedy(chain.data());
   }
   seq.truncate_head(committed);
 }
@@ -108,11 +106,12 @@ void verify_step(SequenceBackend& seq, const ModelConfig& c, int drafts, uint64_
 void start_sequence(SequenceBackend& seq, const ModelConfig& c, int64_t context, bool head, uint64_t& rng,
                     StepBuffers& buffers) {
   std::vector<int32_t> prompt = random_ids(context, c.vocab_size, rng);
-  seq.forward(prompt, {false, buffers.logits.data(), buffers.stacks.data(), false});
+  int32_t first = 0;
+  seq.forward(prompt, {false, nullptr, buffers.stacks.data(), false, &first});
   if (!head) return;
   // As Decoder::start: head rows pair each stack with the token after it, the last one with the first generated.
   std::vector<int32_t> next(prompt.begin() + 1, prompt.end());
-  next.push_back(prompt.front());
+  next.push_back(first);
   seq.mtp_forward(buffers.stacks.data(), next, buffers.head.data(), MtpRows::Last);
 }
 
@@ -172,7 +171,7 @@ BenchResult run_bench(std::shared_ptr<const DeviceModel> model, const BenchOptio
     const double start = now_ms();
     for (int i = 0; i < options.decode_steps; ++i) {
       seq->mtp_forward(buffers.head.data(), std::span<const int32_t>(&id, 1), chained.data(), MtpRows::Last);
-      seq->mtp_logits(chained.data(), 1, buffers.logits.data());
+      seq->draft_greedy(chained.data());
       seq->truncate_head(options.context);
     }
     result.chained_pass_ms = (now_ms() - start) / options.decode_steps;
@@ -182,7 +181,8 @@ BenchResult run_bench(std::shared_ptr<const DeviceModel> model, const BenchOptio
     const std::vector<int32_t> prompt = random_ids(length, vocab, rng);
     cuda_check(cudaDeviceSynchronize(), "prefill");
     const double start = now_ms();
-    seq->forward(prompt, {false, buffers.logits.data(), nullptr, false});
+    int32_t first = 0;
+    seq->forward(prompt, {false, nullptr, nullptr, false, &first});
     result.prefill_tokens_per_second.push_back({length, double(length) / ((now_ms() - start) * 1e-3)});
   }
   return result;

@@ -35,20 +35,19 @@ struct BenchResult {
   std::vector<std::pair<int64_t, double>> prefill_tokens_per_second;
 };
 
-// Host buffers of one sequence's steps: logits of a verify step's rows (1 + at most 3 drafts), stacks and head stacks
-// of the prompt's rows or a verify step's, whichever is more.
+// Host buffers of one sequence's steps: stacks and head stacks of the prompt's rows or a verify step's (1 + at most 3
+// drafts), whichever is more. Greedy steps take token ids, not logits, from the device.
 struct StepBuffers {
   static constexpr int64_t kVerifyRows = 4;
-  std::vector<float> logits, stacks, head;
+  std::vector<float> stacks, head;
   StepBuffers(const ModelConfig& c, int64_t context)
-      : logits(size_t(kVerifyRows * c.vocab_size)),
-        stacks(size_t(std::max(context, kVerifyRows) * c.hc_hidden())),
-        head(stacks.size()) {}
+      : stacks(size_t(std::max(context, kVerifyRows) * c.hc_hidden())), head(stacks.size()) {}
 };
 // A fresh sequence's random prompt through the trunk and, with `head`, the MTP head (as Decoder::start leaves it).
 void start_sequence(SequenceBackend& seq, const ModelConfig& c, int64_t context, bool head, uint64_t& rng,
                     StepBuffers& buffers);
-// The backend calls of one Decoder verify step with `drafts` drafts at full acceptance, argmax on the host.
+// The backend calls of one greedy Decoder verify step with `drafts` drafts at full acceptance, greedy ids from the
+// device.
 void verify_step(SequenceBackend& seq, const ModelConfig& c, int drafts, uint64_t& rng, StepBuffers& buffers);
 
 double measure_copy_bandwidth_gbs();

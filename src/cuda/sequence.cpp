@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "cuda/argmax.cuh"
 #include "cuda/attention.cuh"
 #include "cuda/backend.h"
 #include "cuda/device_model.h"
@@ -65,6 +66,8 @@ struct Workspace {
   int64_t* table_rows;
   float *embedding, *ple_keys, *ple_value, *ple_out, *ple_normed;
   float *logits, *mtp_row, *mtp_normed, *mtp_embedded;
+  int32_t* greedy;  // [kLogitRows]: each logits row's argmax (argmax.cuh), with its scratch
+  ArgmaxPartial* argmax_scratch;
   // Attention scratch for contexts up to `tokens` positions.
   DeviceAllocation attention_memory;
   int64_t tokens = 0;
@@ -152,6 +155,8 @@ void make_workspace(const ModelConfig& c, Workspace& w) {
   for (float** buffer : {&w.ple_keys, &w.ple_out, &w.ple_normed}) l.add(*buffer, r * sh);
   l.add(w.ple_value, r * h);
   l.add(w.logits, size_t(kLogitRows) * size_t(c.vocab_size));
+  l.add(w.greedy, kLogitRows);
+  l.add(w.argmax_scratch, argmax_scratch_count(kLogitRows));
   w.memory = l.allocate("workspace");
 }
 
@@ -221,13 +226,13 @@ LayerState new_layer_state(const ModelConfig& c, LayerKind kind, bool has_ple) {
   return s;
 }
 
-// Pinned staging for one call's host inputs (ids, position, up to kRecordedRows MTP stacks) and outputs (logits and
-// stacks of up to kRecordedRows rows); larger transfers go straight from and to pageable memory.
+// Pinned staging for one call's host inputs (ids, position, up to kRecordedRows MTP stacks) and outputs (logits,
+// greedy ids and stacks of up to kRecordedRows rows); larger transfers go straight from and to pageable memory.
 size_t staged_input_bytes(const ModelConfig& c) {
   return size_t(kChunkRows) * 4 + kAttentionPasses * 8 + size_t(kRecordedRows) * size_t(c.hc_hidden()) * 4 + 3 * 64;
 }
 size_t staged_output_bytes(const ModelConfig& c) {
-  return size_t(kRecordedRows) * size_t(c.vocab_size + c.hc_hidden()) * 4 + 2 * 64;
+  return size_t(kRecordedRows) * size_t(c.vocab_size + c.hc_hidden() + 1) * 4 + 3 * 64;
 }
 
 class CudaSequence final : public SequenceBackend {
@@ -271,19 +276,25 @@ class CudaSequence final : public SequenceBackend {
       const int rows = int(std::min<int64_t>(kChunkRows, n - begin));
       const bool last = begin + rows == n;
       // Every row's logits (prompt scoring) come in kLogitRows-row products after the pass; otherwise the pass
-      // computes the ones wanted itself.
-      const bool logits_after = out.logits && out.all_rows && rows > kLogitRows;
-      const int logit_rows = !out.logits || logits_after || !(out.all_rows || last) ? 0 : out.all_rows ? rows : 1;
+      // computes the ones wanted itself. Greedy ids are the argmax of those logits, on the device.
+      const bool lm_head = out.logits || out.greedy;
+      const bool logits_after = lm_head && out.all_rows && rows > kLogitRows;
+      const int logit_rows = !lm_head || logits_after || !(out.all_rows || last) ? 0 : out.all_rows ? rows : 1;
+      const bool greedy = out.greedy && logit_rows;
       reserve_trunk(position_ + rows);
       stage(ids.subspan(size_t(begin), size_t(rows)), position_);
-      run_pass({kTrunk, rows, out.record_rows, logit_rows}, [&] { trunk_pass(rows, out.record_rows, logit_rows); });
+      run_pass({kTrunk, rows, out.record_rows, logit_rows, greedy},
+               [&] { trunk_pass(rows, out.record_rows, logit_rows, greedy); });
       if (out.stacks) runner_.download(out.stacks + begin * sh, work_.stack, size_t(rows * sh) * 4);
-      if (logit_rows)
+      if (logit_rows && out.logits)
         runner_.download(out.logits + (out.all_rows ? begin * vocab : 0), work_.logits, size_t(logit_rows * vocab) * 4);
+      if (greedy) runner_.download(out.greedy + (out.all_rows ? begin : 0), work_.greedy, size_t(logit_rows) * 4);
       for (int first = 0; logits_after && first < rows; first += kLogitRows) {
         const int count = std::min(kLogitRows, rows - first);
         logits_from_stacks(model_->final_mixer, final_read_, work_.stack + size_t(first) * size_t(sh), count, false);
-        runner_.download(out.logits + (begin + first) * vocab, work_.logits, size_t(count * vocab) * 4);
+        if (out.greedy) greedy_ids(count);
+        if (out.logits) runner_.download(out.logits + (begin + first) * vocab, work_.logits, size_t(count * vocab) * 4);
+        if (out.greedy) runner_.download(out.greedy + begin + first, work_.greedy, size_t(count) * 4);
       }
       runner_.finish();
       position_ += rows;
@@ -327,16 +338,10 @@ class CudaSequence final : public SequenceBackend {
   }
 
   void mtp_logits(const float* head_stacks, int64_t rows, float* logits) override {
-    check(model_->mtp.has_value(), "{}: the checkpoint has no MTP head (mtp.* tensors)", model_->name);
-    const int64_t sh = c_.hc_hidden(), vocab = c_.vocab_size;
-    for (int64_t begin = 0; begin < rows; begin += kLogitRows) {
-      const int count = int(std::min<int64_t>(kLogitRows, rows - begin));
-      runner_.upload(work_.stack, head_stacks + begin * sh, size_t(count * sh) * 4);
-      run_pass({kHeadLogits, count, false, count},
-               [&] { logits_from_stacks(model_->mtp->final_mixer, mtp_final_read_, work_.stack, count, false); });
-      runner_.download(logits + begin * vocab, work_.logits, size_t(count * vocab) * 4);
-      runner_.finish();
-    }
+    head_outputs(head_stacks, rows, logits, nullptr);
+  }
+  void mtp_greedy(const float* head_stacks, int64_t rows, int32_t* ids) override {
+    head_outputs(head_stacks, rows, nullptr, ids);
   }
 
   void truncate_head(int64_t position) override {
@@ -355,6 +360,26 @@ class CudaSequence final : public SequenceBackend {
     for (int j = 0; j < passes; ++j) firsts[j] = first + int64_t(j) * kAttentionRows;
     runner_.upload(work_.position, firsts, size_t(passes) * sizeof first);
   }
+  // The head's logits of `rows` host head stacks and/or their greedy ids (either may be null).
+  void head_outputs(const float* head_stacks, int64_t rows, float* logits, int32_t* ids) {
+    check(model_->mtp.has_value(), "{}: the checkpoint has no MTP head (mtp.* tensors)", model_->name);
+    const int64_t sh = c_.hc_hidden(), vocab = c_.vocab_size;
+    for (int64_t begin = 0; begin < rows; begin += kLogitRows) {
+      const int count = int(std::min<int64_t>(kLogitRows, rows - begin));
+      runner_.upload(work_.stack, head_stacks + begin * sh, size_t(count * sh) * 4);
+      run_pass({kHeadLogits, count, false, count, ids != nullptr}, [&] {
+        logits_from_stacks(model_->mtp->final_mixer, mtp_final_read_, work_.stack, count, false);
+        if (ids) greedy_ids(count);
+      });
+      if (logits) runner_.download(logits + begin * vocab, work_.logits, size_t(count * vocab) * 4);
+      if (ids) runner_.download(ids + begin, work_.greedy, size_t(count) * 4);
+      runner_.finish();
+    }
+  }
+  // work_.greedy = the argmax of each of work_.logits' first `rows` rows.
+  void greedy_ids(int rows) {
+    cuda_check(argmax_rows(work_.logits, rows, c_.vocab_size, work_.argmax_scratch, work_.greedy, stream_), "argmax");
+  }
   // Passes of up to kRecordedRows rows (decode steps, verification, drafts) replay graphs; longer chunks (prefill)
   // launch eagerly.
   void run_pass(const PassShape& shape, const std::function<void()>& launch) {
@@ -365,7 +390,7 @@ class CudaSequence final : public SequenceBackend {
   }
   void plan_layer(const DeviceLayer& w, LayerState& state) const;
   ProductGroup read_products(const DeviceGatedResidual& w) const;
-  void trunk_pass(int rows, bool record, int logit_rows);
+  void trunk_pass(int rows, bool record, int logit_rows, bool greedy);
   void head_pass(int rows);
   void run_layer(const DeviceLayer& w, LayerState& state, int64_t first, int rows, bool record, float* stack,
                  bool normed, const DeviceGatedResidual* next_read);
@@ -401,7 +426,7 @@ class CudaSequence final : public SequenceBackend {
   bool write_pending_ = false;
 };
 
-void CudaSequence::trunk_pass(int rows, bool record, int logit_rows) {
+void CudaSequence::trunk_pass(int rows, bool record, int logit_rows, bool greedy) {
   gather_rows(model_->embed, work_.ids, rows, c_.hc_count, work_.stack, stream_);
   // Each layer's last write prepares the stack for the next read (hyper_write): the next layer's attention read (not
   // when it has PLE, which reads the raw stack first), or after the last layer the final mixer's when it reads every
@@ -417,6 +442,7 @@ void CudaSequence::trunk_pass(int rows, bool record, int logit_rows) {
   if (logit_rows)
     logits_from_stacks(model_->final_mixer, final_read_,
                        work_.stack + size_t(rows - logit_rows) * size_t(c_.hc_hidden()), logit_rows, normed);
+  if (greedy) greedy_ids(logit_rows);
 }
 
 // e = fc_embedding · RMS0(embed[next]);  R'[s] = fc_hidden · RMS0(R)[s] + e; then the head's layer. The stacks R

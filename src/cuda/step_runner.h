@@ -16,12 +16,13 @@
 namespace vavilov::cuda {
 
 // The shape of one captured pass: the caller's pass kind, its rows, whether it records rollback states, which
-// logits it computes.
+// logits it computes, whether it takes their argmax (greedy ids).
 struct PassShape {
   int kind = 0;
   int rows = 0;
   bool record = false;
   int logits = 0;
+  bool greedy = false;
   auto operator<=>(const PassShape&) const = default;
 };
 

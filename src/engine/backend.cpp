@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "cpu/argmax.h"
 #include "cpu/forward.h"
 #include "cpu/mtp.h"
 
@@ -17,8 +18,17 @@ class CpuSequence final : public SequenceBackend {
   explicit CpuSequence(const Model& model) : model_(model), state_(new_sequence_state(model)) {}
 
   int64_t position() const override { return state_.position; }
+  // Greedy ids come from the logits on the host (into scratch when the caller wants no logits).
   void forward(std::span<const int32_t> ids, const TrunkOutputs& out) override {
-    cpu::forward(model_, state_, ids, {out.all_rows, out.logits, out.stacks, out.record_rows ? &rows_ : nullptr});
+    const int64_t rows = out.logits || out.greedy ? (out.all_rows ? int64_t(ids.size()) : 1) : 0;
+    float* logits = out.logits;
+    if (!logits && out.greedy) {
+      greedy_logits_.resize(size_t(rows * model_.config.vocab_size));
+      logits = greedy_logits_.data();
+    }
+    cpu::forward(model_, state_, ids, {out.all_rows, logits, out.stacks, out.record_rows ? &rows_ : nullptr});
+    for (int64_t r = 0; out.greedy && r < rows; ++r)
+      out.greedy[r] = cpu::argmax(logits + r * model_.config.vocab_size, model_.config.vocab_size);
   }
   void keep_rows(int64_t first_position, int64_t kept) override {
     vavilov::keep_rows(state_, rows_, first_position, kept, model_.config);
@@ -30,11 +40,22 @@ class CpuSequence final : public SequenceBackend {
   void mtp_logits(const float* head_stacks, int64_t rows, float* logits) override {
     cpu::mtp_logits(model_, head_stacks, rows, logits);
   }
+  void mtp_greedy(const float* head_stacks, int64_t rows, int32_t* ids) override {
+    const int64_t vocab = model_.config.vocab_size;
+    greedy_logits_.resize(size_t(rows * vocab));
+    mtp_logits(head_stacks, rows, greedy_logits_.data());
+    for (int64_t r = 0; r < rows; ++r) ids[r] = cpu::argmax(greedy_logits_.data() + r * vocab, vocab);
+  }
   // Through an int8 copy of the draft vocabulary's lm_head rows, made on the first draft: with full bf16 rows the
   // two draft lm_heads of a step cost about as much as the head's two layer passes (docs/MTP.md).
   void draft_logits(const float* head_stack, float* logits) override {
     if (draft_head_.ids.empty()) draft_head_ = cpu::draft_lm_head(model_, draft_vocabulary(model_));
     cpu::mtp_draft_logits(model_, draft_head_, head_stack, logits);
+  }
+  int32_t draft_greedy(const float* head_stack) override {
+    greedy_logits_.resize(size_t(model_.config.vocab_size));
+    draft_logits(head_stack, greedy_logits_.data());
+    return cpu::argmax(greedy_logits_.data(), model_.config.vocab_size);
   }
   void truncate_head(int64_t position) override {
     truncate_attention(state_.mtp.attn, position, model_.config);
@@ -48,6 +69,7 @@ class CpuSequence final : public SequenceBackend {
   SequenceState state_;
   RowStates rows_;
   cpu::DraftLmHead draft_head_;
+  std::vector<float> greedy_logits_;  // logits behind greedy ids the caller did not ask the logits of
 };
 
 }  // namespace

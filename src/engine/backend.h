@@ -19,9 +19,13 @@ enum class MtpRows { All, Last };
 
 struct TrunkOutputs {
   bool all_rows = false;     // logits for every row, or only the last
-  float* logits = nullptr;   // host [all_rows ? rows : 1, vocab]; null to skip lm_head
+  float* logits = nullptr;   // host [all_rows ? rows : 1, vocab]; null (and greedy null) to skip lm_head
   float* stacks = nullptr;   // host [rows, S·H]: residual stacks before the final mixer (the MTP head's input)
   bool record_rows = false;  // keep the recurrent state after every row so keep_rows can roll back
+  // host [all_rows ? rows : 1]: each wanted row's greedy token, cpu::argmax of its logits (cpu/argmax.h: the lowest
+  // index among equal maxima, NaN as std::max_element). Without `logits` a device returns only these ids (4 bytes a
+  // row instead of the vocabulary's logits).
+  int32_t* greedy = nullptr;
 };
 
 class SequenceBackend {
@@ -37,10 +41,18 @@ class SequenceBackend {
   virtual void mtp_forward(const float* stacks, std::span<const int32_t> next_ids, float* head_stacks,
                            MtpRows output) = 0;
   virtual void mtp_logits(const float* head_stacks, int64_t rows, float* logits) = 0;
+  // Each row's greedy token of mtp_logits (cpu::argmax's rule), without the logits leaving the device.
+  virtual void mtp_greedy(const float* head_stacks, int64_t rows, int32_t* ids) = 0;
   // The logits a draft is chosen from, for one head stack [S·H]: mtp_logits or a cheaper approximation of it. Either
   // is lossless, since the trunk verifies every draft exactly and sampling tests a draft against the distribution it
   // was drawn from.
   virtual void draft_logits(const float* head_stack, float* logits) { mtp_logits(head_stack, 1, logits); }
+  // The greedy draft: cpu::argmax of draft_logits (a backend that overrides draft_logits overrides this too).
+  virtual int32_t draft_greedy(const float* head_stack) {
+    int32_t id = 0;
+    mtp_greedy(head_stack, 1, &id);
+    return id;
+  }
   // Drops the head's cache entries from `position` on.
   virtual void truncate_head(int64_t position) = 0;
   // The state as the CPU engine holds it; null on other devices (prefix caching and batched CPU steps use it).

@@ -17,8 +17,6 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }
 }  // namespace
 
-int32_t argmax(const float* logits, int64_t n) { return int32_t(std::max_element(logits, logits + n) - logits); }
-
 std::vector<float> prefill(const Model& model, SequenceState& state, std::span<const int32_t> prompt, int64_t chunk) {
   check(!prompt.empty(), "the prompt is empty");
   std::vector<float> logits(size_t(model.config.vocab_size));

@@ -25,8 +25,6 @@ struct GenerateStats {
   double prefill_seconds = 0, decode_seconds = 0;
 };
 
-int32_t argmax(const float* logits, int64_t n);
-
 // Prefills `prompt` into `state` and returns the logits of its last position.
 std::vector<float> prefill(const Model& model, SequenceState& state, std::span<const int32_t> prompt, int64_t chunk);
 

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "cpu/argmax.h"
 
 namespace vavilov {
 
@@ -132,9 +133,8 @@ int32_t draw(std::span<const double> weights, Rng& rng) {
 
 int32_t choose(const float* logits, int64_t vocab, const SamplingOptions& o, const TokenHistory& history, Rng& rng) {
   if (!o.greedy()) return draw(distribution(logits, vocab, o, history), rng);
-  if (!o.adjusts_logits()) return int32_t(std::max_element(logits, logits + vocab) - logits);
-  const std::vector<float> adjusted = adjusted_logits(logits, vocab, o, history);
-  return int32_t(std::max_element(adjusted.begin(), adjusted.end()) - adjusted.begin());
+  if (!o.adjusts_logits()) return cpu::argmax(logits, vocab);
+  return cpu::argmax(adjusted_logits(logits, vocab, o, history).data(), vocab);
 }
 
 }  // namespace vavilov

@@ -80,7 +80,8 @@ std::vector<double> distribution(const float* logits, int64_t vocab, const Sampl
 // Step 7 on a distribution (need not be normalised; must have positive mass).
 int32_t draw(std::span<const double> weights, Rng& rng);
 
-// The next token: the argmax of the adjusted logits when greedy, else a draw from `distribution`.
+// The next token: the argmax of the adjusted logits when greedy (cpu::argmax: the lowest id among equal maxima, NaN
+// as std::max_element treats it), else a draw from `distribution`.
 int32_t choose(const float* logits, int64_t vocab, const SamplingOptions& options, const TokenHistory& history,
                Rng& rng);
 

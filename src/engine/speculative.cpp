@@ -36,7 +36,8 @@ Decoder::Decoder(const Model& model, const GenerateOptions& options, const Specu
       sequence_(device ? device() : cpu_sequence(model)),
       stops_(stop_token_ids(model)),
       rng_(options.sampling.seed),
-      drafts_wanted_(speculative.drafts) {
+      drafts_wanted_(speculative.drafts),
+      greedy_ids_(options.sampling.greedy() && !options.sampling.adjusts_logits()) {
   validate(options.sampling, c_.vocab_size);
   check(spec_.drafts >= 0 && spec_.drafts <= 3, "--drafts must be 0..3, got {}", spec_.drafts);
   check(spec_.drafts == 0 || model.mtp.has_value(), "{}: speculative decoding needs the MTP head (mtp.* tensors)",
@@ -82,12 +83,13 @@ int32_t Decoder::prefill_next(const std::function<void(const SequenceState&)>& o
   const int64_t count = std::min(options_.prefill_chunk > 0 ? options_.prefill_chunk : n, n - begin);
   const bool last = begin + count == n;
   const std::span<const int32_t> prompt(prompt_);
-  std::vector<float> logits(last ? size_t(vocab) : 0), stacks(spec_.drafts ? size_t(count * sh) : 0);
-  sequence_->forward(prompt.subspan(size_t(begin), size_t(count)),
-                     {false, last ? logits.data() : nullptr, spec_.drafts ? stacks.data() : nullptr, false});
+  std::vector<float> logits(last && !greedy_ids_ ? size_t(vocab) : 0), stacks(spec_.drafts ? size_t(count * sh) : 0);
   int32_t next = -1;
+  sequence_->forward(prompt.subspan(size_t(begin), size_t(count)),
+                     {false, last && !greedy_ids_ ? logits.data() : nullptr, spec_.drafts ? stacks.data() : nullptr,
+                      false, last && greedy_ids_ ? &next : nullptr});
   if (last) {
-    next = choose(logits.data(), vocab, options_.sampling, history_, rng_);
+    if (!greedy_ids_) next = choose(logits.data(), vocab, options_.sampling, history_, rng_);
     history_.push(next);
   }
   rows_ = {next};
@@ -104,7 +106,8 @@ int32_t Decoder::prefill_next(const std::function<void(const SequenceState&)>& o
 
 // Row r's token, given the tokens before it (history_ holds them). A row that emits its draft lets the next row
 // continue; the last row (no draft) gives the bonus token.
-int32_t Decoder::verify_row(const float* logits, int64_t row) {
+int32_t Decoder::verify_row(const float* logits, const int32_t* greedy, int64_t row) {
+  if (greedy) return greedy[row];
   const int64_t vocab = c_.vocab_size;
   const bool has_draft = row + 1 < int64_t(rows_.size());
   if (options_.sampling.greedy() || !has_draft) return choose(logits, vocab, options_.sampling, history_, rng_);
@@ -121,12 +124,12 @@ int32_t Decoder::verify_row(const float* logits, int64_t row) {
   return draw(residual > 0 ? std::span<const double>(q) : std::span<const double>(p), rng_);
 }
 
-std::vector<int32_t> Decoder::accept(const float* logits, const float* stacks) {
+std::vector<int32_t> Decoder::accept(const float* logits, const float* stacks, const int32_t* greedy) {
   const int64_t count = int64_t(rows_.size()), proposed = count - 1, vocab = c_.vocab_size;
   const int64_t first = sequence_->position() - count;
   std::vector<int32_t> emitted;
   for (int64_t r = 0; r < count; ++r) {
-    const int32_t token = verify_row(logits + r * vocab, r);
+    const int32_t token = verify_row(greedy ? nullptr : logits + r * vocab, greedy, r);
     emitted.push_back(token);
     history_.push(token);
     if (r == proposed || token != rows_[size_t(r) + 1] || is_stop(token)) break;
@@ -160,7 +163,7 @@ void Decoder::fold_head(const float* trunk_stacks, std::span<const int32_t> next
   const int64_t rows = int64_t(next_ids.size()), sh = c_.hc_hidden(), vocab = c_.vocab_size;
   const int64_t committed = sequence_->position();  // the head covers every committed position afterwards
   truncate_head(committed - rows);
-  std::vector<float> chain(static_cast<size_t>(sh)), logits(static_cast<size_t>(vocab));
+  std::vector<float> chain(static_cast<size_t>(sh)), logits(greedy_ids_ ? 0 : static_cast<size_t>(vocab));
   sequence_->mtp_forward(trunk_stacks, next_ids, chain.data(), MtpRows::Last);
   draft_q_.clear();
   for (int j = 0; draft && j < drafts_wanted_; ++j) {
@@ -168,6 +171,10 @@ void Decoder::fold_head(const float* trunk_stacks, std::span<const int32_t> next
       std::vector<float> chained(static_cast<size_t>(sh));
       sequence_->mtp_forward(chain.data(), std::span<const int32_t>(&rows_.back(), 1), chained.data(), MtpRows::Last);
       chain.swap(chained);
+    }
+    if (greedy_ids_) {
+      add_draft(sequence_->draft_greedy(chain.data()), {}, committed + j + 1);
+      continue;
     }
     sequence_->draft_logits(chain.data(), logits.data());
     add_draft(logits.data(), committed + j + 1);
@@ -181,18 +188,21 @@ void Decoder::fold_head(const float* trunk_stacks, std::span<const int32_t> next
 void Decoder::add_draft(const float* head_logits, int64_t position) {
   const int64_t vocab = c_.vocab_size;
   const SamplingOptions& sampling = options_.sampling;
-  std::vector<double> q;
-  int32_t draft;
   if (sampling.greedy()) {
-    draft = choose(head_logits, vocab, sampling, history_, rng_);
-  } else {
-    q = distribution(head_logits, vocab, sampling, history_);
-    draft = draw(q, rng_);
+    add_draft(choose(head_logits, vocab, sampling, history_, rng_), {}, position);
+    return;
   }
+  std::vector<double> q = distribution(head_logits, vocab, sampling, history_);
+  const int32_t draft = draw(q, rng_);
+  add_draft(draft, std::move(q), position);
+}
+
+// q: the distribution the draft was drawn from (empty when greedy).
+void Decoder::add_draft(int32_t draft, std::vector<double> q, int64_t position) {
   if (spec_.draft_override) {
     const int32_t replaced = spec_.draft_override(position, draft);
     if (replaced != draft && !q.empty()) {
-      q.assign(size_t(vocab), 0.0);
+      q.assign(size_t(c_.vocab_size), 0.0);
       q[size_t(replaced)] = 1.0;
     }
     draft = replaced;
@@ -209,13 +219,25 @@ float* Decoder::verify_logits() {
   return verify_logits_.data();
 }
 
+int32_t* Decoder::verify_greedy() {
+  verify_greedy_.resize(rows_.size());
+  return verify_greedy_.data();
+}
+
 float* Decoder::verify_stacks() {
   verify_stacks_.resize(rows_.size() * size_t(c_.hc_hidden()));
   return verify_stacks_.data();
 }
 
+// Greedy without logit adjustments: the backend returns each row's argmax, not its logits.
 std::vector<int32_t> Decoder::step_alone() {
-  float *logits = verify_logits(), *stacks = verify_stacks();
+  float* stacks = verify_stacks();
+  if (greedy_ids_) {
+    int32_t* greedy = verify_greedy();
+    sequence_->forward(rows_, {true, nullptr, stacks, true, greedy});
+    return accept(nullptr, stacks, greedy);
+  }
+  float* logits = verify_logits();
   sequence_->forward(rows_, {true, logits, stacks, true});
   return accept(logits, stacks);
 }

@@ -11,6 +11,11 @@
 // token is drawn from normalise(max(0, p − q)), after full acceptance a bonus token from p. The output then has
 // exactly the distribution of plain sampling (docs/SAMPLING.md). Every row is filtered with the penalties of the
 // tokens before it, accepted drafts included.
+//
+// Greedy without logit adjustments (no bias, no penalties; the Decoder returns no logprobs) needs only each row's
+// argmax: the Decoder then asks its backend for greedy ids (TrunkOutputs::greedy, mtp_greedy, draft_greedy) instead
+// of logits, which a GPU computes on the device (4 bytes a row to the host instead of the vocabulary's logits). The
+// ids follow cpu::argmax's rule, the same as choose() on the logits, so both paths give the same tokens.
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -72,9 +77,10 @@ class Decoder {
   int32_t prefill_next(const std::function<void(const SequenceState&)>& on_chunk = {});
   // The rows the next verify step runs through the trunk: the last token, then the drafts.
   std::span<const int32_t> rows() const { return rows_; }
-  // Takes the trunk's outputs for rows() (a pass that recorded its rows): logits [rows, vocab], stacks [rows, S·H].
-  // Keeps the accepted prefix, drafts the next step, and returns the tokens it emits (1 + accepted drafts).
-  std::vector<int32_t> accept(const float* logits, const float* stacks);
+  // Takes the trunk's outputs for rows() (a pass that recorded its rows): logits [rows, vocab], stacks [rows, S·H],
+  // or instead of the logits each row's greedy id [rows] (only when greedy_ids()). Keeps the accepted prefix, drafts
+  // the next step, and returns the tokens it emits (1 + accepted drafts).
+  std::vector<int32_t> accept(const float* logits, const float* stacks, const int32_t* greedy = nullptr);
   // One verify step on its own.
   std::vector<int32_t> step();
   // One verify step through this decoder's own backend (step_batch's path for non-CPU decoders).
@@ -82,6 +88,9 @@ class Decoder {
   // Buffers sized for the next verify pass (step_batch fills them for CPU decoders).
   float* verify_logits();
   float* verify_stacks();
+  int32_t* verify_greedy();
+  // Whether this decoder takes greedy ids instead of logits from its backend (greedy, no logit adjustments).
+  bool greedy_ids() const { return greedy_ids_; }
 
   bool is_stop(int32_t token) const;
   // The CPU engine's state (prefix caching, tests); an error on other devices.
@@ -92,7 +101,8 @@ class Decoder {
  private:
   void fold_head(const float* trunk_stacks, std::span<const int32_t> next_ids, bool draft = true);
   void add_draft(const float* head_logits, int64_t position);
-  int32_t verify_row(const float* logits, int64_t row);
+  void add_draft(int32_t draft, std::vector<double> q, int64_t position);
+  int32_t verify_row(const float* logits, const int32_t* greedy, int64_t row);
   void truncate_head(int64_t position);
 
   const Model& model_;
@@ -106,10 +116,12 @@ class Decoder {
   std::vector<int32_t> rows_;    // [last, drafts...]
   // The verify pass's outputs, kept from step to step: [rows, vocab] and [rows, S·H].
   std::vector<float> verify_logits_, verify_stacks_;
+  std::vector<int32_t> verify_greedy_;        // or each row's greedy id, when greedy_ids_
   std::vector<std::vector<double>> draft_q_;  // when sampling: the distribution each draft was drawn from
   TokenHistory history_;                      // prompt and emitted tokens (the penalties' input)
   Rng rng_;                                   // this sequence's own stream: batching cannot change it
   int drafts_wanted_;
+  bool greedy_ids_;  // greedy without logit adjustments: the backend returns ids, not logits
 };
 
 // One verify step for several decoders with a single batched trunk pass. Returns each decoder's emitted tokens.
