@@ -17,27 +17,6 @@ constexpr int kMaxConvHistory = kMaxConvKernel - 1;
 constexpr int kMaxDecodeSlices = kGdnMaxValueDim / kSliceColumns;  // the cluster of one head: ≤ 8 (portable)
 constexpr int kMaxClusterBlocks = 16;  // sm_90 with non-portable cluster sizes; ≤ 32: a lane per block in the norm
 
-__global__ void gdn_conv_kernel(const float* taps, int channels, int kernel, float* state, float* x, int rows,
-                                float* row_states) {
-  wait_for_producers();
-  allow_dependents();
-  const int ch = blockIdx.x * blockDim.x + threadIdx.x;
-  if (ch >= channels) return;
-  const int history = kernel - 1;
-  float window[kMaxConvKernel];
-  for (int k = 0; k < history; ++k) window[k] = state[size_t(k) * channels + ch];
-  for (int t = 0; t < rows; ++t) {
-    window[history] = x[size_t(t) * channels + ch];
-    float sum = 0.0f;
-    for (int k = 0; k < kernel; ++k) sum += taps[ch * kernel + k] * window[k];
-    x[size_t(t) * channels + ch] = silu(sum);
-    for (int k = 0; k < history; ++k) window[k] = window[k + 1];
-    if (row_states)
-      for (int k = 0; k < history; ++k) row_states[(size_t(t) * history + k) * channels + ch] = window[k];
-  }
-  for (int k = 0; k < history; ++k) state[size_t(k) * channels + ch] = window[k];
-}
-
 // ---- Decode ----------------------------------------------------------------------------------------------------
 //
 // Block (head, slice) owns value columns [32·slice, 32·slice + 32) of the head's dk × dv state: 256 threads, each
@@ -133,6 +112,67 @@ struct ConvChannel {
       if (k < history) state[size_t(k) * channels + ch] = window[k];
   }
 };
+
+// ---- Causal conv of longer passes (prefill) -------------------------------------------------------------------
+//
+// In place over x [rows, channels]. A block holds kConvChannels channels × kConvGroups groups of kConvRowBatch rows (a
+// 256-row stretch at a time): each thread reads its rows and the raw inputs before them (from x, or for the first
+// group the window carried from the previous stretch or the state) before the block's barrier and writes after it, so
+// no thread overwrites an input another still needs, and every thread has 16 loads in flight (one thread walking
+// all rows of a channel left a 512-row chunk latency-bound: 347 us at Flash-Next's 10240 channels). The sums are
+// ConvChannel's, as in decode.
+constexpr int kConvChannels = 32, kConvGroups = 16, kConvRowBatch = 16;
+constexpr int kConvStretch = kConvGroups * kConvRowBatch;
+
+__global__ void __launch_bounds__(kConvChannels* kConvGroups)
+    gdn_conv_kernel(GdnConvState conv, int channels, float* x, int rows) {
+  wait_for_producers();
+  allow_dependents();
+  const int ch = int(blockIdx.x) * kConvChannels + int(threadIdx.x) % kConvChannels;
+  const int group = int(threadIdx.x) / kConvChannels;
+  const bool active = ch < channels;  // inactive threads still reach the barriers
+  ConvChannel c{};
+  if (active) c.load(conv, channels, ch);
+  const auto at = [&](int row) -> float& { return x[size_t(row) * channels + ch]; };
+  for (int base = 0; base < rows; base += kConvStretch) {
+    const int first = base + group * kConvRowBatch, end = min(base + kConvStretch, rows);
+    float inputs[kConvRowBatch], carry[kMaxConvHistory] = {};
+    if (active && first < rows) {
+      if (group > 0)  // the raw inputs before `first`, all inside this stretch
+#pragma unroll
+        for (int k = 0; k < kMaxConvHistory; ++k) c.window[k] = k < c.history ? at(first - c.history + k) : 0.0f;
+#pragma unroll
+      for (int i = 0; i < kConvRowBatch; ++i) inputs[i] = first + i < rows ? at(first + i) : 0.0f;
+    }
+    if (active && group == 0)  // the window after the stretch: raw inputs end − history .. end − 1
+#pragma unroll
+      for (int k = 0; k < kMaxConvHistory; ++k) {
+        const int row = end - c.history + k;
+        if (k >= c.history) continue;
+        if (row >= base) {
+          carry[k] = at(row);
+        } else {  // a stretch shorter than the history: the rest comes from the current window
+#pragma unroll
+          for (int j = 0; j < kMaxConvHistory; ++j)
+            if (j == row - base + c.history) carry[k] = c.window[j];
+        }
+      }
+    __syncthreads();
+    if (active && first < rows) {
+#pragma unroll
+      for (int i = 0; i < kConvRowBatch; ++i) {
+        const int t = first + i;
+        if (t >= rows) break;
+        at(t) = c.step(inputs[i]);
+        if (conv.row_states) c.store(conv.row_states + size_t(t) * c.history * channels, channels, ch);
+      }
+    }
+    if (group == 0)
+#pragma unroll
+      for (int k = 0; k < kMaxConvHistory; ++k) c.window[k] = carry[k];
+  }
+  if (active && group == 0) c.store(conv.state, channels, ch);
+}
 
 // Every row's input of channel ch of x [rows, conv_dim] (zero past `rows`).
 __device__ inline void load_rows(const float* x, int conv_dim, int ch, int rows, float (&values)[kGdnDecodeMaxRows]) {
@@ -406,8 +446,9 @@ void launch_decode(const GdnShape& s, const GdnInputs& in, const GdnConvState& c
 void gdn_conv(const float* taps, int channels, int kernel, float* state, float* x, int rows, float* row_states,
               cudaStream_t stream) {
   if (rows > 0)
-    launch_dependent(gdn_conv_kernel, blocks_for(channels, 128), 128, 0, stream, taps, channels, kernel, state, x, rows,
-                     row_states);
+    launch_dependent(gdn_conv_kernel, dim3(unsigned((channels + kConvChannels - 1) / kConvChannels)),
+                     dim3(kConvChannels * kConvGroups), 0, stream, GdnConvState{taps, kernel, state, row_states},
+                     channels, x, rows);
 }
 
 void gdn_decode(const GdnShape& s, const GdnInputs& in, float* recurrent, float* row_states, float* out,
