@@ -111,7 +111,9 @@ void run_bench(const BenchArgs& args) {
       "decode steps at full acceptance (forced: every draft counts as accepted), wall time of the backend calls a "
       "greedy Decoder step makes (greedy ids from the GPU's argmax, no logits download); bytes: weights the step must "
       "read (dense once, "
-      "the expected union of uniformly routed experts, every MTP pass)";
+      "the expected union of uniformly routed experts, every MTP pass); prefill: one forward in a fresh sequence after "
+      "an "
+      "untimed 64-token prefill";
   const std::string text = out.dump(2) + "\n";
   if (args.out.empty())
     fmt::print("{}", text);

@@ -163,7 +163,9 @@ __global__ void __launch_bounds__(kScoreWarps * 32)
 // Block (row, head): the softmax over the row's visible scores in place, then the weighted sum of the values with
 // positions spread over the warps (lane-contiguous columns: coalesced reads of each value row) and the warps'
 // partial sums added in shared memory. A warp per position stride keeps many value rows in flight; a thread per
-// column walking every position did one dependent load after another (17 µs for 70 positions on an H200).
+// column walking every position did one dependent load after another (17 µs for 70 positions on an H200). Positions
+// of weight zero — the blocks QSA did not select — are skipped: at 8192 tokens of context a row's head would
+// otherwise read all 8 MB of its value rows for the ≤ 2048 it keeps.
 constexpr int kValueWarps = 8;
 constexpr int kValuesPerLane = 8;  // columns a lane accumulates per pass over the positions (256 per warp)
 
@@ -188,6 +190,7 @@ __global__ void __launch_bounds__(kValueWarps * 32)
     float acc[kValuesPerLane] = {};
     for (int64_t p = warp; p < visible; p += kValueWarps) {
       const float weight = w[p];
+      if (weight == 0.0f) continue;  // outside the selected blocks (or underflowed): its value row adds nothing
       const float* row = values + (size_t(p) * s.kv_heads + kv) * hd + first_column + lane;
 #pragma unroll
       for (int i = 0; i < kValuesPerLane; ++i)

@@ -1,3 +1,7 @@
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
 #include "cuda/launch.cuh"
 #include "cuda/quant_gemm.cuh"
 #include "cuda/quant_mma.cuh"
@@ -177,7 +181,24 @@ bool quant_gemm_takes(WeightFormat format) {
   return format == WeightFormat::Q4 || format == WeightFormat::Q3 || format == WeightFormat::Q2;
 }
 
+bool quant_gemm_reads(const DeviceMatrix& m) {
+  const auto address = reinterpret_cast<uintptr_t>(m.data);
+  return quant_gemm_takes(m.format) && m.cols % kQuantGroup == 0 &&
+         address % (m.format == WeightFormat::Q4 ? 8 : 4) == 0;
+}
+
+bool quant_gemm_reads_all(const DeviceMatrix* device, int count, WeightFormat format, int rows, int cols) {
+  std::vector<DeviceMatrix> host(static_cast<size_t>(count));
+  if (!device || count <= 0 ||
+      cudaMemcpy(host.data(), device, host.size() * sizeof(DeviceMatrix), cudaMemcpyDeviceToHost) != cudaSuccess)
+    return false;
+  return std::all_of(host.begin(), host.end(), [&](const DeviceMatrix& m) {
+    return m.format == format && m.rows == rows && m.cols == cols && quant_gemm_reads(m);
+  });
+}
+
 cudaError_t quant_gemm(const DeviceMatrix& w, const float* x, int x_rows, float* y, cudaStream_t stream) {
+  if (!quant_gemm_reads(w) || reinterpret_cast<uintptr_t>(x) % 16 != 0) return cudaErrorInvalidValue;
   if (x_rows <= 0) return cudaSuccess;
   RowGroups groups;
   groups.dense = w;

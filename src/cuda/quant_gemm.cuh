@@ -16,14 +16,20 @@ namespace vavilov::cuda {
 // The formats these products take.
 bool quant_gemm_takes(WeightFormat format);
 
-// y[r, :] = W · x[r, :] for r < x_rows (W quant_gemm_takes, cols a multiple of 64). cudaErrorInvalidValue for a
-// matrix it does not take; otherwise the launch's status.
+// Whether the products read m: a format they take, whole groups of 64 columns, codes aligned for their loads (8 bytes
+// for Q4, 4 for Q3/Q2). quant_gemm_reads_all: every one of `count` matrices of a device array (copied to the host),
+// all in `format` and of shape rows × cols (what quant_expert_gemm assumes).
+bool quant_gemm_reads(const DeviceMatrix& m);
+bool quant_gemm_reads_all(const DeviceMatrix* device, int count, WeightFormat format, int rows, int cols);
+
+// y[r, :] = W · x[r, :] for r < x_rows. cudaErrorInvalidValue when !quant_gemm_reads(w) or x is not 16-byte
+// aligned (nothing is launched: the caller takes another path); otherwise the launch's status.
 cudaError_t quant_gemm(const DeviceMatrix& w, const float* x, int x_rows, float* y, cudaStream_t stream);
 
 // For every expert e < experts_count with counts[e] > 0: y[offsets[e] + i, :] = E[e] · x[offsets[e] + i, :] for
-// i < counts[e], where `experts` is a device array of matrices of one format (quant_gemm_takes) and shape
-// rows_out × cols (cols a multiple of 64), x is [*, cols] and y [*, rows_out]; counts and offsets are device arrays
-// (expert_prefill.cuh's grouping). cudaErrorInvalidValue for a shape or format it does not take; otherwise the
+// i < counts[e], where `experts` is a device array of matrices of one format and shape rows_out × cols that
+// quant_gemm_reads_all accepted, x is [*, cols] (16-byte aligned) and y [*, rows_out]; counts and offsets are device
+// arrays (expert_prefill.cuh's grouping). cudaErrorInvalidValue for a shape or format it does not take; otherwise the
 // launch's status.
 cudaError_t quant_expert_gemm(const DeviceMatrix* experts, WeightFormat format, int experts_count, int rows_out,
                               int cols, const int* counts, const int* offsets, const float* x, float* y,

@@ -97,13 +97,6 @@ class Layout {
   std::vector<Entry> entries_;
 };
 
-// Whether a prefill chunk's routed experts run grouped by expert (moe_prefill): on their codes (quant_gemm.cuh) or
-// widened for cuBLAS (gemm.cuh); other formats take the per-slot products.
-bool groups_experts(const DeviceMoe& moe) {
-  return (quant_gemm_takes(moe.gate_up_format) && quant_gemm_takes(moe.down_format)) ||
-         (gemm_widens(moe.gate_up_format) && gemm_widens(moe.down_format));
-}
-
 GdnShape gdn_shape(const ModelConfig& c) {
   return {c.linear_num_value_heads, c.linear_num_key_heads, c.linear_key_head_dim,
           c.linear_value_head_dim,  int(c.gdn_conv_dim()),  int(c.gdn_key_dim())};
@@ -198,6 +191,9 @@ struct LayerState {
   AttentionCache attention;
   RecurrentBuffer ple_previous, ple_conv;  // [ngram−1] int64, [(kernel−1)·ngram, S·H]
   MoeDecodePlan moe;
+  // How a prefill chunk's routed experts run: grouped by expert on their codes (quant_gemm.cuh) or widened for cuBLAS
+  // (gemm.cuh), else the per-slot products.
+  enum class ExpertPrefill { OnCodes, Widened, PerSlot } expert_prefill = ExpertPrefill::PerSlot;
   // Products that share their input, one grouped launch per format in decode passes (product_groups.h): the GDN or
   // attention input projections, each hyper-connection read's mix_down and inject, PLE's key and value projections.
   ProductGroup mixer_inputs, attention_read, mlp_read, ple_inputs;
@@ -402,7 +398,7 @@ class CudaSequence final : public SequenceBackend {
   void attention(const DeviceAttention& w, LayerState& state, int64_t first, int rows);
   MoeBuffers moe_buffers() const;
   void moe(const DeviceMoe& w, const MoeDecodePlan& plan, int rows);
-  void moe_prefill(const DeviceMoe& w, int rows);
+  void moe_prefill(const DeviceMoe& w, int rows, bool on_codes);
   void route_and_shared_expert(const DeviceMoe& w, int rows);
   void ple(const DevicePle& w, LayerState& state, int rows, bool record, float* stack);
   void logits_from_stacks(const DeviceGatedResidual& mixer, const ProductGroup& reads, float* stacks, int rows,
@@ -472,8 +468,8 @@ void CudaSequence::run_layer(const DeviceLayer& w, LayerState& state, int64_t fi
     attention(w.attn, state, first, rows);
   hyper_write(stack, rows, &w.mlp_hc);
   hyper_read(w.mlp_hc, state.mlp_read, stack, rows, work_.input, true);
-  if (rows > kMaxDecodeRows && groups_experts(w.moe))
-    moe_prefill(w.moe, rows);
+  if (rows > kMaxDecodeRows && state.expert_prefill != LayerState::ExpertPrefill::PerSlot)
+    moe_prefill(w.moe, rows, state.expert_prefill == LayerState::ExpertPrefill::OnCodes);
   else
     moe(w.moe, state.moe, rows);
   hyper_write(stack, rows, next_read);
@@ -482,6 +478,14 @@ void CudaSequence::run_layer(const DeviceLayer& w, LayerState& state, int64_t fi
 // The products of one layer's inputs that read the same workspace buffer, grouped once for the sequence's life.
 void CudaSequence::plan_layer(const DeviceLayer& w, LayerState& state) const {
   state.moe = plan_moe_decode(w.moe, moe_shape(c_), moe_buffers());
+  const DeviceMoe& m = w.moe;
+  const int experts = c_.num_experts, h = int(c_.hidden_size), inner = int(c_.moe_intermediate_size);
+  if (quant_gemm_reads_all(m.expert_gate, experts, m.gate_up_format, inner, h) &&
+      quant_gemm_reads_all(m.expert_up, experts, m.gate_up_format, inner, h) &&
+      quant_gemm_reads_all(m.expert_down, experts, m.down_format, h, inner))
+    state.expert_prefill = LayerState::ExpertPrefill::OnCodes;
+  else if (gemm_widens(m.gate_up_format) && gemm_widens(m.down_format))
+    state.expert_prefill = LayerState::ExpertPrefill::Widened;
   if (w.kind == LayerKind::GatedDeltaNet)
     state.mixer_inputs = make_product_group(
         work_.input,
@@ -706,13 +710,12 @@ void CudaSequence::moe(const DeviceMoe& w, const MoeDecodePlan& plan, int rows) 
 // one grouped product over the active experts — on the tensor cores from the codes for quantized experts
 // (quant_gemm.cuh), else grouped cuBLAS calls (gemm.cuh, which need the per-expert counts on the host once per layer)
 // — and the results scattered back to slot order for the combine. Decode never takes this path.
-void CudaSequence::moe_prefill(const DeviceMoe& w, int rows) {
+void CudaSequence::moe_prefill(const DeviceMoe& w, int rows, bool on_codes) {
   const int h = int(c_.hidden_size), k = c_.num_experts_per_tok, inner = int(c_.moe_intermediate_size);
   route_and_shared_expert(w, rows);
   const int slots = rows * k;
   group_by_expert(work_.route_ids, slots, c_.num_experts, work_.expert_counts, work_.expert_offsets, work_.expert_order,
                   work_.expert_position, stream_);
-  const bool on_codes = quant_gemm_takes(w.gate_up_format) && quant_gemm_takes(w.down_format);
   std::vector<ExpertGroup> groups;
   if (!on_codes) cuda_check(active_experts(work_.expert_counts, c_.num_experts, groups, stream_), "expert counts");
   auto grouped_products = [&](const DeviceMatrix* experts, WeightFormat format, int rows_out, int cols, const float* x,

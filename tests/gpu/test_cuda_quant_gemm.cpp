@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -131,6 +132,25 @@ TEST(CudaQuantGemm, DenseProductsOnTheCodesMatchDoublePrecision) {
     }
 }
 
+TEST(CudaQuantGemm, ExpertSetsOfOneFormatAndShapeOnly) {
+  std::mt19937 rng(24);
+  DeviceMemory memory;
+  auto descriptors = [&](std::vector<std::pair<WeightFormat, int>> kinds) {
+    std::vector<cuda::DeviceMatrix> host;
+    for (auto [format, rows] : kinds)
+      host.push_back(
+          test::make_matrix(memory, format, test::normal_values(rng, size_t(rows) * 128, 0.05f), rows, 128).device);
+    return memory.copy(host);
+  };
+  EXPECT_TRUE(cuda::quant_gemm_reads_all(descriptors({{WeightFormat::Q4, 64}, {WeightFormat::Q4, 64}}), 2,
+                                         WeightFormat::Q4, 64, 128));
+  EXPECT_FALSE(cuda::quant_gemm_reads_all(descriptors({{WeightFormat::Q4, 64}, {WeightFormat::Q3, 64}}), 2,
+                                          WeightFormat::Q4, 64, 128));
+  EXPECT_FALSE(cuda::quant_gemm_reads_all(descriptors({{WeightFormat::Q4, 64}, {WeightFormat::Q4, 80}}), 2,
+                                          WeightFormat::Q4, 64, 128));
+  EXPECT_FALSE(cuda::quant_gemm_reads_all(descriptors({{WeightFormat::BF16, 64}}), 1, WeightFormat::BF16, 64, 128));
+}
+
 TEST(CudaQuantGemm, RefusesWhatItDoesNotTake) {
   EXPECT_FALSE(cuda::quant_gemm_takes(WeightFormat::BF16));
   EXPECT_FALSE(cuda::quant_gemm_takes(WeightFormat::NVFP4));
@@ -139,6 +159,18 @@ TEST(CudaQuantGemm, RefusesWhatItDoesNotTake) {
       cudaErrorInvalidValue);
   EXPECT_EQ(cuda::quant_expert_gemm(nullptr, WeightFormat::Q4, 4, 64, 100, nullptr, nullptr, nullptr, nullptr, nullptr),
             cudaErrorInvalidValue);
+  // Q4 codes need 8-byte alignment (their loads are 8 bytes), Q3/Q2 4; whole groups of 64 columns.
+  cuda::DeviceMatrix q4;
+  q4.format = WeightFormat::Q4, q4.rows = 64, q4.cols = 128;
+  q4.data = reinterpret_cast<const void*>(uintptr_t{0x1008});
+  EXPECT_TRUE(cuda::quant_gemm_reads(q4));
+  q4.data = reinterpret_cast<const void*>(uintptr_t{0x1004});
+  EXPECT_FALSE(cuda::quant_gemm_reads(q4));
+  EXPECT_EQ(cuda::quant_gemm(q4, nullptr, 8, nullptr, nullptr), cudaErrorInvalidValue);
+  q4.format = WeightFormat::Q3;
+  EXPECT_TRUE(cuda::quant_gemm_reads(q4));
+  q4.cols = 100;
+  EXPECT_FALSE(cuda::quant_gemm_reads(q4));
   cuda::DeviceMatrix bf16;
   bf16.format = WeightFormat::BF16, bf16.rows = 64, bf16.cols = 64;
   EXPECT_EQ(cuda::quant_gemm(bf16, nullptr, 8, nullptr, nullptr), cudaErrorInvalidValue);
