@@ -17,11 +17,17 @@ namespace cg = cooperative_groups;
 
 // gate/up: block (16-row tile, slot); warp w reads matrix w % 2 (gate, up) over column slice w / 2. Two slices keep
 // the grid (40 tiles × 11 slots at Flash-Next's one row) in one wave of small blocks with enough loads in flight.
+// At 4 blocks a multiprocessor (≤ 128 registers) that grid is one wave.
 constexpr int kGateUpSlices = 2;
-constexpr int kGateUpWarps = 2 * kGateUpSlices;
+constexpr int kGateUpWarps = 2 * kGateUpSlices, kGateUpBlocksPerSm = 4;
 // down: a cluster of kDownCluster blocks of kDownWarps warps shares one 16-row output tile; its kDownWorkers warps take
 // the step's experts (and then the shared expert) in turn, each over all of the expert's columns (640 at Flash-Next).
-constexpr int kDownWarps = 3, kDownCluster = 4, kDownWorkers = kDownWarps * kDownCluster;
+// Flash-Next's 160 tiles × 4 blocks are one wave at 5 blocks a multiprocessor.
+constexpr int kDownWarps = 3, kDownCluster = 4, kDownWorkers = kDownWarps * kDownCluster, kDownBlocksPerSm = 5;
+// A warp keeps the loads of kUnitsInFlight units (kUnroll groups each) of its columns in flight: these kernels are
+// short, and the chain of memory round trips (one a unit with tile_products' single unit of look-ahead), not the
+// bandwidth, set their time. Flash-Next: down's 10 groups are one round trip, gate/up's 20 a slice two.
+constexpr int kUnitsInFlight = 3;
 // Dynamic shared memory a block may opt into (Hopper: 227 KB, less the static arrays and some room).
 constexpr int kMaxDynamicShared = 200 * 1024;
 
@@ -49,9 +55,39 @@ __device__ inline TileRows tile_rows(const GemvMatrix& m, int first_row) {
   return r;
 }
 
+// The loads of one warp's kUnitsInFlight units, unit k holding groups first + k·kUnroll, ... (zeros past the end).
+struct LoadRing {
+  WarpLoads unit[kUnitsInFlight];
+};
+
+__device__ inline void issue_loads(LoadRing& ring, const TileRows& rows, int first, int end, int t) {
+#pragma unroll
+  for (int k = 0; k < kUnitsInFlight; ++k)
+    load_group_block<4>(ring.unit[k], rows.codes, rows.affine, first + k * kUnroll, end, rows.width, t);
+}
+
+// tile_products over groups [begin, end) whose first kUnitsInFlight units' loads `ring` holds: as soon as a unit is
+// used, its registers take the loads of the unit kUnitsInFlight further on (the ring's index is a compile-time
+// constant, so it stays in registers). The groups are summed in order: the same bits as tile_products.
+template <int B>
+__device__ inline void ring_products(LoadRing& ring, const TileRows& rows, int begin, int end, const uint4* fragments,
+                                     const float2* group_terms, float (&acc)[2]) {
+  const int t = int(threadIdx.x) % 4;
+  for (int first = begin; first < end; first += kUnitsInFlight * kUnroll) {
+#pragma unroll
+    for (int k = 0; k < kUnitsInFlight; ++k) {
+      const int from = first + k * kUnroll;
+      if (from >= end) break;
+      unit_products<4, B>(ring.unit[k], from, end, rows.groups, fragments, group_terms, acc);
+      load_group_block<4>(ring.unit[k], rows.codes, rows.affine, from + kUnitsInFlight * kUnroll, end, rows.width, t);
+    }
+  }
+}
+
 // blockIdx.y: a slot (blocks of empty slots leave at once) or, at `selections`, the shared expert.
 template <int B>
-__global__ void __launch_bounds__(kGateUpWarps * 32) gate_up_kernel(ExpertDecode p, int selections) {
+__global__ void __launch_bounds__(kGateUpWarps * 32, kGateUpBlocksPerSm)
+    gate_up_kernel(ExpertDecode p, int selections) {
   wait_for_producers();
   allow_dependents();
   extern __shared__ uint4 staged[];
@@ -72,13 +108,13 @@ __global__ void __launch_bounds__(kGateUpWarps * 32) gate_up_kernel(ExpertDecode
   const int begin = slice_start(slice, kGateUpSlices, rows.groups);
   const int end = slice_start(slice + 1, kGateUpSlices, rows.groups);
 
-  WarpLoads current;  // issued before staging, so that the activations' latency overlaps theirs
-  load_group_block<4>(current, rows.codes, rows.affine, begin, end, rows.width, t);
+  LoadRing ring;  // issued before staging, so that the activations' latency overlaps theirs
+  issue_loads(ring, rows, begin, end, t);
   float2* group_terms = reinterpret_cast<float2*>(staged + size_t(rows.groups) * 16 * B);
   stage_activations<4, B>(m, rows.groups, staged, group_terms);
   __syncthreads();
   float acc[2] = {};
-  tile_products<4, B>(current, rows.codes, rows.affine, rows.width, begin, end, rows.groups, staged, group_terms, acc);
+  ring_products<B>(ring, rows, begin, end, staged, group_terms, acc);
   partials[warp][lane] = acc[0];
   partials[warp][32 + lane] = acc[1];
   __syncthreads();
@@ -96,7 +132,7 @@ __global__ void __launch_bounds__(kGateUpWarps * 32) gate_up_kernel(ExpertDecode
 // (empty ones skipped; slot rows·top_k is the shared expert), each weighted per batch row; the block adds its warps'
 // sums in warp order and the cluster's first block adds the blocks' in rank order. Each warp stages its own expert's h.
 template <int B>
-__global__ void __cluster_dims__(1, kDownCluster, 1) __launch_bounds__(kDownWarps * 32)
+__global__ void __cluster_dims__(1, kDownCluster, 1) __launch_bounds__(kDownWarps * 32, kDownBlocksPerSm)
     down_kernel(ExpertDecode p, int warp_stage_words) {
   wait_for_producers();
   allow_dependents();
@@ -119,14 +155,13 @@ __global__ void __cluster_dims__(1, kDownCluster, 1) __launch_bounds__(kDownWarp
       m.x = p.h + size_t(s) * B * size_t(p.inner);
     }
     const TileRows rows = tile_rows(m, first_row);
-    WarpLoads current;
-    load_group_block<4>(current, rows.codes, rows.affine, 0, rows.groups, rows.width, t);
+    LoadRing ring;
+    issue_loads(ring, rows, 0, rows.groups, t);
     float2* group_terms = reinterpret_cast<float2*>(fragments + size_t(rows.groups) * 16 * B);
     stage_activations_by<4, B>(m, rows.groups, fragments, group_terms, lane, 32);
     __syncwarp();
     float acc[2] = {};
-    tile_products<4, B>(current, rows.codes, rows.affine, rows.width, 0, rows.groups, rows.groups, fragments,
-                        group_terms, acc);
+    ring_products<B>(ring, rows, 0, rows.groups, fragments, group_terms, acc);
     float weight = 0.0f;
     if (t < B) weight = shared_expert ? sigmoid(p.shared_scale[t]) : p.slot_weights[s * kMaxGemvRows + t];
     total[0] = fmaf(weight, acc[0], total[0]);
