@@ -15,11 +15,12 @@ namespace {
 using namespace qmma;
 namespace cg = cooperative_groups;
 
-// gate/up: block (16-row tile, slot); warp w reads matrix w % 2 (gate, up) over column slice w / 2. Two slices keep
-// the grid (40 tiles × 11 slots at Flash-Next's one row) in one wave of small blocks with enough loads in flight.
-// At 4 blocks a multiprocessor (≤ 128 registers) that grid is one wave.
-constexpr int kGateUpSlices = 2;
-constexpr int kGateUpWarps = 2 * kGateUpSlices, kGateUpBlocksPerSm = 4;
+// gate/up: block (64-row group of h, slot); warp w reads tile w / 4 of the group, matrix w % 2 (gate, up), column
+// slice w / 2 % 2. A block owns whole groups of h, so that its epilogue can write them as the down product's operands;
+// the activations it stages serve 16 warps. Two slices keep each warp's chain short and Flash-Next's one-row grid
+// (10 groups × 11 slots) at one block of 16 warps a multiprocessor (≤ 128 registers).
+constexpr int kGateUpSlices = 2, kGateUpTiles = kQuantGroup / kTileRows;
+constexpr int kGateUpWarps = kGateUpTiles * 2 * kGateUpSlices;
 // down: a cluster of kDownCluster blocks of kDownWarps warps shares one 16-row output tile; its kDownWorkers warps take
 // the step's experts (and then the shared expert) in turn, each over all of the expert's columns (640 at Flash-Next).
 // Flash-Next's 160 tiles × 4 blocks are one wave at 5 blocks a multiprocessor.
@@ -84,19 +85,33 @@ __device__ inline void ring_products(LoadRing& ring, const TileRows& rows, int b
   }
 }
 
-// blockIdx.y: a slot (blocks of empty slots leave at once) or, at `selections`, the shared expert.
+// Where slot s's h lives as mma operands for B rows (the shared expert: s = selections).
 template <int B>
-__global__ void __launch_bounds__(kGateUpWarps * 32, kGateUpBlocksPerSm)
-    gate_up_kernel(ExpertDecode p, int selections) {
+__device__ inline uint4* h_fragments(const ExpertDecode& p, int s, int selections) {
+  return s == selections ? p.shared_h_fragments : p.h_fragments + size_t(s) * B * size_t(p.inner) / 4;
+}
+template <int B>
+__device__ inline float2* h_terms(const ExpertDecode& p, int s, int selections) {
+  return s == selections ? p.shared_h_terms : p.h_terms + size_t(s) * B * size_t(p.inner / kQuantGroup);
+}
+
+// blockIdx.y: a slot (blocks of empty slots leave at once) or, at `selections`, the shared expert. The epilogue adds
+// each tile's slices in order, applies SwiGLU, and stages the block's 64 rows of h (one group of the down product's
+// columns) into that product's operands: the same bits as quant_mma.cuh's staging of h read back from memory.
+template <int B>
+__global__ void __launch_bounds__(kGateUpWarps * 32, 1) gate_up_kernel(ExpertDecode p, int selections) {
   wait_for_producers();
   allow_dependents();
   extern __shared__ uint4 staged[];
   __shared__ float partials[kGateUpWarps][64];
-  const int slot = int(blockIdx.y);
+  __shared__ float h[B][kQuantGroup];
+  __shared__ float2 terms[B];
+  const int slot = int(blockIdx.y), group = int(blockIdx.x);
   const bool shared_expert = slot == selections;
-  const int inner = shared_expert ? p.shared_inner : p.inner, first_row = int(blockIdx.x) * kTileRows;
-  if (first_row >= inner) return;
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, t = lane % 4, slice = warp / 2;
+  const int inner = shared_expert ? p.shared_inner : p.inner;
+  if (group * kQuantGroup >= inner) return;
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, t = lane % 4;
+  const int tile = warp / 4, slice = warp / 2 % 2;
   GemvMatrix m;  // one read of the slot's descriptor, then the weights
   if (shared_expert)
     m = gemv_matrix(warp % 2 ? p.shared_up : p.shared_gate, p.x, nullptr);
@@ -104,7 +119,7 @@ __global__ void __launch_bounds__(kGateUpWarps * 32, kGateUpBlocksPerSm)
     m = p.slot_matrices[3 * slot + warp % 2];
   if (m.rows == 0) return;  // a slot past the step's distinct experts (gate and up alike: the whole block)
   m.x = p.x;
-  const TileRows rows = tile_rows(m, first_row);
+  const TileRows rows = tile_rows(m, group * kQuantGroup + tile * kTileRows);
   const int begin = slice_start(slice, kGateUpSlices, rows.groups);
   const int end = slice_start(slice + 1, kGateUpSlices, rows.groups);
 
@@ -118,19 +133,41 @@ __global__ void __launch_bounds__(kGateUpWarps * 32, kGateUpBlocksPerSm)
   partials[warp][lane] = acc[0];
   partials[warp][32 + lane] = acc[1];
   __syncthreads();
-  float* out = shared_expert ? p.shared_h : p.h + size_t(slot) * B * size_t(p.inner);
-  for (int i = int(threadIdx.x); i < kTileRows * B; i += int(blockDim.x)) {
-    const int b = i % B, row_in_tile = i / B, row = first_row + row_in_tile, at = tile_slot(row_in_tile, b);
-    if (row >= inner) continue;
+  for (int i = int(threadIdx.x); i < kQuantGroup * B; i += int(blockDim.x)) {
+    const int b = i % B, row = i / B, first = row / kTileRows * 4, at = tile_slot(row % kTileRows, b);
     float gate = 0.0f, up = 0.0f;
-    for (int s = 0; s < kGateUpSlices; ++s) gate += partials[2 * s][at], up += partials[2 * s + 1][at];
-    out[size_t(b) * inner + row] = silu(gate) * up;
+    for (int s = 0; s < kGateUpSlices; ++s) gate += partials[first + 2 * s][at], up += partials[first + 2 * s + 1][at];
+    h[b][row] = silu(gate) * up;
+  }
+  __syncthreads();
+  // This group's fragments sit where a staging of all of h's groups puts them; its terms go to [b, group].
+  stage_computed_activations<4, B>(
+      1,
+      [&](int b, int, int lane_t, float(&x)[16]) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) x[i] = h[b][16 * lane_t + i];
+      },
+      h_fragments<B>(p, slot, selections) + size_t(group) * 16 * B, terms);
+  __syncthreads();
+  if (int(threadIdx.x) < B)
+    h_terms<B>(p, slot, selections)[threadIdx.x * (inner / kQuantGroup) + group] = terms[threadIdx.x];
+}
+
+// Copies `count` uint4 from global to shared memory by lane `lane` of a warp, through L2 only (the previous kernel of
+// the pass wrote them), without waiting: the copies are in flight together with the warp's weight loads.
+__device__ inline void copy_to_shared(uint4* shared, const uint4* global, int count, int lane) {
+  for (int i = lane; i < count; i += 32) {
+    const unsigned address = unsigned(__cvta_generic_to_shared(shared + i));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(address), "l"(global + i) : "memory");
   }
 }
 
+__device__ inline void wait_shared_copies() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
 // Block (16-row output tile, cluster rank). Worker q = rank·kDownWarps + warp sums slots q, q + kDownWorkers, ...
 // (empty ones skipped; slot rows·top_k is the shared expert), each weighted per batch row; the block adds its warps'
-// sums in warp order and the cluster's first block adds the blocks' in rank order. Each warp stages its own expert's h.
+// sums in warp order and the cluster's first block adds the blocks' in rank order. Each warp copies its own expert's
+// h operands (written by gate_up_kernel) while its weight loads are in flight.
 template <int B>
 __global__ void __cluster_dims__(1, kDownCluster, 1) __launch_bounds__(kDownWarps * 32, kDownBlocksPerSm)
     down_kernel(ExpertDecode p, int warp_stage_words) {
@@ -144,29 +181,33 @@ __global__ void __cluster_dims__(1, kDownCluster, 1) __launch_bounds__(kDownWarp
   const int first_row = int(blockIdx.x) * kTileRows, selections = B * p.top_k;
   uint4* fragments = staged + size_t(warp) * size_t(warp_stage_words);
   float total[2] = {};
-  for (int s = int(cluster.block_rank()) * kDownWarps + warp; s <= selections; s += kDownWorkers) {
+  const auto descriptor = [&](int s) {
+    return s == selections ? gemv_matrix(p.shared_down, nullptr, nullptr) : p.slot_matrices[3 * s + 2];
+  };
+  const int first = int(cluster.block_rank()) * kDownWarps + warp;
+  GemvMatrix next;
+  if (first <= selections) next = descriptor(first);
+  for (int s = first; s <= selections; s += kDownWorkers) {
     const bool shared_expert = s == selections;
-    GemvMatrix m;
-    if (shared_expert) {
-      m = gemv_matrix(p.shared_down, p.shared_h, nullptr);
-    } else {
-      m = p.slot_matrices[3 * s + 2];
-      if (m.rows == 0) continue;  // a slot past the step's distinct experts
-      m.x = p.h + size_t(s) * B * size_t(p.inner);
-    }
+    const GemvMatrix m = next;
+    if (s + kDownWorkers <= selections) next = descriptor(s + kDownWorkers);  // read while this slot's work runs
+    if (m.rows == 0) continue;                                                // a slot past the step's distinct experts
     const TileRows rows = tile_rows(m, first_row);
     LoadRing ring;
     issue_loads(ring, rows, 0, rows.groups, t);
+    float weight = 0.0f;
+    if (t < B) weight = shared_expert ? sigmoid(p.shared_scale[t]) : p.slot_weights[s * kMaxGemvRows + t];
     float2* group_terms = reinterpret_cast<float2*>(fragments + size_t(rows.groups) * 16 * B);
-    stage_activations_by<4, B>(m, rows.groups, fragments, group_terms, lane, 32);
+    copy_to_shared(fragments, h_fragments<B>(p, s, selections), rows.groups * 16 * B, lane);
+    const float2* terms = h_terms<B>(p, s, selections);
+    for (int i = lane; i < rows.groups * B; i += 32) group_terms[i] = __ldcg(terms + i);
+    wait_shared_copies();
     __syncwarp();
     float acc[2] = {};
     ring_products<B>(ring, rows, 0, rows.groups, fragments, group_terms, acc);
-    float weight = 0.0f;
-    if (t < B) weight = shared_expert ? sigmoid(p.shared_scale[t]) : p.slot_weights[s * kMaxGemvRows + t];
     total[0] = fmaf(weight, acc[0], total[0]);
     total[1] = fmaf(weight, acc[1], total[1]);
-    __syncwarp();  // the next expert's staging overwrites these fragments
+    __syncwarp();  // the next expert's copies overwrite these fragments
   }
   partials[warp][lane] = total[0];
   partials[warp][32 + lane] = total[1];
@@ -198,8 +239,8 @@ cudaError_t launch_gate_up(const ExpertDecode& p, int selections, cudaStream_t s
   static const cudaError_t opted_in =
       cudaFuncSetAttribute(gate_up_kernel<B>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynamicShared);
   if (opted_in != cudaSuccess) return opted_in;
-  const int tiles = (std::max(p.inner, p.shared_inner) + kTileRows - 1) / kTileRows;
-  launch_dependent(gate_up_kernel<B>, dim3(unsigned(tiles), unsigned(selections + 1)), kGateUpWarps * 32, shared,
+  const int groups = std::max(p.inner, p.shared_inner) / kQuantGroup;
+  launch_dependent(gate_up_kernel<B>, dim3(unsigned(groups), unsigned(selections + 1)), kGateUpWarps * 32, shared,
                    stream, p, selections);
   return cudaGetLastError();
 }

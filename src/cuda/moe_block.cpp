@@ -1,7 +1,10 @@
 #include "cuda/moe_block.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
+#include "core/error.h"
 #include "cuda/linear.cuh"
 #include "cuda/product_groups.h"
 
@@ -27,6 +30,19 @@ bool fuses(const DeviceMoe& w, const MoeShape& s) {
          q4(w.shared.down, s.hidden, s.shared_inner);
 }
 
+// MoeDecodePlan::fused_max_rows, or VAVILOV_MOE_FUSED_ROWS (0–4; 0: never fused) for A/B measurements.
+int fused_max_rows() {
+  static const int rows = [] {
+    const char* value = std::getenv("VAVILOV_MOE_FUSED_ROWS");
+    if (!value) return MoeDecodePlan{}.fused_max_rows;
+    const std::string text = value;
+    check(text.size() == 1 && text[0] >= '0' && text[0] - '0' <= kMaxGemvRows,
+          "VAVILOV_MOE_FUSED_ROWS={}: expected 0 to {}", text, kMaxGemvRows);
+    return text[0] - '0';
+  }();
+  return rows;
+}
+
 ExpertDecode expert_decode_arguments(const DeviceMoe& w, const MoeShape& shape, const MoeBuffers& b) {
   ExpertDecode p;
   p.shared_gate = w.shared.gate;
@@ -40,8 +56,11 @@ ExpertDecode expert_decode_arguments(const DeviceMoe& w, const MoeShape& shape, 
   p.top_k = shape.route.top_k;
   p.slot_matrices = b.descriptors;
   p.slot_weights = b.slot_weights;
-  p.h = b.expert_gate;
-  p.shared_h = b.shared_gate;
+  // h as the down product's operands, in buffers the fused path leaves unused otherwise (sized for the slots' floats).
+  p.h_fragments = reinterpret_cast<uint4*>(b.expert_gate);
+  p.h_terms = reinterpret_cast<float2*>(b.expert_up);
+  p.shared_h_fragments = reinterpret_cast<uint4*>(b.shared_gate);
+  p.shared_h_terms = reinterpret_cast<float2*>(b.shared_up);
   p.y = b.output;
   return p;
 }
@@ -92,6 +111,7 @@ MoeDecodePlan plan_moe_decode(const DeviceMoe& w, const MoeShape& shape, const M
                  gemv_reads_all(w.expert_down, experts, shape.hidden, shape.inner);
   if (!plan.decodes) return plan;
   plan.fused = fuses(w, shape);
+  plan.fused_max_rows = fused_max_rows();
   if (plan.fused) {
     plan.experts = expert_decode_arguments(w, shape, buffers);
     plan.fused_inputs =
