@@ -15,12 +15,17 @@ namespace {
 using namespace qmma;
 namespace cg = cooperative_groups;
 
-// gate/up: block (64-row group of h, slot); warp w reads tile w / 4 of the group, matrix w % 2 (gate, up), column
-// slice w / 2 % 2. A block owns whole groups of h, so that its epilogue can write them as the down product's operands;
-// the activations it stages serve 16 warps. Two slices keep each warp's chain short and Flash-Next's one-row grid
-// (10 groups × 11 slots) at one block of 16 warps a multiprocessor (≤ 128 registers).
-constexpr int kGateUpSlices = 2, kGateUpTiles = kQuantGroup / kTileRows;
-constexpr int kGateUpWarps = kGateUpTiles * 2 * kGateUpSlices;
+// gate/up: block (64-row group of h, slot); warp w reads tile w / (2·slices) of the group, matrix w % 2 (gate, up),
+// column slice w / 2 % slices. A block owns whole groups of h, so that its epilogue can write them as the down
+// product's operands; the activations it stages serve all its warps. One row: two slices keep each warp's chain short,
+// and Flash-Next's grid (10 groups × 11 slots) is one wave of blocks of 16 warps (≤ 128 registers: one a
+// multiprocessor). More rows: one slice, so that two blocks of 8 warps share a multiprocessor and the grid of up to 41
+// slots takes half as many waves (the blocks' chains overlap instead of running one after another).
+constexpr int kGateUpTiles = kQuantGroup / kTileRows;
+template <int B>
+constexpr int kGateUpSlices = B == 1 ? 2 : 1;
+template <int B>
+constexpr int kGateUpWarps = kGateUpTiles * 2 * kGateUpSlices<B>;
 // down: a cluster of kDownCluster blocks of kDownWarps warps shares one 16-row output tile; its kDownWorkers warps take
 // the step's experts (and then the shared expert) in turn, each over all of the expert's columns (640 at Flash-Next).
 // Flash-Next's 160 tiles × 4 blocks are one wave at 5 blocks a multiprocessor.
@@ -99,11 +104,13 @@ __device__ inline float2* h_terms(const ExpertDecode& p, int s, int selections) 
 // each tile's slices in order, applies SwiGLU, and stages the block's 64 rows of h (one group of the down product's
 // columns) into that product's operands: the same bits as quant_mma.cuh's staging of h read back from memory.
 template <int B>
-__global__ void __launch_bounds__(kGateUpWarps * 32, 1) gate_up_kernel(ExpertDecode p, int selections) {
+__global__ void __launch_bounds__(kGateUpWarps<B> * 32, 16 / kGateUpWarps<B>)
+    gate_up_kernel(ExpertDecode p, int selections) {
+  constexpr int kSlices = kGateUpSlices<B>;
   wait_for_producers();
   allow_dependents();
   extern __shared__ uint4 staged[];
-  __shared__ float partials[kGateUpWarps][64];
+  __shared__ float partials[kGateUpWarps<B>][64];
   __shared__ float h[B][kQuantGroup];
   __shared__ float2 terms[B];
   const int slot = int(blockIdx.y), group = int(blockIdx.x);
@@ -111,7 +118,7 @@ __global__ void __launch_bounds__(kGateUpWarps * 32, 1) gate_up_kernel(ExpertDec
   const int inner = shared_expert ? p.shared_inner : p.inner;
   if (group * kQuantGroup >= inner) return;
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, t = lane % 4;
-  const int tile = warp / 4, slice = warp / 2 % 2;
+  const int tile = warp / (2 * kSlices), slice = warp / 2 % kSlices;
   GemvMatrix m;  // one read of the slot's descriptor, then the weights
   if (shared_expert)
     m = gemv_matrix(warp % 2 ? p.shared_up : p.shared_gate, p.x, nullptr);
@@ -120,8 +127,8 @@ __global__ void __launch_bounds__(kGateUpWarps * 32, 1) gate_up_kernel(ExpertDec
   if (m.rows == 0) return;  // a slot past the step's distinct experts (gate and up alike: the whole block)
   m.x = p.x;
   const TileRows rows = tile_rows(m, group * kQuantGroup + tile * kTileRows);
-  const int begin = slice_start(slice, kGateUpSlices, rows.groups);
-  const int end = slice_start(slice + 1, kGateUpSlices, rows.groups);
+  const int begin = slice_start(slice, kSlices, rows.groups);
+  const int end = slice_start(slice + 1, kSlices, rows.groups);
 
   LoadRing ring;  // issued before staging, so that the activations' latency overlaps theirs
   issue_loads(ring, rows, begin, end, t);
@@ -134,9 +141,9 @@ __global__ void __launch_bounds__(kGateUpWarps * 32, 1) gate_up_kernel(ExpertDec
   partials[warp][32 + lane] = acc[1];
   __syncthreads();
   for (int i = int(threadIdx.x); i < kQuantGroup * B; i += int(blockDim.x)) {
-    const int b = i % B, row = i / B, first = row / kTileRows * 4, at = tile_slot(row % kTileRows, b);
+    const int b = i % B, row = i / B, first = row / kTileRows * 2 * kSlices, at = tile_slot(row % kTileRows, b);
     float gate = 0.0f, up = 0.0f;
-    for (int s = 0; s < kGateUpSlices; ++s) gate += partials[first + 2 * s][at], up += partials[first + 2 * s + 1][at];
+    for (int s = 0; s < kSlices; ++s) gate += partials[first + 2 * s][at], up += partials[first + 2 * s + 1][at];
     h[b][row] = silu(gate) * up;
   }
   __syncthreads();
@@ -240,7 +247,7 @@ cudaError_t launch_gate_up(const ExpertDecode& p, int selections, cudaStream_t s
       cudaFuncSetAttribute(gate_up_kernel<B>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynamicShared);
   if (opted_in != cudaSuccess) return opted_in;
   const int groups = std::max(p.inner, p.shared_inner) / kQuantGroup;
-  launch_dependent(gate_up_kernel<B>, dim3(unsigned(groups), unsigned(selections + 1)), kGateUpWarps * 32, shared,
+  launch_dependent(gate_up_kernel<B>, dim3(unsigned(groups), unsigned(selections + 1)), kGateUpWarps<B> * 32, shared,
                    stream, p, selections);
   return cudaGetLastError();
 }

@@ -172,12 +172,16 @@ TEST_P(CudaMoeRoute, TopKMatchesTheCpuOrderWithTies) {
   slots.expert = memory.zeros<int>(cuda::moe_slot_count(top_k));
   slots.count = memory.zeros<int>(1);
   slots.weights = memory.zeros<float>(cuda::moe_slot_weight_count(top_k));
-  // moe_route (a warp a row) over every row, and moe_route_slots (the block a row) over the first kMaxGemvRows, the
-  // most it takes: the same answers.
-  using Case = std::pair<bool, bool>;  // norm_topk, route_slots
-  for (const auto& [norm_topk, route_slots] :
-       {Case{true, false}, Case{false, false}, Case{true, true}, Case{false, true}}) {
-    const int checked = route_slots ? cuda::kMaxGemvRows : rows;
+  // moe_route (a warp a row) over every row, and moe_route_slots over the first row (the block a row) and over the
+  // first kMaxGemvRows, the most it takes (up to 512 experts a warp a row, past that the block a row): the same
+  // answers.
+  struct Case {
+    bool norm_topk, route_slots;
+    int checked;  // rows
+  };
+  for (const auto& [norm_topk, route_slots, checked] :
+       {Case{true, false, rows}, Case{false, false, rows}, Case{true, true, 1}, Case{false, true, 1},
+        Case{true, true, cuda::kMaxGemvRows}, Case{false, true, cuda::kMaxGemvRows}}) {
     ASSERT_EQ(cudaMemset(ids, 0xff, size_t(rows) * top_k * sizeof(int)), cudaSuccess);
     if (route_slots)
       cuda::moe_route_slots({experts, top_k, norm_topk}, device_logits, checked, ids, weights, slots, nullptr);
