@@ -1,11 +1,9 @@
 #pragma once
 // The routed and shared experts of a decode step (1–4 rows, Q4 weights) in two launches, after moe_route_slots:
 //   gate/up: every distinct expert's gate and up rows, and the shared expert's, with SwiGLU applied where the two
-//            meet, so h = silu(gate·x)·(up·x) is all that is written, already as the down product's mma operands
-//            (quant_mma.cuh's fragments and group terms: a block owns whole 64-row groups of h);
+//            meet, so h = silu(gate·x)·(up·x) is all that is written;
 //   down:    each output row's Σ over the step's experts of (the row's routing weight)·down·h, plus
-//            σ(shared gate)·shared down·h_shared, in a fixed order (no atomics: every run gives the same bits); its
-//            warps copy h's operands instead of converting h again for every output tile.
+//            σ(shared gate)·shared down·h_shared, in a fixed order (no atomics: every run gives the same bits).
 // Each expert's weights are read once for all rows; a row's weight of an expert it did not pick is 0. Every matrix must
 // be Q4 in the GEMV kernels' layout (gemv_reads; moe_block.cpp checks once per sequence).
 #include <cuda_runtime.h>
@@ -22,14 +20,9 @@ struct ExpertDecode {
   const float* shared_scale = nullptr;        // [rows]: the shared-expert gate's logit
   const GemvMatrix* slot_matrices = nullptr;  // ExpertSlots::matrices (an empty slot: rows = 0)
   const float* slot_weights = nullptr;        // ExpertSlots::weights
-  // h of slot s for `rows` rows as staged mma operands: fragments at h_fragments + s·rows·inner / 4 (uint4, as many
-  // bytes as rows·inner floats), group terms at h_terms + s·rows·inner / 64 (float2); the shared expert's at
-  // shared_h_fragments, shared_h_terms. The buffers' sizes: [rows·top_k, rows, inner] and [rows, shared_inner] floats.
-  uint4* h_fragments = nullptr;
-  float2* h_terms = nullptr;
-  uint4* shared_h_fragments = nullptr;
-  float2* shared_h_terms = nullptr;
-  float* y = nullptr;  // [rows, hidden]
+  float* h = nullptr;                         // [rows·top_k slots, rows, inner]
+  float* shared_h = nullptr;                  // [rows, shared_inner]
+  float* y = nullptr;                         // [rows, hidden]
 };
 
 // h and shared_h for `rows` rows with `selections` = rows·top_k (the grid's bound on the slot count).

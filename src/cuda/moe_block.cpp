@@ -56,11 +56,8 @@ ExpertDecode expert_decode_arguments(const DeviceMoe& w, const MoeShape& shape, 
   p.top_k = shape.route.top_k;
   p.slot_matrices = b.descriptors;
   p.slot_weights = b.slot_weights;
-  // h as the down product's operands, in buffers the fused path leaves unused otherwise (sized for the slots' floats).
-  p.h_fragments = reinterpret_cast<uint4*>(b.expert_gate);
-  p.h_terms = reinterpret_cast<float2*>(b.expert_up);
-  p.shared_h_fragments = reinterpret_cast<uint4*>(b.shared_gate);
-  p.shared_h_terms = reinterpret_cast<float2*>(b.shared_up);
+  p.h = b.expert_gate;
+  p.shared_h = b.shared_gate;
   p.y = b.output;
   return p;
 }
