@@ -313,8 +313,8 @@ __device__ void prefetch_expert_tables(const ExpertSlots& slots, int experts) {
 // picked its expert (a row's own picks are distinct), and its slot is the number of openers before it — the
 // first-come order of write_plan, from ballots. Each opener gathers every row's weight of its expert and writes its
 // slot's descriptors. One row is routed by the whole block; up to 512 experts, more rows by a warp each at the same
-// time (route_row: the same picks, without the block's ~2 µs a row one after another); past 512 experts (a lane would
-// hold 64 of them) the block routes the rows in turn.
+// time (route_row: the same picks, and no row waits for the one before); past 512 experts (a lane would hold 64 of
+// them, spilled in a block of this size) the block routes the rows in turn.
 template <int PerThread>
 __global__ void __launch_bounds__(kSlotsThreads)
     route_slots_kernel(RouteShape s, const float* logits, int rows, int* ids, float* weights, ExpertSlots slots) {
