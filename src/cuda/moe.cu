@@ -50,7 +50,8 @@ __device__ inline int lowest_untaken(const float (&prob)[PerLane], int experts, 
 // bits), then the lowest index among the lanes holding it — and only the lane that owned the pick rescans its
 // registers. Selection j is kept by lane j, so the renormalising total is summed in selection order like the CPU's.
 template <int PerLane>
-__device__ void route_row(const RouteShape& s, const float* logits, int* ids, float* weights, int* ids_copy) {
+__device__ void route_row(const RouteShape& s, const float* logits, int* ids, float* weights, int* ids_copy,
+                          float* weights_copy = nullptr) {
   const int lane = int(threadIdx.x) % 32;
   float prob[PerLane];
   float peak = -INFINITY;
@@ -106,6 +107,7 @@ __device__ void route_row(const RouteShape& s, const float* logits, int* ids, fl
     const float weight = s.norm_topk ? kept_value / total : kept_value;
     weights[lane] = weight;
     if (ids_copy) ids_copy[lane] = kept_id;
+    if (weights_copy) weights_copy[lane] = weight;
   }
 }
 
@@ -307,10 +309,12 @@ __device__ void prefetch_expert_tables(const ExpertSlots& slots, int experts) {
   }
 }
 
-// Routing (the block a row, one row after another), then the step's distinct experts in parallel: selection i (row
-// i / top_k) opens a slot when no earlier row picked its expert (a row's own picks are distinct), and its slot is the
-// number of openers before it — the first-come order of write_plan, from ballots. Each opener gathers every row's
-// weight of its expert and writes its slot's descriptors.
+// Routing, then the step's distinct experts in parallel: selection i (row i / top_k) opens a slot when no earlier row
+// picked its expert (a row's own picks are distinct), and its slot is the number of openers before it — the
+// first-come order of write_plan, from ballots. Each opener gathers every row's weight of its expert and writes its
+// slot's descriptors. One row is routed by the whole block; up to 512 experts, more rows by a warp each at the same
+// time (route_row: the same picks, and no row waits for the one before); past 512 experts (a lane would hold 64 of
+// them, spilled in a block of this size) the block routes the rows in turn.
 template <int PerThread>
 __global__ void __launch_bounds__(kSlotsThreads)
     route_slots_kernel(RouteShape s, const float* logits, int rows, int* ids, float* weights, ExpertSlots slots) {
@@ -320,10 +324,19 @@ __global__ void __launch_bounds__(kSlotsThreads)
   __shared__ int selected[kMaxGemvRows * kMaxMoeTopK];
   __shared__ float selected_weight[kMaxGemvRows * kMaxMoeTopK];
   __shared__ unsigned opens[kMaxGemvRows * kMaxMoeTopK / 32];
-  for (int r = 0; r < rows; ++r) {
-    route_row_by_block<PerThread>(s, logits + size_t(r) * size_t(s.experts), ids + size_t(r) * s.top_k,
-                                  weights + size_t(r) * s.top_k, selected + r * s.top_k, selected_weight + r * s.top_k);
+  if (PerThread == 1 && rows > 1) {
+    static_assert(16 * 32 == kSlotsThreads, "route_row<16> holds the up to 512 experts of route_slots_kernel<1>");
+    if (const int r = int(threadIdx.x) / 32; r < rows)
+      route_row<16>(s, logits + size_t(r) * size_t(s.experts), ids + size_t(r) * s.top_k, weights + size_t(r) * s.top_k,
+                    selected + r * s.top_k, selected_weight + r * s.top_k);
     __syncthreads();
+  } else {
+    for (int r = 0; r < rows; ++r) {
+      route_row_by_block<PerThread>(s, logits + size_t(r) * size_t(s.experts), ids + size_t(r) * s.top_k,
+                                    weights + size_t(r) * s.top_k, selected + r * s.top_k,
+                                    selected_weight + r * s.top_k);
+      __syncthreads();
+    }
   }
   const int i = int(threadIdx.x), selections = rows * s.top_k, row = i / max(s.top_k, 1);
   constexpr int kSelectionWarps = kMaxGemvRows * kMaxMoeTopK / 32;

@@ -1,7 +1,10 @@
 #include "cuda/moe_block.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
+#include "core/error.h"
 #include "cuda/linear.cuh"
 #include "cuda/product_groups.h"
 
@@ -25,6 +28,19 @@ bool fuses(const DeviceMoe& w, const MoeShape& s) {
   return w.gate_up_format == WeightFormat::Q4 && w.down_format == WeightFormat::Q4 &&
          q4(w.shared.gate, s.shared_inner, s.hidden) && q4(w.shared.up, s.shared_inner, s.hidden) &&
          q4(w.shared.down, s.hidden, s.shared_inner);
+}
+
+// MoeDecodePlan::fused_max_rows, or VAVILOV_MOE_FUSED_ROWS (0–4; 0: never fused) for A/B measurements.
+int fused_max_rows() {
+  static const int rows = [] {
+    const char* value = std::getenv("VAVILOV_MOE_FUSED_ROWS");
+    if (!value) return MoeDecodePlan{}.fused_max_rows;
+    const std::string text = value;
+    check(text.size() == 1 && text[0] >= '0' && text[0] - '0' <= kMaxGemvRows,
+          "VAVILOV_MOE_FUSED_ROWS={}: expected 0 to {}", text, kMaxGemvRows);
+    return text[0] - '0';
+  }();
+  return rows;
 }
 
 ExpertDecode expert_decode_arguments(const DeviceMoe& w, const MoeShape& shape, const MoeBuffers& b) {
@@ -92,6 +108,7 @@ MoeDecodePlan plan_moe_decode(const DeviceMoe& w, const MoeShape& shape, const M
                  gemv_reads_all(w.expert_down, experts, shape.hidden, shape.inner);
   if (!plan.decodes) return plan;
   plan.fused = fuses(w, shape);
+  plan.fused_max_rows = fused_max_rows();
   if (plan.fused) {
     plan.experts = expert_decode_arguments(w, shape, buffers);
     plan.fused_inputs =

@@ -58,8 +58,8 @@ struct MoeDecodePlan {
   bool decodes = false;            // every expert matrix is Q4 or BF16 in the GEMV kernels' layout
   bool shared_down_joins = false;  // the shared expert's down runs in the experts' down launch
   bool fused = false;              // every expert and the shared expert Q4: expert_decode.cuh's kernels read them
-  // The most rows a pass may have to take the fused launches. Measured on the H200 (docs/CUDA.md): faster than the
-  // six launches at 1 row, slower at 2–4 (their grids of many short warps pay one latency chain per wave).
+  // The most rows a pass may have to take the fused launches (VAVILOV_MOE_FUSED_ROWS overrides it for measurements).
+  // Measured on the H200 (docs/CUDA.md): faster than the six launches at 1 row, slower at 2–4.
   int fused_max_rows = 1;
   ExpertDecode experts;       // their arguments but the row count (fused only)
   ProductGroup inputs;        // router, shared expert gate and up, shared-expert gate

@@ -16,6 +16,7 @@
 #include "cuda/moe_block.h"
 #include "device_matrices.h"
 #include "moe_buffers.h"
+#include "moe_reference.h"
 
 namespace vavilov {
 namespace {
@@ -24,24 +25,18 @@ using cuda::WeightFormat;
 using test::DeviceMemory;
 using test::make_matrix;
 using test::normal_values;
-using test::TestMatrix;
+using test::TestMoe;
 
 // Flash-Next's hidden, expert and shared-expert widths and top-k; fewer experts (24), so that 4 rows of 10 picks must
 // share some.
 constexpr int kHidden = 2560, kInner = 640, kSharedInner = 640, kExperts = 24, kTopK = 10;
 constexpr int kRows = cuda::kMaxGemvRows;
 
-struct Moe {
-  TestMatrix router, shared_gate, shared_up, shared_down, shared_scale;
-  std::vector<TestMatrix> gate, up, down;
-  cuda::DeviceMoe device;
-};
-
-Moe make_q4_moe(DeviceMemory& memory, std::mt19937& rng) {
+TestMoe make_q4_moe(DeviceMemory& memory, std::mt19937& rng) {
   const auto random = [&](int rows, int cols, float scale) {
     return make_matrix(memory, WeightFormat::Q4, normal_values(rng, size_t(rows) * size_t(cols), scale), rows, cols);
   };
-  Moe m;
+  TestMoe m;
   m.router = random(kExperts, kHidden, 0.05f);
   m.shared_gate = random(kSharedInner, kHidden, 0.03f);
   m.shared_up = random(kSharedInner, kHidden, 0.03f);
@@ -66,81 +61,9 @@ Moe make_q4_moe(DeviceMemory& memory, std::mt19937& rng) {
   return m;
 }
 
-std::vector<double> product(const TestMatrix& w, const double* x) {
-  std::vector<double> y(size_t(w.rows));
-  for (int r = 0; r < w.rows; ++r) {
-    const float* row = w.exact.data() + size_t(r) * size_t(w.cols);
-    double sum = 0;
-    for (int c = 0; c < w.cols; ++c) sum += double(row[c]) * x[c];
-    y[size_t(r)] = sum;
-  }
-  return y;
-}
-
-// Router probabilities of one row (softmax in double).
-std::vector<double> probabilities(const Moe& m, const double* x) {
-  std::vector<double> p = product(m.router, x);
-  const double peak = *std::max_element(p.begin(), p.end());
-  double sum = 0;
-  for (double& v : p) sum += (v = std::exp(v - peak));
-  for (double& v : p) v /= sum;
-  return p;
-}
-
-// Experts by probability, descending.
-std::vector<int> ranking(const std::vector<double>& p) {
-  std::vector<int> order(p.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[size_t(a)] > p[size_t(b)]; });
-  return order;
-}
-
-// down(silu(gate x) ⊙ up x) into y, weighted, and Σ |terms| into magnitude (the scale of its rounding errors).
-void add_feed_forward(const TestMatrix& gate, const TestMatrix& up, const TestMatrix& down, const double* x,
-                      double weight, double* y, double* magnitude) {
-  const std::vector<double> g = product(gate, x), u = product(up, x);
-  std::vector<double> a(g.size());
-  for (size_t i = 0; i < a.size(); ++i) a[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
-  for (int d = 0; d < down.rows; ++d) {
-    double sum = 0, size = 0;
-    for (int i = 0; i < down.cols; ++i)
-      sum += down.at(d, i) * a[size_t(i)], size += std::abs(down.at(d, i) * a[size_t(i)]);
-    y[d] += weight * sum;
-    magnitude[d] += weight * size;
-  }
-}
-
-struct Reference {
-  std::vector<std::set<int>> picks;
-  std::vector<double> y, magnitude;  // [rows, hidden]
-};
-
-Reference reference_moe(const Moe& m, const std::vector<double>& x, int rows) {
-  Reference ref;
-  ref.y.assign(size_t(rows) * kHidden, 0.0);
-  ref.magnitude = ref.y;
-  for (int r = 0; r < rows; ++r) {
-    const double* xr = x.data() + size_t(r) * kHidden;
-    double* y = ref.y.data() + size_t(r) * kHidden;
-    double* magnitude = ref.magnitude.data() + size_t(r) * kHidden;
-    const std::vector<double> p = probabilities(m, xr);
-    const std::vector<int> order = ranking(p);
-    double total = 0;
-    for (int j = 0; j < kTopK; ++j) total += p[size_t(order[size_t(j)])];
-    for (int j = 0; j < kTopK; ++j) {
-      const int e = order[size_t(j)];
-      add_feed_forward(m.gate[size_t(e)], m.up[size_t(e)], m.down[size_t(e)], xr, p[size_t(e)] / total, y, magnitude);
-    }
-    const double scale = 1.0 / (1.0 + std::exp(-product(m.shared_scale, xr)[0]));
-    add_feed_forward(m.shared_gate, m.shared_up, m.shared_down, xr, scale, y, magnitude);
-    ref.picks.emplace_back(order.begin(), order.begin() + kTopK);
-  }
-  return ref;
-}
-
 // Inputs whose k-th and (k+1)-th router probabilities differ by more than 1 % (fp32 cannot swap them): a common part
 // plus each row's own, so that rows agree on some experts.
-std::vector<float> distinct_inputs(const Moe& m, std::mt19937& rng, int rows) {
+std::vector<float> distinct_inputs(const TestMoe& m, std::mt19937& rng, int rows) {
   const std::vector<float> common = normal_values(rng, kHidden, 1.0f);
   std::vector<float> x(size_t(rows) * kHidden);
   for (int r = 0; r < rows; ++r) {
@@ -153,8 +76,8 @@ std::vector<float> distinct_inputs(const Moe& m, std::mt19937& rng, int rows) {
       std::vector<double> row(kHidden);
       for (int c = 0; c < kHidden; ++c)
         row[size_t(c)] = x[size_t(r) * kHidden + size_t(c)] = common[size_t(c)] + own[size_t(c)];
-      const std::vector<double> p = probabilities(m, row.data());
-      const std::vector<int> order = ranking(p);
+      const std::vector<double> p = test::router_probabilities(m, row.data());
+      const std::vector<int> order = test::probability_ranking(p);
       if (p[size_t(order[kTopK - 1])] > 1.01 * p[size_t(order[kTopK])]) break;
     }
   }
@@ -165,7 +88,7 @@ cuda::MoeBuffers make_buffers(DeviceMemory& memory) {
   return test::make_moe_buffers(memory, {kHidden, kInner, kSharedInner, {kExperts, kTopK, true}}, kRows);
 }
 
-std::vector<float> run_decode(const Moe& moe, const cuda::MoeShape& shape, const cuda::MoeDecodePlan& plan,
+std::vector<float> run_decode(const TestMoe& moe, const cuda::MoeShape& shape, const cuda::MoeDecodePlan& plan,
                               const cuda::MoeBuffers& buffers, const std::vector<float>& x, int rows,
                               std::vector<int>& ids) {
   EXPECT_EQ(cudaMemcpy(const_cast<float*>(buffers.input), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
@@ -185,7 +108,7 @@ std::vector<float> run_decode(const Moe& moe, const cuda::MoeShape& shape, const
 TEST(CudaExpertDecode, FusedQ4MatchesDoublePrecisionForOneToFourRows) {
   std::mt19937 rng(41);
   DeviceMemory memory;
-  const Moe moe = make_q4_moe(memory, rng);
+  const TestMoe moe = make_q4_moe(memory, rng);
   const cuda::MoeBuffers buffers = make_buffers(memory);
   const cuda::MoeShape shape{kHidden, kInner, kSharedInner, {kExperts, kTopK, true}};
   cuda::MoeDecodePlan plan = cuda::plan_moe_decode(moe.device, shape, buffers);
@@ -196,7 +119,7 @@ TEST(CudaExpertDecode, FusedQ4MatchesDoublePrecisionForOneToFourRows) {
     const std::vector<float> x = distinct_inputs(moe, rng, rows);
     std::vector<int> ids, again_ids;
     const std::vector<float> y = run_decode(moe, shape, plan, buffers, x, rows, ids);
-    const Reference ref = reference_moe(moe, std::vector<double>(x.begin(), x.end()), rows);
+    const test::MoeReference ref = test::reference_moe(moe, std::vector<double>(x.begin(), x.end()), rows, kTopK);
     std::set<int> all;
     for (int r = 0; r < rows; ++r) {
       const std::set<int> picked(ids.begin() + r * kTopK, ids.begin() + (r + 1) * kTopK);
@@ -281,7 +204,7 @@ TEST(CudaExpertDecode, RouteSlotsListTheDistinctExpertsInFirstComeOrder) {
       const double peak = *std::max_element(p.begin(), p.end());
       double sum = 0, total = 0;
       for (double& v : p) sum += (v = std::exp(v - peak));
-      const std::vector<int> order = ranking(p);
+      const std::vector<int> order = test::probability_ranking(p);
       for (int j = 0; j < top_k; ++j) total += p[size_t(order[size_t(j)])];
       for (int j = 0; j < top_k; ++j) {
         const int e = order[size_t(j)];

@@ -14,6 +14,7 @@
 #include "cuda/moe_block.h"
 #include "device_matrices.h"
 #include "moe_buffers.h"
+#include "moe_reference.h"
 
 namespace vavilov {
 namespace {
@@ -22,7 +23,7 @@ using cuda::WeightFormat;
 using test::DeviceMemory;
 using test::make_matrix;
 using test::normal_values;
-using test::TestMatrix;
+using test::TestMoe;
 
 struct Formats {
   WeightFormat router, shared, gate_up, down;
@@ -36,12 +37,6 @@ constexpr float kRouteBoost = 10.0f;
 // selection is far from ties: rows 0 and 1 share experts 2 and 3, row 2 picks row 0's experts with other inputs,
 // row 3 picks experts no other row picks.
 const int kPreferred[kRows][kTopK] = {{0, 1, 2, 3}, {2, 3, 4, 5}, {0, 1, 2, 3}, {9, 10, 11, 12}};
-
-struct TestMoe {
-  TestMatrix router, shared_gate, shared_up, shared_down, shared_scale;
-  std::vector<TestMatrix> gate, up, down;
-  cuda::DeviceMoe device;
-};
 
 TestMoe make_moe(DeviceMemory& memory, const Formats& f, std::mt19937& rng) {
   TestMoe m;
@@ -76,67 +71,6 @@ TestMoe make_moe(DeviceMemory& memory, const Formats& f, std::mt19937& rng) {
   return m;
 }
 
-std::vector<double> product(const TestMatrix& w, const double* x) {
-  std::vector<double> y(size_t(w.rows));
-  for (int r = 0; r < w.rows; ++r)
-    for (int c = 0; c < w.cols; ++c) y[size_t(r)] += w.at(r, c) * x[c];
-  return y;
-}
-
-double silu(double v) { return v / (1.0 + std::exp(-v)); }
-
-// down(silu(gate x) ⊙ up x) and, per output, Σ |down terms| (the scale of its rounding errors).
-void feed_forward(const TestMatrix& gate, const TestMatrix& up, const TestMatrix& down, const double* x,
-                  std::vector<double>& y, std::vector<double>& magnitude) {
-  const std::vector<double> g = product(gate, x), u = product(up, x);
-  std::vector<double> a(g.size());
-  for (size_t i = 0; i < a.size(); ++i) a[i] = silu(g[i]) * u[i];
-  y = product(down, a.data());
-  magnitude.assign(y.size(), 0.0);
-  for (int d = 0; d < down.rows; ++d)
-    for (int i = 0; i < down.cols; ++i) magnitude[size_t(d)] += std::abs(down.at(d, i) * a[size_t(i)]);
-}
-
-struct Reference {
-  std::vector<std::set<int>> picks;  // per row
-  std::vector<double> y, magnitude;  // [rows, hidden]
-};
-
-Reference reference_moe(const TestMoe& m, const std::vector<double>& x, int rows) {
-  Reference ref;
-  ref.y.assign(size_t(rows) * kHidden, 0.0);
-  ref.magnitude.assign(ref.y.size(), 0.0);
-  for (int r = 0; r < rows; ++r) {
-    const double* xr = x.data() + size_t(r) * kHidden;
-    std::vector<double> prob = product(m.router, xr);
-    const double peak = *std::max_element(prob.begin(), prob.end());
-    double sum = 0;
-    for (double& p : prob) sum += (p = std::exp(p - peak));
-    for (double& p : prob) p /= sum;
-    std::vector<int> order(kExperts);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return prob[size_t(a)] > prob[size_t(b)]; });
-    // The fixture's premise: the k-th and (k+1)-th probabilities are far apart, so fp32 cannot pick differently.
-    EXPECT_GT(prob[size_t(order[kTopK - 1])], 100 * prob[size_t(order[kTopK])]) << "row " << r;
-    double total = 0;
-    for (int j = 0; j < kTopK; ++j) total += prob[size_t(order[size_t(j)])];
-    std::vector<double> y, magnitude;
-    feed_forward(m.shared_gate, m.shared_up, m.shared_down, xr, y, magnitude);
-    const double scale = 1.0 / (1.0 + std::exp(-product(m.shared_scale, xr)[0]));
-    double* out = ref.y.data() + size_t(r) * kHidden;
-    double* bound = ref.magnitude.data() + size_t(r) * kHidden;
-    for (int d = 0; d < kHidden; ++d) out[d] = scale * y[size_t(d)], bound[d] = scale * magnitude[size_t(d)];
-    ref.picks.emplace_back(order.begin(), order.begin() + kTopK);
-    for (int j = 0; j < kTopK; ++j) {
-      const int e = order[size_t(j)];
-      const double weight = prob[size_t(e)] / total;
-      feed_forward(m.gate[size_t(e)], m.up[size_t(e)], m.down[size_t(e)], xr, y, magnitude);
-      for (int d = 0; d < kHidden; ++d) out[d] += weight * y[size_t(d)], bound[d] += weight * magnitude[size_t(d)];
-    }
-  }
-  return ref;
-}
-
 cuda::MoeBuffers make_buffers(DeviceMemory& memory) {
   return test::make_moe_buffers(memory, {kHidden, kInner, kSharedInner, {kExperts, kTopK, true}}, kRows);
 }
@@ -146,6 +80,8 @@ class CudaMoeDecode : public ::testing::TestWithParam<Formats> {};
 // Three chained fp32 products (the Q4 ones on tensor cores with ~22-bit activations) and an fp32 softmax: each
 // output is off by rounding only, a few 1e-6 of the magnitude of its terms, up to ~30x more where silu(gate)·up
 // cancels. The bound, 1e-3 of that magnitude, is far below what a wrong expert, row, slot or weight gives (order 1).
+// All-Q4 experts take both paths at every row count: the six launches and the fused kernels (expert_decode.cuh),
+// here with an odd number of 64-column groups in the shared expert (3) and another in the experts (2).
 TEST_P(CudaMoeDecode, MatchesDoublePrecisionForOneToFourRows) {
   const Formats formats = GetParam();
   std::mt19937 rng(29);
@@ -157,29 +93,38 @@ TEST_P(CudaMoeDecode, MatchesDoublePrecisionForOneToFourRows) {
   shape.inner = kInner;
   shape.shared_inner = kSharedInner;
   shape.route = {kExperts, kTopK, true};
-  const cuda::MoeDecodePlan plan = cuda::plan_moe_decode(moe.device, shape, buffers);
+  cuda::MoeDecodePlan plan = cuda::plan_moe_decode(moe.device, shape, buffers);
   ASSERT_TRUE(plan.decodes);
-  for (int rows = 1; rows <= kRows; ++rows) {
-    std::vector<float> x = normal_values(rng, size_t(rows) * kHidden, 1.0f);
-    for (int r = 0; r < rows; ++r)
-      for (int e : kPreferred[r]) x[size_t(r) * kHidden + size_t(e)] += kRouteBoost;
-    ASSERT_EQ(cudaMemcpy(const_cast<float*>(buffers.input), x.data(), x.size() * 4, cudaMemcpyHostToDevice),
-              cudaSuccess);
-    cuda::moe_decode(moe.device, shape, plan, buffers, rows, nullptr);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    std::vector<float> y(x.size());
-    std::vector<int> ids(size_t(rows) * kTopK);
-    ASSERT_EQ(cudaMemcpy(y.data(), buffers.output, y.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(ids.data(), buffers.route_ids, ids.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    const Reference ref = reference_moe(moe, std::vector<double>(x.begin(), x.end()), rows);
-    for (int r = 0; r < rows; ++r) {
-      const std::set<int> picked(ids.begin() + r * kTopK, ids.begin() + (r + 1) * kTopK);
-      EXPECT_EQ(picked, ref.picks[size_t(r)]) << rows << " rows, row " << r;
-      EXPECT_EQ(picked, std::set<int>(std::begin(kPreferred[r]), std::end(kPreferred[r]))) << "the fixture's premise";
+  ASSERT_EQ(plan.fused, formats.gate_up == WeightFormat::Q4 && formats.down == WeightFormat::Q4 &&
+                            formats.shared == WeightFormat::Q4);
+  for (const int fused_rows : {0, kRows}) {
+    if (fused_rows > 0 && !plan.fused) continue;
+    plan.fused_max_rows = fused_rows;
+    const char* path = fused_rows ? "fused" : "six launches";
+    for (int rows = 1; rows <= kRows; ++rows) {
+      std::vector<float> x = normal_values(rng, size_t(rows) * kHidden, 1.0f);
+      for (int r = 0; r < rows; ++r)
+        for (int e : kPreferred[r]) x[size_t(r) * kHidden + size_t(e)] += kRouteBoost;
+      ASSERT_EQ(cudaMemcpy(const_cast<float*>(buffers.input), x.data(), x.size() * 4, cudaMemcpyHostToDevice),
+                cudaSuccess);
+      cuda::moe_decode(moe.device, shape, plan, buffers, rows, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<float> y(x.size());
+      std::vector<int> ids(size_t(rows) * kTopK);
+      ASSERT_EQ(cudaMemcpy(y.data(), buffers.output, y.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(ids.data(), buffers.route_ids, ids.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      const test::MoeReference ref = test::reference_moe(moe, std::vector<double>(x.begin(), x.end()), rows, kTopK);
+      for (int r = 0; r < rows; ++r) {
+        // The fixture's premise: the k-th and (k+1)-th probabilities are far apart, so fp32 cannot pick differently.
+        EXPECT_GT(ref.pick_margin[size_t(r)], 100.0) << "row " << r;
+        const std::set<int> picked(ids.begin() + r * kTopK, ids.begin() + (r + 1) * kTopK);
+        EXPECT_EQ(picked, ref.picks[size_t(r)]) << path << ", " << rows << " rows, row " << r;
+        EXPECT_EQ(picked, std::set<int>(std::begin(kPreferred[r]), std::end(kPreferred[r]))) << "the fixture's premise";
+      }
+      for (size_t i = 0; i < y.size(); ++i)
+        ASSERT_NEAR(y[i], ref.y[i], 1e-3 * ref.magnitude[i])
+            << path << ", " << rows << " rows, row " << i / kHidden << ", column " << i % kHidden;
     }
-    for (size_t i = 0; i < y.size(); ++i)
-      ASSERT_NEAR(y[i], ref.y[i], 1e-3 * ref.magnitude[i])
-          << rows << " rows, row " << i / kHidden << ", column " << i % kHidden;
   }
 }
 
@@ -227,12 +172,16 @@ TEST_P(CudaMoeRoute, TopKMatchesTheCpuOrderWithTies) {
   slots.expert = memory.zeros<int>(cuda::moe_slot_count(top_k));
   slots.count = memory.zeros<int>(1);
   slots.weights = memory.zeros<float>(cuda::moe_slot_weight_count(top_k));
-  // moe_route (a warp a row) over every row, and moe_route_slots (the block a row) over the first kMaxGemvRows, the
-  // most it takes: the same answers.
-  using Case = std::pair<bool, bool>;  // norm_topk, route_slots
-  for (const auto& [norm_topk, route_slots] :
-       {Case{true, false}, Case{false, false}, Case{true, true}, Case{false, true}}) {
-    const int checked = route_slots ? cuda::kMaxGemvRows : rows;
+  // moe_route (a warp a row) over every row, and moe_route_slots over the first row (the block a row) and over the
+  // first kMaxGemvRows, the most it takes (up to 512 experts a warp a row, past that the block a row): the same
+  // answers.
+  struct Case {
+    bool norm_topk, route_slots;
+    int checked;  // rows
+  };
+  for (const auto& [norm_topk, route_slots, checked] :
+       {Case{true, false, rows}, Case{false, false, rows}, Case{true, true, 1}, Case{false, true, 1},
+        Case{true, true, cuda::kMaxGemvRows}, Case{false, true, cuda::kMaxGemvRows}}) {
     ASSERT_EQ(cudaMemset(ids, 0xff, size_t(rows) * top_k * sizeof(int)), cudaSuccess);
     if (route_slots)
       cuda::moe_route_slots({experts, top_k, norm_topk}, device_logits, checked, ids, weights, slots, nullptr);
