@@ -7,6 +7,8 @@
 //     none), timed together as one CUDA graph (as a step runs them) and divided by 36; and the chunked prefill
 //     (prepare, scan, outputs, gated norm) for T = 64, 512, 2048, 8192 from a zero state. Median of the repetitions,
 //     CUDA events. Writes JSON.
+//   gdn_bench prefill OUT.json
+//     The chunked prefill's timings alone (as in `time`).
 //   gdn_bench profile
 //     A few launches of each kernel for ncu: decode and conv_decode 1 row and 4 rows, prefill T = 512 and 8192.
 //   gdn_bench check DIR T
@@ -163,6 +165,40 @@ std::string time_floors(float* states, size_t state_floats) {
          "and writes one layer's 3.1 MB state, no arithmetic\"},\n";
 }
 
+// The chunked prefill for T = 64, 512, 2048, 8192 from a zero state (the state is rewritten each call; its values do
+// not change the work): the "prefill" array and its note, as JSON members.
+std::string prefill_json(float* states, float* out) {
+  const size_t state_bytes = size_t(kShape.heads) * kShape.dk * kShape.dv * 4;
+  std::string json = "  \"prefill\": [\n";
+  const std::vector<int> lengths = {64, 512, 2048, 8192};
+  float* scratch = device_floats(vavilov::cuda::gdn_chunk_scratch_floats(kShape, lengths.back()));
+  for (size_t n = 0; n < lengths.size(); ++n) {
+    const int rows = lengths[n];
+    const GdnInputs in = random_inputs(rows);
+    const double us = median_us(3, 20, [&](int) {
+      CHECK(cudaMemsetAsync(states, 0, state_bytes));
+      vavilov::cuda::gdn_prefill(kShape, in, states, scratch, out, nullptr);
+    });
+    std::printf("prefill T %d: %.1f us (%.0f tokens/ms)\n", rows, us, rows / us * 1e3);
+    json += "    {\"T\": " + std::to_string(rows) + ", \"us\": " + std::to_string(us) + "}" +
+            (n + 1 < lengths.size() ? ",\n" : "\n");
+  }
+  return json +
+         "  ],\n  \"prefill_note\": \"gdn_prefill: l2 norms, gates, chunk prepare, state scan, outputs and the gated "
+         "RMS norm; each timing includes a 3.1 MB memset of the state\"\n";
+}
+
+int write_text(const char* path, const std::string& text) {
+  FILE* f = std::fopen(path, "w");
+  if (!f) {
+    std::fprintf(stderr, "cannot write %s\n", path);
+    return 1;
+  }
+  std::fputs(text.c_str(), f);
+  std::fclose(f);
+  return 0;
+}
+
 int time_kernels(const char* out_path) {
   const size_t state_floats = size_t(kShape.heads) * kShape.dk * kShape.dv, state_bytes = state_floats * 4;
   float* states = random_floats(state_floats * kLayers, 8, -0.5f, 0.5f);
@@ -227,32 +263,18 @@ int time_kernels(const char* out_path) {
       "state read and written plus each recorded row's copy (conv state, taps and inputs, ~0.5 MB, not counted)\",\n";
   json += time_floors(states, state_floats);
 
-  // Prefill from a zero state (the state is rewritten each call; its values do not change the work).
-  json += "  \"prefill\": [\n";
-  const std::vector<int> lengths = {64, 512, 2048, 8192};
-  float* scratch = device_floats(vavilov::cuda::gdn_chunk_scratch_floats(kShape, lengths.back()));
-  for (size_t n = 0; n < lengths.size(); ++n) {
-    const int rows = lengths[n];
-    const GdnInputs in = random_inputs(rows);
-    const double us = median_us(3, 20, [&](int) {
-      CHECK(cudaMemsetAsync(states, 0, state_bytes));
-      vavilov::cuda::gdn_prefill(kShape, in, states, scratch, out, nullptr);
-    });
-    std::printf("prefill T %d: %.1f us (%.0f tokens/ms)\n", rows, us, rows / us * 1e3);
-    json += "    {\"T\": " + std::to_string(rows) + ", \"us\": " + std::to_string(us) + "}" +
-            (n + 1 < lengths.size() ? ",\n" : "\n");
-  }
-  json +=
-      "  ],\n  \"prefill_note\": \"gdn_prefill: l2 norms, gates, chunk prepare, state scan, outputs and the gated "
-      "RMS norm; each timing includes a 3.1 MB memset of the state\"\n}\n";
-  FILE* f = std::fopen(out_path, "w");
-  if (!f) {
-    std::fprintf(stderr, "cannot write %s\n", out_path);
-    return 1;
-  }
-  std::fputs(json.c_str(), f);
-  std::fclose(f);
-  return 0;
+  json += prefill_json(states, out) + "}\n";
+  return write_text(out_path, json);
+}
+
+// The prefill alone (no decode cases): "prefill OUT.json".
+int time_prefill(const char* out_path) {
+  float* states = device_floats(size_t(kShape.heads) * kShape.dk * kShape.dv);
+  float* out = device_floats(size_t(8192) * kShape.heads * kShape.dv);
+  return write_text(out_path,
+                    "{\n  \"shape\": {\"heads\": 48, \"key_heads\": 16, \"dk\": 128, \"dv\": 128, "
+                    "\"dtype\": \"float32\"},\n" +
+                        prefill_json(states, out) + "}\n");
 }
 
 int profile() {
@@ -341,11 +363,14 @@ int check(const std::string& dir, int rows) {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "time" && argc == 3) return time_kernels(argv[2]);
+  if (mode == "prefill" && argc == 3) return time_prefill(argv[2]);
   if (mode == "profile" && argc == 2) return profile();
   if (mode == "check" && argc == 4) {
     const int rows = std::atoi(argv[3]);
     if (rows > 0) return check(argv[2], rows);
   }
-  std::fprintf(stderr, "usage: gdn_bench time OUT.json | gdn_bench profile | gdn_bench check DIR T\n");
+  std::fprintf(stderr,
+               "usage: gdn_bench time OUT.json | gdn_bench prefill OUT.json | gdn_bench profile | gdn_bench check DIR "
+               "T\n");
   return 2;
 }

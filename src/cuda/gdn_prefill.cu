@@ -1,5 +1,3 @@
-#include <mma.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -27,18 +25,17 @@ constexpr int kC = kGdnChunk;  // tokens per chunk
 //   o_t = e^{γ_t} S₀ᵀ q_t + Σ_{s≤t} e^{γ_t−γ_s} (q_t·k_s) δ_s,
 //   S_C = e^{γ_C} S₀ + Σ_s e^{γ_C−γ_s} k_s δ_sᵀ.
 // Every exponent is ≤ 0 (γ falls), so nothing overflows. Three kernels: prepare (all chunks in parallel: A, then W and
-// U by blocked forward substitution, plus P[t,s] = e^{γ_t−γ_s} q_t·k_s for s ≤ t, Qd = diag(e^γ) Q and
-// Kd = diag(e^{γ_C−γ}) K), scan (chunk after chunk per head and 64-column slice: Δ = U − W S, S ← e^{γ_C} S + Kdᵀ Δ,
-// recording each chunk's S₀), outputs (all chunks in parallel: O = Qd S₀ + P Δ), then the gated norm.
+// U by blocked forward substitution, plus P[t,s] = e^{γ_t−γ_s} q_t·k_s for s ≤ t, Kd = diag(e^{γ_C−γ}) K and the
+// row factors of Qd = diag(e^γ) Q), scan (chunk after chunk per head and 64-column slice: Δ = U − W S,
+// S ← e^{γ_C} S + Kdᵀ Δ, recording each chunk's S₀), outputs and gated norm (all chunks in parallel: O = Qd S₀ + P Δ).
 //
 // Every matrix product runs on tensor cores as 3×TF32: each fp32 operand x is split into a tf32 hi and lo = x − hi
 // (split_tf32), and hi·hi + hi·lo + lo·hi is accumulated in fp32. The dropped lo·lo term and the truncation of lo are
 // ~2⁻²⁰ relative, so the products keep fp32 accuracy (plain TF32, ~2⁻¹¹, would not meet the tests' 1e-4).
 // Tiles are 16 × 16 (k-steps of 8); shared-memory tiles are zero-padded to multiples of 16 and their row strides are
-// a multiple of 16 plus 4 floats, so the fragment loads spread over the banks.
+// a multiple of 16 plus 4 floats, so the fragment loads (one 32-bit word a lane, rows 4 banks apart) are free of bank
+// conflicts.
 
-namespace wmma = nvcuda::wmma;
-using Accumulator = wmma::fragment<wmma::accumulator, 16, 16, 8, float>;
 constexpr int kTile = 16;
 constexpr int kStep = 8;                         // the k extent of one tf32 mma
 constexpr int kChunkStride = kC + 4;             // row stride of [C][C] tiles
@@ -57,44 +54,111 @@ __device__ inline GdnShape fixed(GdnShape s) {
 __host__ __device__ inline int padded(int width) { return (width + kTile - 1) / kTile * kTile; }
 __host__ __device__ inline int stride_of(int width) { return padded(width) + 4; }
 
-// Splits the fp32 values of a loaded fragment into hi, x with its low 13 mantissa bits cleared (a tf32 value), and
-// lo = x − hi (exact in fp32, |lo| < 2⁻¹⁰|x|). lo goes to the tensor cores as it is: they read the top 19 bits of
-// an operand, so lo is truncated to tf32 there (error < 2⁻²⁰|x|). Two instructions a value, where rounding both
-// parts with __float_to_tf32 (and its inf/nan guard) took about nine.
-template <typename Fragment>
-__device__ inline void split_tf32(Fragment& hi, Fragment& lo) {
+// ---- 16 × 16 tiles on the tensor cores: mma.sync m16n8k8 (tf32 in, fp32 accumulators), two 8-column halves ----
+//
+// The fragments are loaded with plain shared-memory loads in the PTX ISA's m16n8k8 layouts (lane = 4g + t holds A
+// rows g, g + 8 at columns t, t + 4; B rows t, t + 4 at column g; C rows g, g + 8 at columns 2t, 2t + 1). WMMA's
+// fragment loads take generic pointers: every one became a generic load with 64-bit address arithmetic, and its
+// m16n16k8 tf32 mma two m16n8k4 instructions.
+struct RowMajor {};  // element (r, c) at r·ld + c
+struct ColMajor {};  // element (r, c) at c·ld + r
+
+struct Accumulator {
+  float x[8];  // x[4h + 2i + j]: row g + 8i, column 8h + 2t + j
+};
+
+__device__ inline void fill(Accumulator& c, float value) {
 #pragma unroll
-  for (int e = 0; e < hi.num_elements; ++e) {
-    const float x = hi.x[e];
-    hi.x[e] = __uint_as_float(__float_as_uint(x) & 0xffffe000u);
-    lo.x[e] = x - hi.x[e];
+  for (int e = 0; e < 8; ++e) c.x[e] = value;
+}
+
+// A row-major tile at p (row stride ld) into c / from c.
+__device__ inline void load_tile(Accumulator& c, const float* p, int ld) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) c.x[e] = p[(g + 8 * (e / 2 % 2)) * ld + 8 * (e / 4) + 2 * t + e % 2];
+}
+__device__ inline void store_tile(float* p, const Accumulator& c, int ld) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) p[(g + 8 * (e / 2 % 2)) * ld + 8 * (e / 4) + 2 * t + e % 2] = c.x[e];
+}
+
+// x as a tf32 hi (its low 13 mantissa bits cleared) and lo = x − hi (exact in fp32, |lo| < 2⁻¹⁰|x|). lo goes to the
+// tensor cores as it is: they read the top 19 bits of an operand, so lo is truncated to tf32 there (error < 2⁻²⁰|x|).
+struct Split {
+  uint32_t hi, lo;
+};
+__device__ inline Split split_tf32(float x) {
+  const uint32_t hi = __float_as_uint(x) & 0xffffe000u;
+  return {hi, __float_as_uint(x - __uint_as_float(hi))};
+}
+
+// The A operand of one k-step: the 16 × 8 tile at a (element (m, k) as Layout says), split.
+template <typename Layout>
+__device__ inline void load_a(Split (&f)[4], const float* a, int lda) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int m = g + 8 * (e % 2), k = t + 4 * (e / 2);
+    f[e] = split_tf32(std::is_same_v<Layout, RowMajor> ? a[m * lda + k] : a[k * lda + m]);
   }
 }
+
+// The B operand of one k-step: the 8 × 16 tile at b (element (k, n) as Layout says), split; f[h]: columns 8h….
+template <typename Layout>
+__device__ inline void load_b(Split (&f)[2][2], const float* b, int ldb) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int k = t + 4 * e, n = 8 * h + g;
+      f[h][e] = split_tf32(std::is_same_v<Layout, RowMajor> ? b[k * ldb + n] : b[n * ldb + k]);
+    }
+}
+
+// d[4h … 4h + 3] += A B_h for the A and B operand words given (one m16n8k8 tf32 mma).
+__device__ inline void mma(float* d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The three products of 3×TF32 for one k-step and both column halves: hi·hi to acc, lo·hi and hi·lo to the cross
+// accumulators (their own dependency chains).
+__device__ inline void mma_3x(Accumulator& acc, Accumulator& lo_hi, Accumulator& hi_lo, const Split (&a)[4],
+                              const Split (&b)[2][2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mma(lo_hi.x + 4 * h, a[0].lo, a[1].lo, a[2].lo, a[3].lo, b[h][0].hi, b[h][1].hi);
+    mma(hi_lo.x + 4 * h, a[0].hi, a[1].hi, a[2].hi, a[3].hi, b[h][0].lo, b[h][1].lo);
+    mma(acc.x + 4 * h, a[0].hi, a[1].hi, a[2].hi, a[3].hi, b[h][0].hi, b[h][1].hi);
+  }
+}
+
+__device__ inline int a_offset(bool rows, int k, int ld) { return rows ? k * kStep : k * kStep * ld; }
+__device__ inline int b_offset(bool rows, int k, int ld) { return rows ? k * kStep * ld : k * kStep; }
 
 // acc += A B over `steps` k-steps of 8: A is 16 × 8·steps at a (layout LayoutA, stride lda), B is 8·steps × 16 at b
 // (layout LayoutB, stride ldb); one warp, 3×TF32. The hi·hi products and the two kinds of cross terms go to three
 // accumulators, so three chains of dependent mma run side by side instead of one three times as long.
 template <typename LayoutA, typename LayoutB>
 __device__ inline void mma_3xtf32(Accumulator& acc, const float* a, int lda, const float* b, int ldb, int steps) {
-  constexpr bool a_rows = std::is_same_v<LayoutA, wmma::row_major>;
-  constexpr bool b_rows = std::is_same_v<LayoutB, wmma::row_major>;
+  constexpr bool a_rows = std::is_same_v<LayoutA, RowMajor>, b_rows = std::is_same_v<LayoutB, RowMajor>;
   Accumulator lo_hi, hi_lo;
-  wmma::fill_fragment(lo_hi, 0.0f);
-  wmma::fill_fragment(hi_lo, 0.0f);
+  fill(lo_hi, 0.0f);
+  fill(hi_lo, 0.0f);
 #pragma unroll 4  // lets the fragment loads of later k-steps run ahead of the mma chains
   for (int k = 0; k < steps; ++k) {
-    wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, LayoutA> a_hi, a_lo;
-    wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, LayoutB> b_hi, b_lo;
-    wmma::load_matrix_sync(a_hi, a + (a_rows ? k * kStep : k * kStep * lda), unsigned(lda));
-    wmma::load_matrix_sync(b_hi, b + (b_rows ? k * kStep * ldb : k * kStep), unsigned(ldb));
-    split_tf32(a_hi, a_lo);
-    split_tf32(b_hi, b_lo);
-    wmma::mma_sync(lo_hi, a_lo, b_hi, lo_hi);
-    wmma::mma_sync(hi_lo, a_hi, b_lo, hi_lo);
-    wmma::mma_sync(acc, a_hi, b_hi, acc);
+    Split a_frag[4], b_frag[2][2];
+    load_a<LayoutA>(a_frag, a + a_offset(a_rows, k, lda), lda);
+    load_b<LayoutB>(b_frag, b + b_offset(b_rows, k, ldb), ldb);
+    mma_3x(acc, lo_hi, hi_lo, a_frag, b_frag);
   }
 #pragma unroll
-  for (int e = 0; e < acc.num_elements; ++e) acc.x[e] += lo_hi.x[e] + hi_lo.x[e];
+  for (int e = 0; e < 8; ++e) acc.x[e] += lo_hi.x[e] + hi_lo.x[e];
 }
 
 // first += A₀ B and second += A₁ B (as mma_3xtf32; A₀ at a0, A₁ at a1, one B): two independent tiles interleaved, B
@@ -102,31 +166,26 @@ __device__ inline void mma_3xtf32(Accumulator& acc, const float* a, int lda, con
 template <typename LayoutA, typename LayoutB>
 __device__ inline void mma_pair_3xtf32(Accumulator& first, Accumulator& second, const float* a0, const float* a1,
                                        int lda, const float* b, int ldb, int steps) {
-  constexpr bool a_rows = std::is_same_v<LayoutA, wmma::row_major>;
-  constexpr bool b_rows = std::is_same_v<LayoutB, wmma::row_major>;
-  Accumulator cross0, cross1;  // both cross terms of each tile
-  wmma::fill_fragment(cross0, 0.0f);
-  wmma::fill_fragment(cross1, 0.0f);
+  constexpr bool a_rows = std::is_same_v<LayoutA, RowMajor>, b_rows = std::is_same_v<LayoutB, RowMajor>;
+  Accumulator lo_hi0, hi_lo0, lo_hi1, hi_lo1;
+  fill(lo_hi0, 0.0f);
+  fill(hi_lo0, 0.0f);
+  fill(lo_hi1, 0.0f);
+  fill(hi_lo1, 0.0f);
 #pragma unroll 2
   for (int k = 0; k < steps; ++k) {
-    wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, LayoutA> a0_hi, a0_lo, a1_hi, a1_lo;
-    wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, LayoutB> b_hi, b_lo;
-    const int a_offset = a_rows ? k * kStep : k * kStep * lda;
-    wmma::load_matrix_sync(b_hi, b + (b_rows ? k * kStep * ldb : k * kStep), unsigned(ldb));
-    wmma::load_matrix_sync(a0_hi, a0 + a_offset, unsigned(lda));
-    wmma::load_matrix_sync(a1_hi, a1 + a_offset, unsigned(lda));
-    split_tf32(b_hi, b_lo);
-    split_tf32(a0_hi, a0_lo);
-    split_tf32(a1_hi, a1_lo);
-    wmma::mma_sync(cross0, a0_lo, b_hi, cross0);
-    wmma::mma_sync(cross1, a1_lo, b_hi, cross1);
-    wmma::mma_sync(first, a0_hi, b_hi, first);
-    wmma::mma_sync(second, a1_hi, b_hi, second);
-    wmma::mma_sync(cross0, a0_hi, b_lo, cross0);
-    wmma::mma_sync(cross1, a1_hi, b_lo, cross1);
+    Split a0_frag[4], a1_frag[4], b_frag[2][2];
+    load_b<LayoutB>(b_frag, b + b_offset(b_rows, k, ldb), ldb);
+    load_a<LayoutA>(a0_frag, a0 + a_offset(a_rows, k, lda), lda);
+    load_a<LayoutA>(a1_frag, a1 + a_offset(a_rows, k, lda), lda);
+    mma_3x(first, lo_hi0, hi_lo0, a0_frag, b_frag);
+    mma_3x(second, lo_hi1, hi_lo1, a1_frag, b_frag);
   }
 #pragma unroll
-  for (int e = 0; e < first.num_elements; ++e) first.x[e] += cross0.x[e], second.x[e] += cross1.x[e];
+  for (int e = 0; e < 8; ++e) {
+    first.x[e] += lo_hi0.x[e] + hi_lo0.x[e];
+    second.x[e] += lo_hi1.x[e] + hi_lo1.x[e];
+  }
 }
 
 // tile[t][c] (row stride ld) for t < tile_rows, c < tile_width (a multiple of 4): source[t·source_stride + c]
@@ -156,9 +215,11 @@ __device__ inline void stage_tile(float* tile, int ld, int tile_rows, int tile_w
   }
 }
 
-// Scratch regions, each [chunks][heads][...]; U is overwritten by Δ in the scan.
+// Scratch regions, each [chunks][heads][...]; U is overwritten by Δ in the scan. Qd is not stored: the outputs read
+// the raw q rows (which the three value heads of a key head share, so mostly from L2) and scale the product Q S₀ by
+// q_factor = e^{γ_t} / (‖q_t‖ √dk) row by row; that saves writing and reading back 4 · T · heads · dk bytes.
 struct ChunkScratch {
-  float *w, *u, *qd, *kd, *p, *s0, *decay;  // [C, dk], [C, dv], [C, dk], [C, dk], [C, C], [dk, dv], [1]
+  float *w, *u, *q_factor, *kd, *p, *s0, *decay;  // [C, dk], [C, dv], [C], [C, dk], [C, C], [dk, dv], [1]
 };
 
 ChunkScratch chunk_scratch(const GdnShape& s, int rows, float* base, size_t* total) {
@@ -173,7 +234,7 @@ ChunkScratch chunk_scratch(const GdnShape& s, int rows, float* base, size_t* tot
   ChunkScratch x;
   x.w = take(kC * dk);
   x.u = take(kC * dv);
-  x.qd = take(kC * dk);
+  x.q_factor = take(kC);
   x.kd = take(kC * dk);
   x.p = take(kC * kC);
   x.s0 = take(dk * dv);
@@ -182,15 +243,21 @@ ChunkScratch chunk_scratch(const GdnShape& s, int rows, float* base, size_t* tot
   return x;
 }
 
-// Shared memory of the prepare kernel: γ, β; keys [C][ldk]; queries, later values [C][ldx]; A and Q Kᵀ [C][C + 4].
+// Shared memory of the prepare kernel: γ, β, q factors; keys [C][ldk]; queries, later values [C][ldx]; A and Q Kᵀ
+// [C][C + 4].
 size_t prepare_shared_bytes(const GdnShape& s) {
   const size_t ldk = size_t(stride_of(s.dk)), ldx = size_t(std::max(stride_of(s.dk), stride_of(s.dv)));
-  return (2 * size_t(kC) + kC * ldk + kC * ldx + 2 * size_t(kC) * kChunkStride) * 4;
+  return (3 * size_t(kC) + kC * ldk + kC * ldx + 2 * size_t(kC) * kChunkStride) * 4;
 }
 
-// Block (head, chunk), 256 threads.
+// Block (head, chunk), 512 threads, two blocks an SM (64 registers a thread): the kernel is bound by latencies
+// between its barriers, so more warps each do less.
+constexpr int kPrepareThreads = 512;
+constexpr int kPrepareWarps = kPrepareThreads / 32;
+
 template <bool kRelease>
-__global__ void __launch_bounds__(kThreads) gdn_chunk_prepare_kernel(GdnShape shape, GdnInputs in, ChunkScratch x) {
+__global__ void __launch_bounds__(kPrepareThreads, 2)
+    gdn_chunk_prepare_kernel(GdnShape shape, GdnInputs in, ChunkScratch x) {
   const GdnShape s = fixed<kRelease>(shape);
   allow_dependents();
   extern __shared__ __align__(128) float4 shared4[];
@@ -198,7 +265,8 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_prepare_kernel(GdnShape sh
   const int ldk = stride_of(s.dk), ldx = max(stride_of(s.dk), stride_of(s.dv));
   float* gamma = reinterpret_cast<float*>(shared4);  // [C] inclusive cumulative log decay
   float* beta = gamma + kC;                          // [C]
-  float* keys = beta + kC;                           // [C][ldk]: normalised K, then diag(β e^γ) K, then W
+  float* q_factor = beta + kC;                       // [C]: 1 / (‖q_t‖ √dk)
+  float* keys = q_factor + kC;                       // [C][ldk]: normalised K, then diag(β e^γ) K, then W
   float* queries = keys + kC * ldk;                  // [C][ldx]: normalised Q scaled by 1/√dk
   float* values = queries;                           // [C][ldx]: diag(β) V, then U (once Q is used up)
   float* a = queries + kC * ldx;                     // [C][C + 4]: K Kᵀ, then A (strictly lower)
@@ -236,7 +304,7 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_prepare_kernel(GdnShape sh
     gamma[2 * lane + 1] = lane == 0 ? first + second : (before + first) + second;
   }
   const float q_scale = 1.0f / sqrtf(float(s.dk));
-  for (int t = warp; t < n; t += kWarps) {  // l2-normalise in place (each lane rescales what it summed)
+  for (int t = warp; t < n; t += kPrepareWarps) {  // l2-normalise in place (each lane rescales what it summed)
     float q_sum = 0.0f, k_sum = 0.0f;
     for (int i = lane; i < s.dk; i += 32) {
       q_sum += queries[t * ldx + i] * queries[t * ldx + i];
@@ -244,6 +312,7 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_prepare_kernel(GdnShape sh
     }
     const float q_norm = 1.0f / sqrtf(warp_sum(q_sum) + 1e-6f) * q_scale;
     const float k_norm = 1.0f / sqrtf(warp_sum(k_sum) + 1e-6f);
+    if (lane == 0) q_factor[t] = q_norm;
     for (int i = lane; i < s.dk; i += 32) {
       queries[t * ldx + i] *= q_norm;
       keys[t * ldk + i] *= k_norm;
@@ -252,49 +321,49 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_prepare_kernel(GdnShape sh
   __syncthreads();
 
   // K Kᵀ and Q Kᵀ: the 10 tiles of each on or below the diagonal (those above are masked below), ≤ 3 a warp.
-  for (int tile = warp; tile < 20; tile += kWarps) {
+  for (int tile = warp; tile < 20; tile += kPrepareWarps) {
     const bool q_rows_tile = tile >= 10;
     const int lower = tile % 10, row = lower >= 6 ? 3 : lower >= 3 ? 2 : lower >= 1 ? 1 : 0;
     const int r0 = row * kTile, c0 = (lower - row * (row + 1) / 2) * kTile;
     Accumulator acc;
-    wmma::fill_fragment(acc, 0.0f);
+    fill(acc, 0.0f);
     const float* left = q_rows_tile ? queries + r0 * ldx : keys + r0 * ldk;
-    mma_3xtf32<wmma::row_major, wmma::col_major>(acc, left, q_rows_tile ? ldx : ldk, keys + c0 * ldk, ldk, kdp / kStep);
-    wmma::store_matrix_sync((q_rows_tile ? qk : a) + r0 * kChunkStride + c0, acc, kChunkStride, wmma::mem_row_major);
+    mma_3xtf32<RowMajor, ColMajor>(acc, left, q_rows_tile ? ldx : ldk, keys + c0 * ldk, ldk, kdp / kStep);
+    store_tile((q_rows_tile ? qk : a) + r0 * kChunkStride + c0, acc, kChunkStride);
   }
   __syncthreads();
 
-  // A and P with their decays and masks; Qd, Kd and the chunk's decay to the scratch.
+  // A and P with their decays and masks; Kd, Qd's row factors and the chunk's decay to the scratch.
   float* p = x.p + block * kC * kC;
-  for (int e = tid; e < kC * kC; e += kThreads) {
+  for (int e = tid; e < kC * kC; e += kPrepareThreads) {
     const int t = e / kC, u = e % kC;
     const float decay = u <= t ? expf(gamma[t] - gamma[u]) : 0.0f;
     a[t * kChunkStride + u] = u < t ? beta[t] * decay * a[t * kChunkStride + u] : 0.0f;
     p[e] = u <= t ? decay * qk[t * kChunkStride + u] : 0.0f;
   }
   const float gamma_end = gamma[kC - 1];
-  float* qd = x.qd + block * kC * s.dk;
   float* kd = x.kd + block * kC * s.dk;
-  for (int t = warp; t < kC; t += kWarps) {  // a warp a row: e^{γ_t} and e^{γ_C−γ_t} once per row
-    const float to_row = expf(gamma[t]), to_end = expf(gamma_end - gamma[t]);
-    for (int i = lane; i < s.dk; i += 32) {
-      qd[t * s.dk + i] = queries[t * ldx + i] * to_row;
-      kd[t * s.dk + i] = keys[t * ldk + i] * to_end;
-    }
+  for (int t = warp; t < kC; t += kPrepareWarps) {  // a warp a row: e^{γ_C−γ_t} once per row
+    const float to_end = expf(gamma_end - gamma[t]);
+    for (int i = lane; i < s.dk; i += 32) kd[t * s.dk + i] = keys[t * ldk + i] * to_end;
   }
+  if (tid < kC) x.q_factor[block * kC + tid] = tid < n ? q_factor[tid] * expf(gamma[tid]) : 0.0f;
   if (tid == 0) x.decay[block] = expf(gamma_end);
   __syncthreads();
 
-  // The right-hand sides [diag(β e^γ) K | diag(β) V] (zero past the input: β = 0 there).
-  for (int t = warp; t < kC; t += kWarps) {
+  // The right-hand sides [diag(β e^γ) K | diag(β) V] (zero past the input: β = 0 there). V is staged by cp.async
+  // while the keys are scaled (read element by element, its 32 loads a thread each waited a global latency).
+  const float* v_rows = in.qkv + size_t(t0) * s.conv_dim + 2 * s.key_dim + h * s.dv;
+  stage_tile(values, ldx, kC, vdp, v_rows, size_t(s.conv_dim), n, s.dv);
+  __pipeline_commit();
+  for (int t = warp; t < kC; t += kPrepareWarps) {
     const float scale = beta[t] * expf(gamma[t]);
     for (int i = lane; i < kdp; i += 32) keys[t * ldk + i] *= scale;
   }
-  const float* v_rows = in.qkv + size_t(t0) * s.conv_dim + 2 * s.key_dim + h * s.dv;
-  for (int e = tid; e < kC * vdp; e += kThreads) {
-    const int t = e / vdp, j = e % vdp;
-    values[t * ldx + j] = t < n && j < s.dv ? beta[t] * v_rows[size_t(t) * s.conv_dim + j] : 0.0f;
-  }
+  __pipeline_wait_prior(0);
+  __syncthreads();
+  for (int t = warp; t < n; t += kPrepareWarps)
+    for (int j = lane; j < s.dv; j += 32) values[t * ldx + j] *= beta[t];
   __syncthreads();
 
   // (I + A) [W | U] = [diag(β e^γ) K | diag(β) V] by blocks of 16 rows: subtract the solved rows' part (tensor cores),
@@ -302,21 +371,21 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_prepare_kernel(GdnShape sh
   const int key_tiles = kdp / kTile, tiles = key_tiles + vdp / kTile;
   for (int r0 = 0; r0 < kC; r0 += kTile) {
     if (r0 > 0) {
-      for (int tile = warp; tile < tiles; tile += kWarps) {
+      for (int tile = warp; tile < tiles; tile += kPrepareWarps) {
         const bool key = tile < key_tiles;
         float* rhs = key ? keys + tile * kTile : values + (tile - key_tiles) * kTile;
         const int ld = key ? ldk : ldx;
         Accumulator solved, rest;
-        wmma::fill_fragment(solved, 0.0f);
-        mma_3xtf32<wmma::row_major, wmma::row_major>(solved, a + r0 * kChunkStride, kChunkStride, rhs, ld, r0 / kStep);
-        wmma::load_matrix_sync(rest, rhs + r0 * ld, unsigned(ld), wmma::mem_row_major);
+        fill(solved, 0.0f);
+        mma_3xtf32<RowMajor, RowMajor>(solved, a + r0 * kChunkStride, kChunkStride, rhs, ld, r0 / kStep);
+        load_tile(rest, rhs + r0 * ld, ld);
 #pragma unroll
-        for (int e = 0; e < rest.num_elements; ++e) rest.x[e] -= solved.x[e];
-        wmma::store_matrix_sync(rhs + r0 * ld, rest, unsigned(ld), wmma::mem_row_major);
+        for (int e = 0; e < 8; ++e) rest.x[e] -= solved.x[e];
+        store_tile(rhs + r0 * ld, rest, ld);
       }
       __syncthreads();
     }
-    for (int column = tid; column < kdp + vdp; column += kThreads) {
+    for (int column = tid; column < kdp + vdp; column += kPrepareThreads) {
       const bool key = column < kdp;
       float* rhs = key ? keys + column : values + (column - kdp);
       const int ld = key ? ldk : ldx;
@@ -324,12 +393,12 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_prepare_kernel(GdnShape sh
 #pragma unroll
       for (int r = 0; r < kTile; ++r) w[r] = rhs[(r0 + r) * ld];
 #pragma unroll
-      for (int r = 1; r < kTile; ++r) {
+      for (int r = 1; r < kTile; ++r) {  // four partial sums: a chain of r / 4 dependent products, not r
         const float* a_row = a + (r0 + r) * kChunkStride + r0;
-        float sum = w[r];
+        float sums[4] = {w[r], 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int c = 0; c < r; ++c) sum -= a_row[c] * w[c];
-        w[r] = sum;
+        for (int c = 0; c < r; ++c) sums[(r - 1 - c) % 4] -= a_row[c] * w[c];
+        w[r] = (sums[0] + sums[1]) + (sums[2] + sums[3]);
       }
 #pragma unroll
       for (int r = 0; r < kTile; ++r) rhs[(r0 + r) * ld] = w[r];
@@ -338,9 +407,9 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_prepare_kernel(GdnShape sh
   }
 
   float* w_out = x.w + block * kC * s.dk;
-  for (int e = tid; e < kC * s.dk; e += kThreads) w_out[e] = keys[e / s.dk * ldk + e % s.dk];
+  for (int e = tid; e < kC * s.dk; e += kPrepareThreads) w_out[e] = keys[e / s.dk * ldk + e % s.dk];
   float* u_out = x.u + block * kC * s.dv;
-  for (int e = tid; e < kC * s.dv; e += kThreads) u_out[e] = values[e / s.dv * ldx + e % s.dv];
+  for (int e = tid; e < kC * s.dv; e += kPrepareThreads) u_out[e] = values[e / s.dv * ldx + e % s.dv];
 }
 
 // The scan: block (head, slice of 64 value columns), 512 threads, one block an SM (at the release shape 96 blocks,
@@ -374,7 +443,8 @@ __device__ inline void store_slice(float* target, size_t ld, const float* tile, 
 }
 
 // Per chunk, in order: S₀ to the scratch; Δ = U − W S (warp w: the tile at rows 16·(w/4), columns 16·(w%4)), Δ to
-// the scratch (over U); S ← e^{γ_C} S + Kdᵀ Δ.
+// the scratch (over U); S ← e^{γ_C} S + Kdᵀ Δ. Two barriers a chunk: the one at its start also frees the stage that
+// the next chunk's operands then load into (the previous chunk's update was its last reader).
 template <bool kRelease>
 __global__ void __launch_bounds__(kScanThreads, 1)
     gdn_chunk_scan_kernel(GdnShape shape, int rows, ChunkScratch x, float* recurrent) {
@@ -400,18 +470,15 @@ __global__ void __launch_bounds__(kScanThreads, 1)
   };
   stage_tile(state, kScanStride, kdp, kScanColumns, head_state, dv, s.dk, columns);
   stage_chunk(0);
-  __pipeline_commit();
 
   const int delta_row = warp / 4 * kTile, delta_column = warp % 4 * kTile;
   const int row_tiles = kdp / kTile, c0 = warp % 4 * kTile;  // the state update's
   for (int chunk = 0; chunk < chunks; ++chunk) {
     const size_t block = size_t(chunk) * s.heads + h;
     const float decay = x.decay[block];  // loaded here, used in the state update
-    // The previous chunk's last barrier freed the other stage.
+    wait_copies();                       // this chunk's stage (and before the first chunk the state)
+    __syncthreads();                     // ... for every thread; and the previous chunk is done with the other stage
     if (chunk + 1 < chunks) stage_chunk(chunk + 1);
-    __pipeline_commit();
-    __pipeline_wait_prior(1);  // this chunk's stage (and before the first chunk the state)
-    __syncthreads();
     const float* w = stages + (chunk % 2) * stage_floats;
     const float* kd = w + kC * ldk;
     const float* u = kd + kC * ldk;
@@ -419,58 +486,74 @@ __global__ void __launch_bounds__(kScanThreads, 1)
 
     {  // Δ = U − W S
       Accumulator product, result;
-      wmma::fill_fragment(product, 0.0f);
-      mma_3xtf32<wmma::row_major, wmma::row_major>(product, w + delta_row * ldk, ldk, state + delta_column, kScanStride,
-                                                   kdp / kStep);
-      wmma::load_matrix_sync(result, u + delta_row * kScanStride + delta_column, kScanStride, wmma::mem_row_major);
+      fill(product, 0.0f);
+      mma_3xtf32<RowMajor, RowMajor>(product, w + delta_row * ldk, ldk, state + delta_column, kScanStride, kdp / kStep);
+      load_tile(result, u + delta_row * kScanStride + delta_column, kScanStride);
 #pragma unroll
-      for (int e = 0; e < result.num_elements; ++e) result.x[e] -= product.x[e];
-      wmma::store_matrix_sync(delta + delta_row * kScanStride + delta_column, result, kScanStride, wmma::mem_row_major);
+      for (int e = 0; e < 8; ++e) result.x[e] -= product.x[e];
+      store_tile(delta + delta_row * kScanStride + delta_column, result, kScanStride);
     }
     __syncthreads();
     store_slice(x.u + block * kC * dv + j0, dv, delta, kC, columns);  // Δ replaces U
 
     // S ← e^{γ_C} S + Kdᵀ Δ: warp w updates column tile w % 4 of the row tiles w / 4, w / 4 + 4, … two at a time.
     auto decayed = [&](Accumulator& tile, int row_tile) {
-      wmma::load_matrix_sync(tile, state + row_tile * kTile * kScanStride + c0, kScanStride, wmma::mem_row_major);
+      load_tile(tile, state + row_tile * kTile * kScanStride + c0, kScanStride);
 #pragma unroll
-      for (int e = 0; e < tile.num_elements; ++e) tile.x[e] *= decay;
+      for (int e = 0; e < 8; ++e) tile.x[e] *= decay;
     };
     auto store = [&](const Accumulator& tile, int row_tile) {
-      wmma::store_matrix_sync(state + row_tile * kTile * kScanStride + c0, tile, kScanStride, wmma::mem_row_major);
+      store_tile(state + row_tile * kTile * kScanStride + c0, tile, kScanStride);
     };
     int row_tile = warp / 4;
     for (; row_tile + 4 < row_tiles; row_tile += 8) {
       Accumulator first, second;
       decayed(first, row_tile);
       decayed(second, row_tile + 4);
-      mma_pair_3xtf32<wmma::col_major, wmma::row_major>(
-          first, second, kd + row_tile * kTile, kd + (row_tile + 4) * kTile, ldk, delta + c0, kScanStride, kC / kStep);
+      mma_pair_3xtf32<ColMajor, RowMajor>(first, second, kd + row_tile * kTile, kd + (row_tile + 4) * kTile, ldk,
+                                          delta + c0, kScanStride, kC / kStep);
       store(first, row_tile);
       store(second, row_tile + 4);
     }
     if (row_tile < row_tiles) {
       Accumulator next;
       decayed(next, row_tile);
-      mma_3xtf32<wmma::col_major, wmma::row_major>(next, kd + row_tile * kTile, ldk, delta + c0, kScanStride,
-                                                   kC / kStep);
+      mma_3xtf32<ColMajor, RowMajor>(next, kd + row_tile * kTile, ldk, delta + c0, kScanStride, kC / kStep);
       store(next, row_tile);
     }
-    __syncthreads();
   }
+  __syncthreads();
   store_slice(head_state, dv, state, s.dk, columns);
 }
 
-// Shared memory of the outputs: Qd [C][ldk] (then the output tile [C][36]), P [C][C + 4], S₀ [kdp][36], Δ [C][36].
+// The raw q rows of head h's key head in chunk `chunk` (zero past the input) into tile [C][ld] (tile_width ≥ dk
+// columns, zero past dk), and their factors e^{γ_t} / (‖q_t‖ √dk) into factors [C]; asynchronously.
+__device__ inline void stage_queries(float* tile, int ld, int tile_width, float* factors, const GdnShape& s,
+                                     const GdnInputs& in, const ChunkScratch& x, int h, int chunk) {
+  const int t0 = chunk * kC, n = min(kC, in.rows - t0), key_head = h / (s.heads / s.key_heads);
+  stage_tile(tile, ld, kC, tile_width, in.qkv + size_t(t0) * s.conv_dim + key_head * s.dk, size_t(s.conv_dim), n, s.dk);
+  stage_tile(factors, kC, 1, kC, x.q_factor + (size_t(chunk) * s.heads + h) * kC, size_t(kC), 1, kC);
+}
+
+// Rows g and g + 8 of a tile whose rows start at factors: acc (the product with raw q rows) becomes Qd's.
+__device__ inline void scale_rows(Accumulator& acc, const float* factors) {
+  const int g = threadIdx.x % 32 / 4;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) acc.x[e] *= factors[g + 8 * (e / 2 % 2)];
+}
+
+// Shared memory of the outputs: raw Q [C][ldk] (then the output tile [C][36]), P [C][C + 4], S₀ [kdp][36], Δ [C][36],
+// q factors [C].
 size_t output_shared_bytes(const GdnShape& s) {
   return (size_t(kC) * stride_of(s.dk) + size_t(kC) * kChunkStride + size_t(padded(s.dk)) * kSliceStride +
-          size_t(kC) * kSliceStride) *
+          size_t(kC) * kSliceStride + kC) *
          4;
 }
 
 // Block (head, chunk, slice of 32 value columns): O = Qd S₀ + P Δ, written to out [rows, heads·dv]. Warp w computes
 // the tile (rows 16·(w/2), columns 16·(w%2)).
-__global__ void __launch_bounds__(kThreads) gdn_chunk_output_kernel(GdnShape s, int rows, ChunkScratch x, float* out) {
+__global__ void __launch_bounds__(kThreads)
+    gdn_chunk_output_kernel(GdnShape s, GdnInputs in, ChunkScratch x, float* out) {
   allow_dependents();
   extern __shared__ __align__(128) float4 shared4[];
   const int kdp = padded(s.dk), ldk = stride_of(s.dk);
@@ -478,12 +561,13 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_output_kernel(GdnShape s, 
   float* p = qd + kC * ldk;                       // [C][C + 4]
   float* s0 = p + kC * kChunkStride;              // [kdp][36]
   float* delta = s0 + kdp * kSliceStride;         // [C][36]
+  float* factors = delta + kC * kSliceStride;     // [C]
   float* o = qd;  // [C][36] once every warp is done with its tiles (may run into P: at least 64·(20 + 68) floats)
   const int h = blockIdx.x, chunk = blockIdx.y, tid = threadIdx.x, warp = tid / 32;
   const int j0 = blockIdx.z * kSliceColumns, columns = min(kSliceColumns, s.dv - j0);
-  const int t0 = chunk * kC, n = min(kC, rows - t0);
+  const int t0 = chunk * kC, n = min(kC, in.rows - t0);
   const size_t block = size_t(chunk) * s.heads + h, dv = size_t(s.dv);
-  stage_tile(qd, ldk, kC, kdp, x.qd + block * kC * s.dk, size_t(s.dk), kC, s.dk);
+  stage_queries(qd, ldk, kdp, factors, s, in, x, h, chunk);
   stage_tile(p, kChunkStride, kC, kC, x.p + block * kC * kC, size_t(kC), kC, kC);
   stage_tile(s0, kSliceStride, kdp, kSliceColumns, x.s0 + block * s.dk * dv + j0, dv, s.dk, columns);
   stage_tile(delta, kSliceStride, kC, kSliceColumns, x.u + block * kC * dv + j0, dv, kC, columns);
@@ -492,12 +576,12 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_output_kernel(GdnShape s, 
 
   const int r0 = warp / 2 * kTile, c0 = warp % 2 * kTile;
   Accumulator acc;
-  wmma::fill_fragment(acc, 0.0f);
-  mma_3xtf32<wmma::row_major, wmma::row_major>(acc, qd + r0 * ldk, ldk, s0 + c0, kSliceStride, kdp / kStep);
-  mma_3xtf32<wmma::row_major, wmma::row_major>(acc, p + r0 * kChunkStride, kChunkStride, delta + c0, kSliceStride,
-                                               kC / kStep);
+  fill(acc, 0.0f);
+  mma_3xtf32<RowMajor, RowMajor>(acc, qd + r0 * ldk, ldk, s0 + c0, kSliceStride, kdp / kStep);
+  scale_rows(acc, factors + r0);
+  mma_3xtf32<RowMajor, RowMajor>(acc, p + r0 * kChunkStride, kChunkStride, delta + c0, kSliceStride, kC / kStep);
   __syncthreads();  // every warp is done with Qd
-  wmma::store_matrix_sync(o + r0 * kSliceStride + c0, acc, kSliceStride, wmma::mem_row_major);
+  store_tile(o + r0 * kSliceStride + c0, acc, kSliceStride);
   __syncthreads();
   for (int e = tid; e < n * columns; e += kThreads) {
     const int t = e / columns, c = e % columns;
@@ -505,81 +589,86 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_output_kernel(GdnShape s, 
   }
 }
 
-// The outputs and the gated norm in one kernel where dk and dv are multiples of 16 (the release): block (head,
-// chunk) computes all dv columns, so it sees whole rows for the norm. Warp w owns the 16-column strips w, w + 8, …
-// of all 64 rows: it reads its strip of S₀ and Δ straight from the scratch as tensor-core fragments, each once (the
-// next one is loaded while the current one is used four times), against Qd and P in shared memory.
-bool fused_output_fits(const GdnShape& s) { return s.dk % kTile == 0 && s.dv % kTile == 0; }
+// The outputs and the gated norm in one kernel where dk and dv are multiples of 16, dv ≤ 128 and the operands fit in
+// shared memory (the release): block (head, chunk), 256 threads, two blocks an SM, computes all dv columns, so it
+// sees whole rows for the norm. Its operands are staged whole by cp.async in two phases over one region: Qd and S₀
+// (then O = Qd S₀), then P, Δ and the gate inputs z in their place (O += P Δ, the norm); one block's loads overlap
+// the other block's products. (Reading S₀ and Δ as fragments straight from global memory, one fragment ahead, left
+// each block waiting on a global latency per k-step: ~45 µs a block.) Warp w computes column tile w of all four row
+// tiles (two pairs, each sharing the B fragment), then the gated norm row by row (warp w: rows w, w + 8, …).
+constexpr size_t kMaxDynamicShared = 227 * 1024;  // what a block may opt into on Hopper
 
 size_t output_norm_shared_bytes(const GdnShape& s) {
-  return (size_t(kC) * (s.dk + 4) + size_t(kC) * kChunkStride + size_t(kC) * (s.dv + 4)) * 4;
+  const size_t ldq = size_t(s.dk) + 4, ldo = size_t(s.dv) + 4;
+  return std::max(kC * ldq + size_t(s.dk) * ldo + kC, size_t(kC) * kChunkStride + 2 * kC * ldo) * 4;
 }
 
-// acc[r] += A_r B for the four 16-row tiles A_r of a [C][lda] (row-major, shared) against the 16-column strip B of b
-// (row-major, global, stride ldb), over `steps` k-steps of 8; 3×TF32.
-__device__ inline void strip_mma_3xtf32(Accumulator (&acc)[kC / kTile], const float* a, int lda, const float* b,
-                                        int ldb, int steps) {
-  using FragmentB = wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major>;
-  FragmentB next;
-  wmma::load_matrix_sync(next, b, unsigned(ldb));
-#pragma unroll 4
-  for (int k = 0; k < steps; ++k) {
-    FragmentB b_hi = next, b_lo;
-    if (k + 1 < steps) wmma::load_matrix_sync(next, b + (k + 1) * kStep * ldb, unsigned(ldb));
-    split_tf32(b_hi, b_lo);
-#pragma unroll
-    for (int r = 0; r < kC / kTile; ++r) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> a_hi, a_lo;
-      wmma::load_matrix_sync(a_hi, a + r * kTile * lda + k * kStep, unsigned(lda));
-      split_tf32(a_hi, a_lo);
-      wmma::mma_sync(acc[r], a_lo, b_hi, acc[r]);
-      wmma::mma_sync(acc[r], a_hi, b_lo, acc[r]);
-      wmma::mma_sync(acc[r], a_hi, b_hi, acc[r]);
-    }
-  }
+bool fused_output_fits(const GdnShape& s) {
+  return s.dk % kTile == 0 && s.dv % kTile == 0 && s.dv / kTile <= kWarps &&
+         output_norm_shared_bytes(s) <= kMaxDynamicShared;
 }
 
-// Block (head, chunk): O = Qd S₀ + P Δ, then out = w ⊙ rmsnorm(O) ⊙ gate(z) row by row (warp t: rows t, t + 8, …).
+// Block (head, chunk): O = Qd S₀ + P Δ, then out = w ⊙ rmsnorm(O) ⊙ gate(z).
 template <bool kRelease>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 2)
     gdn_chunk_output_norm_kernel(GdnShape shape, GdnInputs in, ChunkScratch x, float* out) {
   const GdnShape s = fixed<kRelease>(shape);
   allow_dependents();
   extern __shared__ __align__(128) float4 shared4[];
   const int ldq = s.dk + 4, ldo = s.dv + 4;
-  float* qd = reinterpret_cast<float*>(shared4);  // [C][dk + 4]
-  float* p = qd + kC * ldq;                       // [C][C + 4]
-  float* o = p + kC * kChunkStride;               // [C][dv + 4]
+  float* qd = reinterpret_cast<float*>(shared4);  // phase 1: raw Q [C][dk + 4]
+  float* s0 = qd + kC * ldq;                      //          S₀ [dk][dv + 4]
+  float* factors = s0 + s.dk * ldo;               //          q factors [C]
+  float* p = qd;                                  // phase 2: P [C][C + 4]
+  float* delta = p + kC * kChunkStride;           //          Δ [C][dv + 4], then O
+  float* gate = delta + kC * ldo;                 //          z [C][dv + 4]
   const int h = blockIdx.x, chunk = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int t0 = chunk * kC, n = min(kC, in.rows - t0);
-  const size_t block = size_t(chunk) * s.heads + h;
-  stage_tile(qd, ldq, kC, s.dk, x.qd + block * kC * s.dk, size_t(s.dk), kC, s.dk);
-  stage_tile(p, kChunkStride, kC, kC, x.p + block * kC * kC, size_t(kC), kC, kC);
+  const size_t block = size_t(chunk) * s.heads + h, row_stride = size_t(s.heads) * s.dv;
+  stage_queries(qd, ldq, s.dk, factors, s, in, x, h, chunk);
+  stage_tile(s0, ldo, s.dk, s.dv, x.s0 + block * s.dk * s.dv, size_t(s.dv), s.dk, s.dv);
   wait_copies();
   __syncthreads();
 
-  const float* s0 = x.s0 + block * s.dk * s.dv;
-  const float* delta = x.u + block * kC * s.dv;
-  for (int c0 = warp * kTile; c0 < s.dv; c0 += kWarps * kTile) {
-    Accumulator acc[kC / kTile];
+  const bool computes = warp < s.dv / kTile;
+  const int c0 = warp * kTile;
+  Accumulator acc[kC / kTile];
 #pragma unroll
-    for (int r = 0; r < kC / kTile; ++r) wmma::fill_fragment(acc[r], 0.0f);
-    strip_mma_3xtf32(acc, qd, ldq, s0 + c0, s.dv, s.dk / kStep);
-    strip_mma_3xtf32(acc, p, kChunkStride, delta + c0, s.dv, kC / kStep);
+  for (int r = 0; r < kC / kTile; ++r) fill(acc[r], 0.0f);
+  if (computes)
 #pragma unroll
-    for (int r = 0; r < kC / kTile; ++r)
-      wmma::store_matrix_sync(o + r * kTile * ldo + c0, acc[r], unsigned(ldo), wmma::mem_row_major);
-  }
+    for (int r = 0; r < kC / kTile; r += 2)
+      mma_pair_3xtf32<RowMajor, RowMajor>(acc[r], acc[r + 1], qd + r * kTile * ldq, qd + (r + 1) * kTile * ldq, ldq,
+                                          s0 + c0, ldo, s.dk / kStep);
+#pragma unroll
+  for (int r = 0; r < kC / kTile; ++r) scale_rows(acc[r], factors + r * kTile);
+  __syncthreads();  // Q, S₀ and the factors are used up
+
+  stage_tile(p, kChunkStride, kC, kC, x.p + block * kC * kC, size_t(kC), kC, kC);
+  stage_tile(delta, ldo, kC, s.dv, x.u + block * kC * s.dv, size_t(s.dv), kC, s.dv);
+  stage_tile(gate, ldo, kC, s.dv, in.z + size_t(t0) * row_stride + size_t(h) * s.dv, row_stride, n, s.dv);
+  wait_copies();
+  __syncthreads();
+  if (computes)
+#pragma unroll
+    for (int r = 0; r < kC / kTile; r += 2)
+      mma_pair_3xtf32<RowMajor, RowMajor>(acc[r], acc[r + 1], p + r * kTile * kChunkStride,
+                                          p + (r + 1) * kTile * kChunkStride, kChunkStride, delta + c0, ldo,
+                                          kC / kStep);
+  __syncthreads();  // every warp is done with Δ
+  if (computes)
+#pragma unroll
+    for (int r = 0; r < kC / kTile; ++r) store_tile(delta + r * kTile * ldo + c0, acc[r], ldo);
   __syncthreads();
 
   for (int t = warp; t < n; t += kWarps) {
-    const float* row = o + t * ldo;
+    const float* row = delta + t * ldo;
     float sum = 0.0f;
     for (int j = lane; j < s.dv; j += 32) sum += row[j] * row[j];
     const float scale = 1.0f / sqrtf(warp_sum(sum) / float(s.dv) + in.eps);
-    const size_t at = (size_t(t0 + t) * s.heads + h) * s.dv;
+    float* target = out + size_t(t0 + t) * row_stride + size_t(h) * s.dv;
     for (int j = lane; j < s.dv; j += 32)
-      out[at + j] = in.norm[j] * (row[j] * scale) * output_gate(in.z[at + j], in.sigmoid_gate);
+      target[j] = in.norm[j] * (row[j] * scale) * output_gate(gate[t * ldo + j], in.sigmoid_gate);
   }
 }
 
@@ -595,13 +684,6 @@ __global__ void __launch_bounds__(kThreads) gdn_gated_norm_kernel(float* core, c
   for (int j = lane; j < dv; j += 32) sum += o[j] * o[j];
   const float scale = 1.0f / sqrtf(warp_sum(sum) / float(dv) + eps);
   for (int j = lane; j < dv; j += 32) o[j] = weight[j] * (o[j] * scale) * output_gate(gate[j], sigmoid_gate);
-}
-
-template <typename Kernel>
-void launch_with_shared(Kernel kernel, dim3 grid, size_t shared_bytes, cudaStream_t stream, const GdnShape& s, int rows,
-                        const ChunkScratch& x, float* target) {
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes));
-  kernel<<<grid, kThreads, shared_bytes, stream>>>(s, rows, x, target);
 }
 
 }  // namespace
@@ -622,7 +704,7 @@ void gdn_prefill(const GdnShape& s, const GdnInputs& in, float* recurrent, float
   const auto prepare = release ? gdn_chunk_prepare_kernel<true> : gdn_chunk_prepare_kernel<false>;
   const size_t prepare_bytes = prepare_shared_bytes(s);
   cudaFuncSetAttribute(prepare, cudaFuncAttributeMaxDynamicSharedMemorySize, int(prepare_bytes));
-  prepare<<<dim3(heads, chunks), kThreads, prepare_bytes, stream>>>(s, in, x);
+  prepare<<<dim3(heads, chunks), kPrepareThreads, prepare_bytes, stream>>>(s, in, x);
   const size_t scan_bytes = scan_shared_bytes(s);
   const unsigned scan_slices = unsigned((s.dv + kScanColumns - 1) / kScanColumns);
   const auto scan = release ? gdn_chunk_scan_kernel<true> : gdn_chunk_scan_kernel<false>;
@@ -635,8 +717,9 @@ void gdn_prefill(const GdnShape& s, const GdnInputs& in, float* recurrent, float
     output<<<dim3(heads, chunks), kThreads, bytes, stream>>>(s, in, x, out);
     return;
   }
-  launch_with_shared(gdn_chunk_output_kernel, dim3(heads, chunks, slices), output_shared_bytes(s), stream, s, in.rows,
-                     x, out);
+  const size_t output_bytes = output_shared_bytes(s);
+  cudaFuncSetAttribute(gdn_chunk_output_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(output_bytes));
+  gdn_chunk_output_kernel<<<dim3(heads, chunks, slices), kThreads, output_bytes, stream>>>(s, in, x, out);
   const int groups = in.rows * s.heads;
   gdn_gated_norm_kernel<<<blocks_for(groups, kWarps), kThreads, 0, stream>>>(out, in.z, in.norm, groups, s.dv, in.eps,
                                                                              in.sigmoid_gate);
