@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cuda/gated_deltanet.cuh"
+#include "device_matrices.h"
 
 namespace vavilov {
 namespace {
@@ -37,14 +38,6 @@ void host_conv(const Conv& c, int channels, int kernel, int rows, std::vector<do
       for (int k = 0; k < history; ++k)
         row_states[(size_t(t) * history + k) * channels + ch] = input(t - history + 1 + k, ch);
     }
-}
-
-template <typename T>
-T* upload(const std::vector<T>& v) {
-  T* p = nullptr;
-  EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(v.size(), 1) * sizeof(T)), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  return p;
 }
 
 std::vector<float> download(const float* p, size_t n) {
@@ -79,9 +72,9 @@ TEST(CudaGdnConv, LongPassesInPlaceMatchDoublePrecision) {
     }
     std::vector<double> want, want_states;
     host_conv(c, k.channels, k.kernel, k.rows, want, want_states);
-    float *taps = upload(c.taps), *state = upload(c.state), *x = upload(c.x);
-    float* row_states = nullptr;
-    if (k.record) row_states = upload(std::vector<float>(want_states.size(), NAN));
+    test::DeviceMemory memory;
+    float *taps = memory.copy(c.taps), *state = memory.copy(c.state), *x = memory.copy(c.x);
+    float* row_states = k.record ? memory.copy(std::vector<float>(want_states.size(), NAN)) : nullptr;
     cuda::gdn_conv(taps, k.channels, k.kernel, state, x, k.rows, row_states, nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const std::vector<float> got = download(x, want.size()), got_state = download(state, c.state.size());
@@ -96,9 +89,7 @@ TEST(CudaGdnConv, LongPassesInPlaceMatchDoublePrecision) {
     if (k.record) {
       const std::vector<float> states = download(row_states, want_states.size());
       for (size_t i = 0; i < states.size(); ++i) ASSERT_EQ(double(states[i]), want_states[i]) << "row state " << i;
-      cudaFree(row_states);
     }
-    for (float* p : {taps, state, x}) cudaFree(p);
   }
 }
 
