@@ -1,0 +1,273 @@
+// How close can a chain of small dependent products get to the copy bandwidth on this GPU? A decode step is ~570
+// dependent kernels of a few MB of weights each; this measures the same shape of work with the arithmetic left out:
+// P phases, phase p streaming its own W bytes of "weights" (all phases together far larger than L2) and reading a value
+// another block wrote in phase p − 1, so that each phase depends on the whole previous one. Three ways to run it:
+//
+//   kernels:        one kernel a phase, replayed as a CUDA graph, each a dependent launch (launch.cuh) that waits
+//                   first and then streams (a GEMV that loads nothing before its wait);
+//   kernels_early:  the same, each thread issuing its first loads before the wait (what the decode GEMVs do);
+//   persistent:     one cooperative kernel whose blocks stream phase p's weights, then wait at a grid barrier (an
+//                   atomic counter) for phase p − 1, so the weight stream of a phase overlaps the barrier of the last.
+//
+// All three compute the same values (checked). Prints per phase the time, the copy floor (W / copy bandwidth) and the
+// fraction of it, and writes JSON.
+// Usage: chain_bench OUT.json
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "check.cuh"
+#include "cuda/launch.cuh"
+
+namespace {
+
+using vavilov::cuda::allow_dependents;
+using vavilov::cuda::launch_dependent;
+using vavilov::cuda::wait_for_producers;
+
+constexpr int kThreads = 256;
+constexpr int kUnroll = 8;  // 16-byte loads a thread keeps in flight
+
+struct Chain {
+  const uint4* weights;  // [phases][words]
+  size_t words;          // 16-byte words a phase
+  uint32_t* values;      // [phases + 1][blocks]: what each block wrote after each phase
+  int blocks;
+};
+
+// A block's share of phase p's weights, folded into one word (grid-stride over the phase, kUnroll loads at a time).
+// `first` holds the first kUnroll loads when the caller issued them early.
+__device__ uint32_t stream_phase(const Chain& c, int p, const uint4 (&first)[kUnroll], bool have_first) {
+  const uint4* w = c.weights + size_t(p) * c.words;
+  const size_t stride = size_t(c.blocks) * kThreads, start = size_t(blockIdx.x) * kThreads + threadIdx.x;
+  uint32_t acc = 0;
+  size_t i = start;
+  if (have_first) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) acc ^= first[u].x ^ first[u].y ^ first[u].z ^ first[u].w;
+    i += kUnroll * stride;
+  }
+  for (; i < c.words; i += kUnroll * stride) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      v[u] = i + u * stride < c.words ? __ldg(w + i + u * stride) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  return acc;
+}
+
+__device__ void load_first(const Chain& c, int p, uint4 (&first)[kUnroll]) {
+  const uint4* w = c.weights + size_t(p) * c.words;
+  const size_t stride = size_t(c.blocks) * kThreads, start = size_t(blockIdx.x) * kThreads + threadIdx.x;
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u)
+    first[u] = start + u * stride < c.words ? __ldg(w + start + u * stride) : make_uint4(0, 0, 0, 0);
+}
+
+// The block's fold of its threads' words, plus the value block (b + 1) % blocks wrote in the previous phase.
+__device__ void finish_phase(const Chain& c, int p, uint32_t acc) {
+  __shared__ uint32_t folded[kThreads / 32];
+  for (int offset = 16; offset > 0; offset >>= 1) acc ^= __shfl_xor_sync(0xffffffffu, acc, offset);
+  if (threadIdx.x % 32 == 0) folded[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t block = 0;
+    for (int i = 0; i < kThreads / 32; ++i) block ^= folded[i];
+    const uint32_t previous =
+        *reinterpret_cast<volatile uint32_t*>(c.values + size_t(p) * c.blocks + (blockIdx.x + 1) % unsigned(c.blocks));
+    c.values[size_t(p + 1) * c.blocks + blockIdx.x] = block * 2654435761u + previous;
+  }
+  __syncthreads();
+}
+
+__global__ void __launch_bounds__(kThreads) phase_kernel(Chain c, int p, bool early) {
+  uint4 first[kUnroll];
+  if (early) load_first(c, p, first);
+  wait_for_producers();
+  allow_dependents();
+  finish_phase(c, p, stream_phase(c, p, first, early));
+}
+
+__device__ uint32_t load_acquire(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Every block waits until all blocks have arrived `target` times in total.
+__device__ void grid_barrier(uint32_t* arrivals, uint32_t target) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(arrivals, 1u);
+    while (load_acquire(arrivals) < target) {
+    }
+  }
+  __syncthreads();
+}
+
+// Phase p's weights are streamed before the barrier that makes phase p − 1's values visible.
+__global__ void __launch_bounds__(kThreads) persistent_kernel(Chain c, int phases, uint32_t* arrivals) {
+  const uint4 none[kUnroll] = {};
+  for (int p = 0; p < phases; ++p) {
+    const uint32_t acc = stream_phase(c, p, none, false);
+    if (p > 0) grid_barrier(arrivals, uint32_t(p) * uint32_t(c.blocks));
+    finish_phase(c, p, acc);
+  }
+}
+
+__global__ void fill(uint4* p, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = make_uint4(uint32_t(i), uint32_t(i * 7 + 1), uint32_t(i * 13 + 5), uint32_t(i >> 3));
+}
+
+float elapsed_ms(cudaEvent_t a, cudaEvent_t b) {
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, a, b));
+  return ms;
+}
+
+double copy_bandwidth_gbs() {
+  const size_t bytes = size_t(1) << 30;
+  void *a, *b;
+  CHECK(cudaMalloc(&a, bytes));
+  CHECK(cudaMalloc(&b, bytes));
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  CHECK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+  CHECK(cudaEventRecord(start));
+  for (int i = 0; i < 10; ++i) CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
+  CHECK(cudaEventRecord(stop));
+  CHECK(cudaEventSynchronize(stop));
+  const double gbs = 2.0 * bytes * 10 / (elapsed_ms(start, stop) * 1e-3) / 1e9;
+  CHECK(cudaFree(a));
+  CHECK(cudaFree(b));
+  return gbs;
+}
+
+struct Result {
+  double kernels_us, kernels_early_us, persistent_us;
+  bool same;
+};
+
+Result run(size_t phase_bytes, int phases, int blocks, int repeats) {
+  Chain c{};
+  c.words = phase_bytes / 16;
+  c.blocks = blocks;
+  uint4* weights;
+  CHECK(cudaMalloc(&weights, c.words * 16 * phases));
+  fill<<<1024, 256>>>(weights, c.words * phases);
+  c.weights = weights;
+  CHECK(cudaMalloc(&c.values, sizeof(uint32_t) * size_t(phases + 1) * blocks));
+  uint32_t* arrivals;
+  CHECK(cudaMalloc(&arrivals, sizeof(uint32_t)));
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  const size_t value_bytes = sizeof(uint32_t) * size_t(phases + 1) * blocks;
+  std::vector<uint32_t> reference(size_t(phases + 1) * blocks), got(reference.size());
+
+  auto graph_of = [&](bool early) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int p = 0; p < phases; ++p)
+      CHECK(launch_dependent(phase_kernel, dim3(blocks), dim3(kThreads), 0, stream, c, p, early));
+    CHECK(cudaStreamEndCapture(stream, &graph));
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CHECK(cudaGraphDestroy(graph));
+    return exec;
+  };
+  auto time_graph = [&](cudaGraphExec_t exec) {
+    CHECK(cudaGraphLaunch(exec, stream));  // warm-up
+    CHECK(cudaEventRecord(start, stream));
+    for (int r = 0; r < repeats; ++r) CHECK(cudaGraphLaunch(exec, stream));
+    CHECK(cudaEventRecord(stop, stream));
+    CHECK(cudaEventSynchronize(stop));
+    return elapsed_ms(start, stop) * 1e3 / repeats / phases;
+  };
+  Result result{};
+  CHECK(cudaMemsetAsync(c.values, 0, value_bytes, stream));
+  const cudaGraphExec_t plain = graph_of(false), early = graph_of(true);
+  result.kernels_us = time_graph(plain);
+  CHECK(cudaMemcpy(reference.data(), c.values, value_bytes, cudaMemcpyDeviceToHost));
+  result.kernels_early_us = time_graph(early);
+  CHECK(cudaMemcpy(got.data(), c.values, value_bytes, cudaMemcpyDeviceToHost));
+  result.same = got == reference;
+
+  int phases_arg = phases;
+  void* args[] = {&c, &phases_arg, &arrivals};
+  auto persistent = [&] {
+    CHECK(cudaMemsetAsync(arrivals, 0, sizeof(uint32_t), stream));
+    CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(persistent_kernel), dim3(blocks), dim3(kThreads), args, 0,
+                                      stream));
+  };
+  persistent();  // warm-up
+  CHECK(cudaEventRecord(start, stream));
+  for (int r = 0; r < repeats; ++r) persistent();
+  CHECK(cudaEventRecord(stop, stream));
+  CHECK(cudaEventSynchronize(stop));
+  result.persistent_us = elapsed_ms(start, stop) * 1e3 / repeats / phases;
+  CHECK(cudaMemcpy(got.data(), c.values, value_bytes, cudaMemcpyDeviceToHost));
+  result.same = result.same && got == reference;
+
+  CHECK(cudaGraphExecDestroy(plain));
+  CHECK(cudaGraphExecDestroy(early));
+  CHECK(cudaStreamDestroy(stream));
+  CHECK(cudaFree(weights));
+  CHECK(cudaFree(c.values));
+  CHECK(cudaFree(arrivals));
+  return result;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: chain_bench OUT.json\n");
+    return 2;
+  }
+  cudaDeviceProp properties{};
+  CHECK(cudaGetDeviceProperties(&properties, 0));
+  int per_sm = 0;
+  CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_kernel, kThreads, 0));
+  const int blocks = properties.multiProcessorCount * std::min(per_sm, 4);
+  const double gbs = copy_bandwidth_gbs();
+  std::string json = "{\n  \"gpu\": \"" + std::string(properties.name) +
+                     "\",\n  \"copy_bandwidth_gbs\": " + std::to_string(gbs) +
+                     ",\n  \"blocks\": " + std::to_string(blocks) + ",\n  \"threads\": " + std::to_string(kThreads) +
+                     ",\n  \"phases\": [\n";
+  std::printf("%s, copy %.0f GB/s, %d blocks of %d threads\n", properties.name, gbs, blocks, kThreads);
+  std::printf("%10s %8s %12s %12s %12s %10s %6s\n", "phase MB", "floor us", "kernels us", "early us", "persist us",
+              "persist %", "same");
+  const std::vector<double> megabytes = {0.5, 2, 4, 8, 16};
+  for (size_t i = 0; i < megabytes.size(); ++i) {
+    const size_t bytes = size_t(megabytes[i] * (1 << 20));
+    const int phases = int(std::clamp<size_t>((size_t(1) << 30) / bytes, 64, 1024));  // ≥ 1 GB in all, > L2
+    const Result r = run(bytes, phases, blocks, 5);
+    const double floor_us = double(bytes) / (gbs * 1e3);
+    std::printf("%10.1f %8.2f %12.2f %12.2f %12.2f %9.0f%% %6s\n", megabytes[i], floor_us, r.kernels_us,
+                r.kernels_early_us, r.persistent_us, 100 * floor_us / r.persistent_us, r.same ? "yes" : "NO");
+    json += "    {\"phase_mb\": " + std::to_string(megabytes[i]) + ", \"phases\": " + std::to_string(phases) +
+            ", \"copy_floor_us\": " + std::to_string(floor_us) + ", \"kernels_us\": " + std::to_string(r.kernels_us) +
+            ", \"kernels_early_us\": " + std::to_string(r.kernels_early_us) +
+            ", \"persistent_us\": " + std::to_string(r.persistent_us) +
+            ", \"same_values\": " + (r.same ? "true" : "false") + "}" + (i + 1 < megabytes.size() ? ",\n" : "\n");
+  }
+  json += "  ]\n}\n";
+  FILE* out = std::fopen(argv[1], "w");
+  if (!out) {
+    std::fprintf(stderr, "chain_bench: cannot write %s\n", argv[1]);
+    return 1;
+  }
+  std::fputs(json.c_str(), out);
+  std::fclose(out);
+  return 0;
+}
