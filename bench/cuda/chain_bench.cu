@@ -28,7 +28,7 @@ using vavilov::cuda::launch_dependent;
 using vavilov::cuda::wait_for_producers;
 
 constexpr int kThreads = 256;
-constexpr int kUnroll = 8;  // 16-byte loads a thread keeps in flight
+constexpr int kUnroll = 8;  // 16-byte loads a thread keeps in flight (the sweep varies it)
 
 struct Chain {
   const uint4* weights;  // [phases][words]
@@ -39,32 +39,34 @@ struct Chain {
 
 // A block's share of phase p's weights, folded into one word (grid-stride over the phase, kUnroll loads at a time).
 // `first` holds the first kUnroll loads when the caller issued them early.
-__device__ uint32_t stream_phase(const Chain& c, int p, const uint4 (&first)[kUnroll], bool have_first) {
+template <int Unroll = kUnroll>
+__device__ uint32_t stream_phase(const Chain& c, int p, const uint4 (&first)[Unroll], bool have_first) {
   const uint4* w = c.weights + size_t(p) * c.words;
   const size_t stride = size_t(c.blocks) * kThreads, start = size_t(blockIdx.x) * kThreads + threadIdx.x;
   uint32_t acc = 0;
   size_t i = start;
   if (have_first) {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) acc ^= first[u].x ^ first[u].y ^ first[u].z ^ first[u].w;
-    i += kUnroll * stride;
+    for (int u = 0; u < Unroll; ++u) acc ^= first[u].x ^ first[u].y ^ first[u].z ^ first[u].w;
+    i += Unroll * stride;
   }
-  for (; i < c.words; i += kUnroll * stride) {
-    uint4 v[kUnroll];
+  for (; i < c.words; i += Unroll * stride) {
+    uint4 v[Unroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
+    for (int u = 0; u < Unroll; ++u)
       v[u] = i + u * stride < c.words ? __ldg(w + i + u * stride) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    for (int u = 0; u < Unroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
   }
   return acc;
 }
 
-__device__ void load_first(const Chain& c, int p, uint4 (&first)[kUnroll]) {
+template <int Unroll = kUnroll>
+__device__ void load_first(const Chain& c, int p, uint4 (&first)[Unroll]) {
   const uint4* w = c.weights + size_t(p) * c.words;
   const size_t stride = size_t(c.blocks) * kThreads, start = size_t(blockIdx.x) * kThreads + threadIdx.x;
 #pragma unroll
-  for (int u = 0; u < kUnroll; ++u)
+  for (int u = 0; u < Unroll; ++u)
     first[u] = start + u * stride < c.words ? __ldg(w + start + u * stride) : make_uint4(0, 0, 0, 0);
 }
 
@@ -84,12 +86,13 @@ __device__ void finish_phase(const Chain& c, int p, uint32_t acc) {
   __syncthreads();
 }
 
+template <int Unroll = kUnroll>
 __global__ void __launch_bounds__(kThreads) phase_kernel(Chain c, int p, bool early) {
-  uint4 first[kUnroll];
-  if (early) load_first(c, p, first);
+  uint4 first[Unroll];
+  if (early) load_first<Unroll>(c, p, first);
   wait_for_producers();
   allow_dependents();
-  finish_phase(c, p, stream_phase(c, p, first, early));
+  finish_phase(c, p, stream_phase<Unroll>(c, p, first, early));
 }
 
 __device__ uint32_t load_acquire(const uint32_t* p) {
@@ -179,7 +182,7 @@ Result run(size_t phase_bytes, int phases, int blocks, int repeats) {
     cudaGraphExec_t exec;
     CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     for (int p = 0; p < phases; ++p)
-      CHECK(launch_dependent(phase_kernel, dim3(blocks), dim3(kThreads), 0, stream, c, p, early));
+      CHECK(launch_dependent(phase_kernel<>, dim3(blocks), dim3(kThreads), 0, stream, c, p, early));
     CHECK(cudaStreamEndCapture(stream, &graph));
     CHECK(cudaGraphInstantiate(&exec, graph, 0));
     CHECK(cudaGraphDestroy(graph));
@@ -227,6 +230,46 @@ Result run(size_t phase_bytes, int phases, int blocks, int repeats) {
   return result;
 }
 
+// The early-load chain alone at one shape: per-phase time with `Unroll` loads in flight a thread and `blocks` blocks
+// (memory-level parallelism against the fixed cost of a launch).
+template <int Unroll>
+double early_chain_us(size_t phase_bytes, int phases, int blocks) {
+  Chain c{};
+  c.words = phase_bytes / 16;
+  c.blocks = blocks;
+  uint4* weights;
+  CHECK(cudaMalloc(&weights, c.words * 16 * phases));
+  fill<<<1024, 256>>>(weights, c.words * phases);
+  c.weights = weights;
+  CHECK(cudaMalloc(&c.values, sizeof(uint32_t) * size_t(phases + 1) * blocks));
+  CHECK(cudaMemset(c.values, 0, sizeof(uint32_t) * size_t(phases + 1) * blocks));
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int p = 0; p < phases; ++p)
+    CHECK(launch_dependent(phase_kernel<Unroll>, dim3(blocks), dim3(kThreads), 0, stream, c, p, true));
+  CHECK(cudaStreamEndCapture(stream, &graph));
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  CHECK(cudaGraphLaunch(exec, stream));
+  CHECK(cudaEventRecord(start, stream));
+  constexpr int kRepeats = 5;
+  for (int r = 0; r < kRepeats; ++r) CHECK(cudaGraphLaunch(exec, stream));
+  CHECK(cudaEventRecord(stop, stream));
+  CHECK(cudaEventSynchronize(stop));
+  const double us = elapsed_ms(start, stop) * 1e3 / kRepeats / phases;
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(graph));
+  CHECK(cudaStreamDestroy(stream));
+  CHECK(cudaFree(weights));
+  CHECK(cudaFree(c.values));
+  return us;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -260,6 +303,25 @@ int main(int argc, char** argv) {
             ", \"kernels_early_us\": " + std::to_string(r.kernels_early_us) +
             ", \"persistent_us\": " + std::to_string(r.persistent_us) +
             ", \"same_values\": " + (r.same ? "true" : "false") + "}" + (i + 1 < megabytes.size() ? ",\n" : "\n");
+  }
+  // Loads in flight: 8 MB phases (the step's average size is 6.6 MB) at 1-4 blocks of 256 threads a multiprocessor and
+  // 1-16 16-byte loads a thread, i.e. 4-256 KB in flight a multiprocessor.
+  json += "  ],\n  \"in_flight_8mb\": [\n";
+  std::printf("8 MB phases, early loads: us a phase by blocks a multiprocessor (rows) and loads a thread (columns)\n");
+  const size_t sweep_bytes = size_t(8) << 20;
+  const int sweep_phases = 128;
+  for (int per = 1; per <= 4; per *= 2) {
+    const int b = properties.multiProcessorCount * per;
+    const double us[5] = {
+        early_chain_us<1>(sweep_bytes, sweep_phases, b), early_chain_us<2>(sweep_bytes, sweep_phases, b),
+        early_chain_us<4>(sweep_bytes, sweep_phases, b), early_chain_us<8>(sweep_bytes, sweep_phases, b),
+        early_chain_us<16>(sweep_bytes, sweep_phases, b)};
+    std::printf("%d blocks/SM: %7.2f %7.2f %7.2f %7.2f %7.2f\n", per, us[0], us[1], us[2], us[3], us[4]);
+    const int loads[5] = {1, 2, 4, 8, 16};
+    for (int i = 0; i < 5; ++i)
+      json += "    {\"blocks_per_sm\": " + std::to_string(per) + ", \"loads_per_thread\": " + std::to_string(loads[i]) +
+              ", \"kb_in_flight_per_sm\": " + std::to_string(per * kThreads * loads[i] * 16 / 1024) +
+              ", \"us\": " + std::to_string(us[i]) + "}" + (per == 4 && i == 4 ? "\n" : ",\n");
   }
   json += "  ]\n}\n";
   FILE* out = std::fopen(argv[1], "w");
