@@ -110,26 +110,53 @@ TEST(CudaQuantGemm, RowResultsDoNotDependOnTheExpertsOtherRows) {
   EXPECT_EQ(std::memcmp(y_alone.data(), y_many.data() + 20 * kRowsOut, kRowsOut * sizeof(float)), 0);
 }
 
-// The dense form: rows in slices of 16 side by side (5, 16, 17 and 100 rows: partial and several slices).
+// y = W · x by the dense form, copied to the host.
+std::vector<float> dense(DeviceMemory& memory, const TestMatrix& w, const std::vector<float>& x, int x_rows) {
+  float* y = memory.zeros<float>(size_t(x_rows) * size_t(w.rows));
+  EXPECT_EQ(cuda::quant_gemm(w.device, memory.copy(x), x_rows, y, nullptr), cudaSuccess);
+  std::vector<float> host(size_t(x_rows) * size_t(w.rows));
+  EXPECT_EQ(cudaMemcpy(host.data(), y, host.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  return host;
+}
+
+// The dense form: rows in slices side by side (5, 16, 17 and 100 rows: partial and several slices). A matrix of few
+// row blocks (200 rows) takes slices of 4 rows, so that the multiprocessors fill; one of many (5120 rows: 40 row
+// blocks) slices of 16 at 100 rows.
 TEST(CudaQuantGemm, DenseProductsOnTheCodesMatchDoublePrecision) {
+  struct Shape {
+    int rows_out, cols;
+  };
   std::mt19937 rng(23);
   for (WeightFormat format : {WeightFormat::Q4, WeightFormat::Q3, WeightFormat::Q2})
-    for (int x_rows : {5, 16, 17, 100}) {
-      constexpr int kRowsOut = 200, kCols = 640;
-      DeviceMemory memory;
-      const TestMatrix w =
-          test::make_matrix(memory, format, test::normal_values(rng, size_t(kRowsOut) * kCols, 0.05f), kRowsOut, kCols);
-      const std::vector<float> x = test::normal_values(rng, size_t(x_rows) * kCols, 1.0f);
-      float* y = memory.zeros<float>(size_t(x_rows) * kRowsOut);
-      ASSERT_EQ(cuda::quant_gemm(w.device, memory.copy(x), x_rows, y, nullptr), cudaSuccess);
-      std::vector<float> host(size_t(x_rows) * kRowsOut);
-      ASSERT_EQ(cudaMemcpy(host.data(), y, host.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-      double worst = 0;
-      for (int b = 0; b < x_rows; ++b)
-        for (int r = 0; r < kRowsOut; ++r)
-          worst = std::max(worst, scaled_error(w, r, x.data() + size_t(b) * kCols, host[size_t(b) * kRowsOut + r]));
-      EXPECT_LE(worst, kBound) << name_of(format) << ", " << x_rows << " rows";
-    }
+    for (Shape s : {Shape{200, 640}, Shape{5120, 128}})
+      for (int x_rows : {5, 16, 17, 100}) {
+        DeviceMemory memory;
+        const TestMatrix w = test::make_matrix(
+            memory, format, test::normal_values(rng, size_t(s.rows_out) * size_t(s.cols), 0.05f), s.rows_out, s.cols);
+        const std::vector<float> x = test::normal_values(rng, size_t(x_rows) * size_t(s.cols), 1.0f);
+        const std::vector<float> y = dense(memory, w, x, x_rows);
+        double worst = 0;
+        for (int b = 0; b < x_rows; ++b)
+          for (int r = 0; r < s.rows_out; ++r)
+            worst = std::max(worst, scaled_error(w, r, x.data() + size_t(b) * size_t(s.cols),
+                                                 y[size_t(b) * size_t(s.rows_out) + size_t(r)]));
+        EXPECT_LE(worst, kBound) << name_of(format) << " " << s.rows_out << "×" << s.cols << ", " << x_rows << " rows";
+      }
+}
+
+// A row's products do not depend on the slice it falls in: the first 5 of 100 rows (16-row slices of a 5120-row
+// matrix on the H200) and the same 5 rows alone (slices of 4) give the same bits.
+TEST(CudaQuantGemm, DenseRowResultsDoNotDependOnTheSlicing) {
+  constexpr int kRowsOut = 5120, kCols = 128;
+  std::mt19937 rng(25);
+  DeviceMemory memory;
+  const TestMatrix w = test::make_matrix(memory, WeightFormat::Q4,
+                                         test::normal_values(rng, size_t(kRowsOut) * kCols, 0.05f), kRowsOut, kCols);
+  const std::vector<float> many = test::normal_values(rng, size_t(100) * kCols, 1.0f);
+  const std::vector<float> few(many.begin(), many.begin() + 5 * kCols);
+  const std::vector<float> y_many = dense(memory, w, many, 100);
+  const std::vector<float> y_few = dense(memory, w, few, 5);
+  EXPECT_EQ(std::memcmp(y_few.data(), y_many.data(), y_few.size() * sizeof(float)), 0);
 }
 
 TEST(CudaQuantGemm, ExpertSetsOfOneFormatAndShapeOnly) {
