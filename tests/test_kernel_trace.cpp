@@ -29,14 +29,20 @@ LaunchRecord marker(int kind, int rows) {
 }
 
 Entry entry(uint64_t grid, uint64_t arrived_ns, uint64_t released_ns, uint32_t blocks, uint32_t threads = 128) {
-  return {grid, arrived_ns, released_ns, 0, blocks, threads};
+  return {grid, arrived_ns, released_ns, 0, blocks, threads, false};
+}
+
+Entry marker_entry(uint64_t grid, uint64_t released_ns) {
+  Entry e = entry(grid, released_ns, released_ns, 1, 32);
+  e.pass_end = true;
+  return e;
 }
 
 TEST(KernelTrace, MatchesEntriesToLaunchesInOrder) {
   const std::vector<LaunchRecord> launches = {launch("a", 10), launch("b", 20), launch("c", 30), marker(0, 1)};
   // b waits twice (two entries of grid 2: the first counts); an unlisted 99-block kernel between b and c.
   const std::vector<Entry> entries = {entry(1, 0, 1000, 10),    entry(2, 500, 3000, 20),  entry(2, 3100, 3100, 20),
-                                      entry(3, 3000, 4000, 99), entry(4, 3500, 6000, 30), entry(5, 6000, 9000, 1, 32)};
+                                      entry(3, 3000, 4000, 99), entry(4, 3500, 6000, 30), marker_entry(5, 9000)};
   const std::vector<MatchedKernel> m = match(entries, launches);
   ASSERT_EQ(m.size(), 5u);
   EXPECT_EQ(m[0].launch.name, "a");
@@ -52,7 +58,7 @@ TEST(KernelTrace, MatchesEntriesToLaunchesInOrder) {
 TEST(KernelTrace, RepeatedWaitAfterTheNextKernelsEntryCountsOnce) {
   const std::vector<LaunchRecord> launches = {launch("a", 10), launch("b", 20), marker(0, 1)};
   const std::vector<Entry> entries = {entry(1, 0, 1000, 10), entry(2, 0, 2000, 20), entry(1, 2100, 2100, 10),
-                                      entry(3, 0, 3000, 1, 32)};
+                                      marker_entry(3, 3000)};
   const std::vector<MatchedKernel> m = match(entries, launches);
   ASSERT_EQ(m.size(), 3u);
   for (const MatchedKernel& k : m) {
@@ -60,6 +66,25 @@ TEST(KernelTrace, RepeatedWaitAfterTheNextKernelsEntryCountsOnce) {
     EXPECT_TRUE(k.listed);
   }
   EXPECT_EQ(m[1].entry.released_ns, 2000u);
+}
+
+TEST(KernelTrace, ReplaysWithTheSameGridIdsKeepEveryEntry) {
+  // A graph of one kernel replayed three times, its grid id the same each time.
+  std::vector<LaunchRecord> launches;
+  std::vector<Entry> entries;
+  for (uint64_t pass = 0; pass < 3; ++pass) {
+    launches.push_back(launch("a", 10));
+    launches.push_back(marker(0, 1));
+    entries.push_back(entry(7, 0, 10000 * pass, 10));
+    entries.push_back(marker_entry(8, 10000 * pass + 2000));
+  }
+  const std::vector<Pass> p = passes(match(entries, launches));
+  ASSERT_EQ(p.size(), 3u);
+  for (const Pass& one : p) {
+    ASSERT_EQ(one.kernels.size(), 1u);
+    EXPECT_TRUE(one.kernels[0].recorded);
+    EXPECT_DOUBLE_EQ(one.kernels[0].span_us, 2.0);
+  }
 }
 
 TEST(KernelTrace, ClockGranularityIsTheReleasesCommonStep) {
@@ -70,7 +95,7 @@ TEST(KernelTrace, ClockGranularityIsTheReleasesCommonStep) {
 
 TEST(KernelTrace, LaunchWithoutEntryIsUnrecorded) {
   const std::vector<LaunchRecord> launches = {launch("a", 10), launch("silent", 20), launch("c", 30), marker(0, 1)};
-  const std::vector<Entry> entries = {entry(1, 0, 1000, 10), entry(3, 0, 4000, 30), entry(4, 0, 5000, 1, 32)};
+  const std::vector<Entry> entries = {entry(1, 0, 1000, 10), entry(3, 0, 4000, 30), marker_entry(4, 5000)};
   const std::vector<MatchedKernel> m = match(entries, launches);
   ASSERT_EQ(m.size(), 4u);
   EXPECT_TRUE(m[0].recorded);
@@ -89,9 +114,8 @@ TEST(KernelTrace, LaunchWithoutEntryIsUnrecorded) {
 TEST(KernelTrace, PassesTakeSpansFromReleases) {
   const std::vector<LaunchRecord> launches = {launch("a", 10), launch("b", 20), marker(0, 1),
                                               launch("a", 10), launch("b", 20), marker(1, 4)};
-  const std::vector<Entry> entries = {entry(1, 0, 10000, 10),        entry(2, 10500, 13000, 20),
-                                      entry(3, 13000, 20000, 1, 32), entry(4, 50000, 50000, 10),
-                                      entry(5, 50000, 51000, 20),    entry(6, 51000, 55000, 1, 32)};
+  const std::vector<Entry> entries = {entry(1, 0, 10000, 10),     entry(2, 10500, 13000, 20), marker_entry(3, 20000),
+                                      entry(4, 50000, 50000, 10), entry(5, 50000, 51000, 20), marker_entry(6, 55000)};
   const std::vector<Pass> p = passes(match(entries, launches));
   ASSERT_EQ(p.size(), 2u);
   EXPECT_EQ(p[0].kind, 0);
@@ -109,7 +133,7 @@ TEST(KernelTrace, PassesTakeSpansFromReleases) {
 }
 
 TEST(KernelTrace, PassWithoutEntriesIsAnError) {
-  EXPECT_THROW(passes(match({entry(9, 0, 1, 1, 32)}, {launch("a", 10), marker(0, 1)})), std::exception);
+  EXPECT_THROW(passes(match({marker_entry(9, 1)}, {launch("a", 10), marker(0, 1)})), std::exception);
   EXPECT_THROW(passes(match({}, {launch("a", 10), marker(0, 1)})), std::exception);
 }
 

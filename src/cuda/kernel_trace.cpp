@@ -180,7 +180,7 @@ Trace stop() {
   check(!overflowed, "kernel trace: {} entries overflowed the ring of {}", written.count, s.capacity);
   check(!s.unknown_graph, "kernel trace: a graph captured before the trace started was replayed");
   for (const DeviceEntry& e : raw)
-    trace.entries.push_back({e.grid_id, e.arrived_ns, e.released_ns, e.sm, e.blocks, e.threads});
+    trace.entries.push_back({e.grid_id, e.arrived_ns, e.released_ns, e.sm, e.blocks, e.threads, e.pass_end != 0});
   trace.launches = std::move(s.launches);
   s.launches.clear();
   return trace;

@@ -6,9 +6,14 @@ namespace vavilov::cuda::kernel_trace {
 
 namespace {
 
-// Its wait returns once the pass's last kernel has completed: the pass's end.
+// Its wait returns once the pass's last kernel has completed: the pass's end. Its entry says so (a graph's kernels
+// may have the same %gridid at every replay: the report tells repeated waits from replays by the passes).
 __global__ void pass_end_marker() {
-  wait_for_producers();
+  const Arrival arrived = arrival();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();
+#endif
+  record(arrived, 1);
   allow_dependents();
 }
 

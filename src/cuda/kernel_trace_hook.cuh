@@ -14,7 +14,8 @@ struct DeviceEntry {
   uint64_t grid_id = 0;      // %gridid: one value per launch (a kernel may wait more than once)
   uint64_t arrived_ns = 0;   // %globaltimer before the wait
   uint64_t released_ns = 0;  // after it
-  uint32_t sm = 0, blocks = 0, threads = 0, unused = 0;
+  uint32_t sm = 0, blocks = 0, threads = 0;
+  uint32_t pass_end = 0;  // 1: a pass's end marker (kernel_trace.cu)
 };
 
 struct DeviceRing {
@@ -60,7 +61,7 @@ static __device__ __forceinline__ Arrival arrival() {
   return a;
 }
 
-static __device__ __forceinline__ void record(const Arrival& a) {
+static __device__ __forceinline__ void record(const Arrival& a, uint32_t pass_end = 0) {
   if (!is_recorder()) return;
   DeviceEntry e;
   e.released_ns = global_ns();
@@ -69,6 +70,7 @@ static __device__ __forceinline__ void record(const Arrival& a) {
   asm volatile("mov.u32 %0, %%smid;" : "=r"(e.sm));
   e.blocks = gridDim.x * gridDim.y * gridDim.z;
   e.threads = blockDim.x * blockDim.y * blockDim.z;
+  e.pass_end = pass_end;
   ring->entries[a.slot % ring->capacity] = e;
 }
 #endif

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <set>
 
 #include "core/error.h"
 
@@ -11,18 +12,17 @@ namespace vavilov::cuda::kernel_trace {
 
 namespace {
 
-bool fits(const Entry& e, const LaunchRecord& l) { return e.blocks == l.blocks && e.threads == l.threads; }
-
-// A kernel that waits again after allow_dependents() may let the next kernel's entry in between: a few entries back.
-constexpr size_t kRepeatWindow = 4;
+bool fits(const Entry& e, const LaunchRecord& l) {
+  return e.blocks == l.blocks && e.threads == l.threads && e.pass_end == l.pass_end;
+}
 
 std::vector<Entry> first_per_grid(const std::vector<Entry>& entries) {
   std::vector<Entry> kept;
+  std::set<uint64_t> seen;  // in this pass
   for (const Entry& e : entries) {
-    const size_t from = kept.size() > kRepeatWindow ? kept.size() - kRepeatWindow : 0;
-    if (std::none_of(kept.begin() + std::ptrdiff_t(from), kept.end(),
-                     [&](const Entry& k) { return k.grid_id == e.grid_id; }))
-      kept.push_back(e);
+    if (!seen.insert(e.grid_id).second) continue;
+    kept.push_back(e);
+    if (e.pass_end) seen.clear();
   }
   return kept;
 }

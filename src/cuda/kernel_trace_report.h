@@ -15,6 +15,7 @@ namespace vavilov::cuda::kernel_trace {
 struct Entry {
   uint64_t grid_id = 0, arrived_ns = 0, released_ns = 0;
   uint32_t sm = 0, blocks = 0, threads = 0;
+  bool pass_end = false;  // a pass's end marker
 };
 
 // One launch as the host made it (or captured it into a graph that was then replayed). A pass-end marker is a tiny
@@ -36,9 +37,11 @@ struct MatchedKernel {
   Entry entry;
 };
 
-// Entries of one grid (a kernel that waits more than once) keep the first (among the last few); each entry goes to the
-// next launch of its shape (blocks, threads); a launch whose shape does not match while the entry matches the launch
-// after it is marked unrecorded; an entry that matches neither is unlisted.
+// Entries of one grid within a pass (a kernel that waits more than once, maybe after the next kernel's entry) keep the
+// first; a graph's replays may repeat its kernels' grid ids, so the grids seen start afresh after each end marker's
+// entry. Each entry goes to the next launch of its shape (blocks, threads, end marker or not); a launch whose shape
+// does not match while the entry matches the launch after it is marked unrecorded; an entry that matches neither is
+// unlisted.
 std::vector<MatchedKernel> match(const std::vector<Entry>& entries, const std::vector<LaunchRecord>& launches);
 
 struct KernelSpan {
