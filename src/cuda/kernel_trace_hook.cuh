@@ -24,7 +24,7 @@ struct DeviceRing {
   DeviceEntry* entries = nullptr;
 };
 
-// Host side (kernel_trace.cu): the launch about to be made, in stream order; each CUDA translation unit's copy of the
+// Host side (kernel_trace.cpp): the launch about to be made, in stream order; each CUDA translation unit's copy of the
 // ring pointer (a __device__ variable is per module without relocatable device code) registers its setter.
 void note_launch(const void* kernel, dim3 grid, dim3 block, cudaStream_t stream);
 cudaError_t launch_pass_end_marker(cudaStream_t stream);  // kernel_trace.cu: a 1-block dependent launch that waits
@@ -47,7 +47,8 @@ static __device__ __forceinline__ unsigned long long global_ns() {
 }
 
 // The slot is taken before the wait, where its atomic's latency hides behind the wait, and is in launch order all the
-// same: the next kernel starts only after this block's allow_dependents(), which follows the store that needs it.
+// same for kernels that wait before they trigger (every decode kernel): the next kernel starts only after this block's
+// allow_dependents(), which follows the store that needs the slot.
 struct Arrival {
   unsigned long long slot = 0, ns = 0;
 };
