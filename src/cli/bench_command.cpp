@@ -15,6 +15,7 @@
 #ifdef VAVILOV_HAVE_CUDA
 #include "cuda/backend.h"
 #include "cuda/bench.h"
+#include "cuda/kernel_trace.h"
 #include "cuda/synthetic.h"
 #endif
 
@@ -22,7 +23,7 @@ namespace vavilov::cli {
 
 namespace {
 struct BenchArgs {
-  std::string synthetic, model, weights = "q4", out, commit = "unknown", prefill = "512,8192";
+  std::string synthetic, model, weights = "q4", out, trace, commit = "unknown", prefill = "512,8192";
   int layers = 0, experts = 0;
   uint64_t seed = 1;
   int64_t context = 64;
@@ -57,7 +58,22 @@ std::shared_ptr<const cuda::DeviceModel> bench_weights(const BenchArgs& args, nl
   return cuda::synthetic_model(c, options);
 }
 
+// The kernel trace's file: the run's identity and one summary per traced step kind (docs/CUDA.md, "Kernel trace").
+void write_trace(const BenchArgs& args, const nlohmann::json& identity, const cuda::BenchResult& r) {
+  nlohmann::json out = identity;
+  out["traced_steps"] = r.trace;
+  out["notes"] =
+      "per kernel of each pass (averaged over the traced passes of that shape): start_us, its release (%globaltimer "
+      "in block 0 after wait_for_producers) after the pass's first; span_us, to the next kernel's release (its share "
+      "of the critical path); waited_us, how long block 0 sat at its wait (started ahead of its producers). "
+      "critical_path_us: the pass's first release to its end marker's; by_kernel and by_layer_type sum the spans";
+  const std::string text = out.dump(1) + "\n";
+  write_file_atomically(args.trace, text.data(), text.size());
+}
+
 void run_bench(const BenchArgs& args) {
+  check(args.trace.empty() || cuda::kernel_trace::kBuilt,
+        "bench --trace: this binary was built without the kernel trace (cmake -DVAVILOV_KERNEL_TRACE=ON)");
   check(cuda::device_count() > 0, "bench: no CUDA device is available");
   nlohmann::json geometry;
   auto weights = bench_weights(args, geometry);
@@ -74,6 +90,7 @@ void run_bench(const BenchArgs& args) {
   options.context = args.context;
   options.decode_steps = args.steps;
   options.seed = args.seed;
+  options.trace = !args.trace.empty();
   options.prefill_lengths.clear();
   for (int32_t length : parse_ids(args.prefill)) options.prefill_lengths.push_back(length);
   const cuda::BenchResult r = cuda::run_bench(weights, options);
@@ -107,6 +124,10 @@ void run_bench(const BenchArgs& args) {
   nlohmann::json prefill;
   for (const auto& [length, speed] : r.prefill_tokens_per_second) prefill[std::to_string(length)] = speed;
   out["prefill_tok_s"] = prefill;
+  if (!args.trace.empty()) {
+    write_trace(args, {{"date", out["date"]}, {"gpu", r.gpu}, {"commit", args.commit}, {"geometry", geometry}}, r);
+    out["trace_file"] = args.trace;
+  }
   out["notes"] =
       "decode steps at full acceptance (forced: every draft counts as accepted), wall time of the backend calls a "
       "greedy Decoder step makes (greedy ids from the GPU's argmax, no logits download); bytes: weights the step must "
@@ -145,6 +166,9 @@ void register_bench(CLI::App& app) {
   command->add_option("--prefill", args->prefill, "Prefill lengths, comma-separated");
   command->add_option("--commit", args->commit, "The commit measured (recorded in the JSON)");
   command->add_option("--out", args->out, "JSON output file (default: stdout)");
+  command->add_option("--trace", args->trace,
+                      "Also trace a 1-row and a 3-draft step kernel by kernel into this JSON file (a build with "
+                      "-DVAVILOV_KERNEL_TRACE=ON)");
   command->callback([args] { run_bench(*args); });
 }
 

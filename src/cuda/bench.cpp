@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "cuda/backend.h"
+#include "cuda/kernel_trace.h"
 
 namespace vavilov::cuda {
 
@@ -74,6 +75,37 @@ std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint64_t& state) {
   return ids;
 }
 
+#ifdef VAVILOV_KERNEL_TRACE
+constexpr size_t kTraceCapacity = size_t(1) << 20;  // entries: ~1500 kernels a 3-draft step, far more steps than asked
+
+// Steps with 0 and 3 drafts traced in fresh sequences (their graphs captured while tracing), after the warm-up steps
+// the untimed measurement makes too; each summary also holds the traced and the untraced step time.
+nlohmann::json trace_steps(const SequenceFactory& sequences, const ModelConfig& c, const BenchOptions& options,
+                           const std::vector<DecodeMeasurement>& untraced, uint64_t& rng, StepBuffers& buffers) {
+  nlohmann::json out = nlohmann::json::array();
+  for (int drafts : {0, int(StepBuffers::kVerifyRows) - 1}) {
+    if (size_t(drafts) >= untraced.size()) break;
+    kernel_trace::start(kTraceCapacity);
+    auto seq = sequences();
+    start_sequence(*seq, c, options.context, drafts > 0, rng, buffers);
+    for (int i = 0; i < 3; ++i) verify_step(*seq, c, drafts, rng, buffers);
+    kernel_trace::clear();
+    const double start = now_ms();
+    for (int i = 0; i < options.decode_steps; ++i) verify_step(*seq, c, drafts, rng, buffers);
+    const double step_ms = (now_ms() - start) / options.decode_steps;
+    const kernel_trace::Trace trace = kernel_trace::stop();
+    nlohmann::json summary = kernel_trace::summarise(
+        kernel_trace::passes(kernel_trace::match(trace.entries, trace.launches)), options.decode_steps);
+    summary["drafts"] = drafts;
+    summary["clock_granularity_ns"] = kernel_trace::clock_granularity_ns(trace.entries);
+    summary["step_ms_traced"] = step_ms;
+    summary["step_ms_untraced"] = untraced[size_t(drafts)].step_ms;
+    out.push_back(std::move(summary));
+  }
+  return out;
+}
+#endif
+
 }  // namespace
 
 // The backend calls of one greedy Decoder verify step at full acceptance (engine/speculative.cpp): the trunk's and the
@@ -138,6 +170,7 @@ double measure_copy_bandwidth_gbs() {
 }
 
 BenchResult run_bench(std::shared_ptr<const DeviceModel> model, const BenchOptions& options) {
+  check(!options.trace || kernel_trace::kBuilt, "bench --trace: this binary was built without VAVILOV_KERNEL_TRACE");
   const ModelConfig& c = model->config;
   BenchResult result;
   cudaDeviceProp properties{};
@@ -165,6 +198,9 @@ BenchResult run_bench(std::shared_ptr<const DeviceModel> model, const BenchOptio
     m.bytes = bytes.step(drafts);
     result.decode.push_back(m);
   }
+#ifdef VAVILOV_KERNEL_TRACE
+  if (options.trace) result.trace = trace_steps(sequences, c, options, result.decode, rng, buffers);
+#endif
   if (has_head) {
     auto seq = sequences();
     start_sequence(*seq, c, options.context, true, rng, buffers);

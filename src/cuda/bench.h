@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,9 @@ struct BenchOptions {
   int decode_steps = 20;
   std::vector<int64_t> prefill_lengths{512, 8192};
   uint64_t seed = 1;
+  // Also trace a 1-row step and, with an MTP head, a 3-draft verify step kernel by kernel (needs a build with
+  // -DVAVILOV_KERNEL_TRACE=ON; kernel_trace.h): `decode_steps` steps each after warm-up, in fresh sequences.
+  bool trace = false;
 };
 
 struct DecodeMeasurement {
@@ -33,6 +37,7 @@ struct BenchResult {
   std::vector<DecodeMeasurement> decode;  // drafts 0..3 (1..3 only with an MTP head)
   double chained_pass_ms = 0;             // one chained MTP draft pass (head layer + lm_head, one row)
   std::vector<std::pair<int64_t, double>> prefill_tokens_per_second;
+  nlohmann::json trace;  // with BenchOptions::trace: one kernel_trace::summarise() per traced step kind
 };
 
 // Host buffers of one sequence's steps: stacks and head stacks of the prompt's rows or a verify step's (1 + at most 3

@@ -23,13 +23,23 @@
 #include <cstdlib>
 #include <cstring>
 #include <utility>
+#ifdef VAVILOV_KERNEL_TRACE
+#include "cuda/kernel_trace_hook.cuh"
+#endif
 
 namespace vavilov::cuda {
 
 // Blocks until the previous kernel in the stream has completed and its memory is visible (no-op in an ordinary launch).
+// Trace builds (VAVILOV_KERNEL_TRACE) also time block 0's wait for the kernel trace (kernel_trace_hook.cuh).
 __device__ __forceinline__ void wait_for_producers() {
+#ifdef VAVILOV_KERNEL_TRACE
+  const kernel_trace::Arrival arrived = kernel_trace::arrival();
+#endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cudaGridDependencySynchronize();  // griddepcontrol.wait
+#endif
+#ifdef VAVILOV_KERNEL_TRACE
+  kernel_trace::record(arrived);
 #endif
 }
 
@@ -76,6 +86,9 @@ cudaError_t launch_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, s
   config.stream = stream;
   config.attrs = attributes;
   config.numAttrs = count;
+#ifdef VAVILOV_KERNEL_TRACE
+  kernel_trace::note_launch(reinterpret_cast<const void*>(kernel), grid, block, stream);
+#endif
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 

@@ -16,6 +16,7 @@
 #include "cuda/gated_deltanet.cuh"
 #include "cuda/gemm.cuh"
 #include "cuda/hyper_connection.cuh"
+#include "cuda/kernel_trace.h"
 #include "cuda/linear.cuh"
 #include "cuda/moe_block.h"
 #include "cuda/ops.cuh"
@@ -460,6 +461,7 @@ void CudaSequence::head_pass(int rows) {
 // read). next_read: the read after this layer, which its last write prepares the stack for (hyper_write).
 void CudaSequence::run_layer(const DeviceLayer& w, LayerState& state, int64_t first, int rows, bool record,
                              float* stack, bool normed, const DeviceGatedResidual* next_read) {
+  const kernel_trace::LayerScope traced(w.kind == LayerKind::GatedDeltaNet ? "gdn" : "attention");
   if (w.ple) ple(*w.ple, state, rows, record, stack);
   hyper_read(w.attn_hc, state.attention_read, stack, rows, work_.input, normed && !w.ple);
   if (w.kind == LayerKind::GatedDeltaNet)

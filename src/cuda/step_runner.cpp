@@ -5,6 +5,8 @@
 #include <cstring>
 #include <string_view>
 
+#include "cuda/kernel_trace.h"
+
 namespace vavilov::cuda {
 
 namespace {
@@ -37,16 +39,22 @@ StepRunner::~StepRunner() {
 }
 
 void StepRunner::run(const PassShape& shape, uint64_t generation, const std::function<void()>& launch) {
-  if (!graphs_) {
+  const auto pass = [&] {  // a trace build marks each pass (kernel_trace.h; nothing otherwise)
+    kernel_trace::pass_begin();
     launch();
+    kernel_trace::pass_end(stream_, shape.kind, shape.rows);
+  };
+  if (!graphs_) {
+    pass();
     return;
   }
   Captured& captured = captured_[shape];
   if (!captured.exec || captured.generation != generation) {
-    capture(captured, launch);
+    capture(captured, pass);
     captured.generation = generation;
   }
   cuda_check(cudaGraphLaunch(captured.exec.get(), stream_), "CUDA graph launch");
+  kernel_trace::replayed(captured.exec.get(), stream_);
 }
 
 void StepRunner::capture(Captured& captured, const std::function<void()>& launch) {
