@@ -158,7 +158,8 @@ struct Result {
   bool same;
 };
 
-Result run(size_t phase_bytes, int phases, int blocks, int repeats) {
+// A chain's weights (filled) and zeroed values on the device; free_chain releases them.
+Chain make_chain(size_t phase_bytes, int phases, int blocks) {
   Chain c{};
   c.words = phase_bytes / 16;
   c.blocks = blocks;
@@ -167,6 +168,18 @@ Result run(size_t phase_bytes, int phases, int blocks, int repeats) {
   fill<<<1024, 256>>>(weights, c.words * phases);
   c.weights = weights;
   CHECK(cudaMalloc(&c.values, sizeof(uint32_t) * size_t(phases + 1) * blocks));
+  CHECK(cudaMemset(c.values, 0, sizeof(uint32_t) * size_t(phases + 1) * blocks));
+  CHECK(cudaDeviceSynchronize());  // the chains run on a non-blocking stream, which does not wait for these
+  return c;
+}
+
+void free_chain(Chain& c) {
+  CHECK(cudaFree(const_cast<uint4*>(c.weights)));
+  CHECK(cudaFree(c.values));
+}
+
+Result run(size_t phase_bytes, int phases, int blocks, int repeats) {
+  Chain c = make_chain(phase_bytes, phases, blocks);
   uint32_t* arrivals;
   CHECK(cudaMalloc(&arrivals, sizeof(uint32_t)));
   cudaStream_t stream;
@@ -224,8 +237,7 @@ Result run(size_t phase_bytes, int phases, int blocks, int repeats) {
   CHECK(cudaGraphExecDestroy(plain));
   CHECK(cudaGraphExecDestroy(early));
   CHECK(cudaStreamDestroy(stream));
-  CHECK(cudaFree(weights));
-  CHECK(cudaFree(c.values));
+  free_chain(c);
   CHECK(cudaFree(arrivals));
   return result;
 }
@@ -234,15 +246,7 @@ Result run(size_t phase_bytes, int phases, int blocks, int repeats) {
 // (memory-level parallelism against the fixed cost of a launch).
 template <int Unroll>
 double early_chain_us(size_t phase_bytes, int phases, int blocks) {
-  Chain c{};
-  c.words = phase_bytes / 16;
-  c.blocks = blocks;
-  uint4* weights;
-  CHECK(cudaMalloc(&weights, c.words * 16 * phases));
-  fill<<<1024, 256>>>(weights, c.words * phases);
-  c.weights = weights;
-  CHECK(cudaMalloc(&c.values, sizeof(uint32_t) * size_t(phases + 1) * blocks));
-  CHECK(cudaMemset(c.values, 0, sizeof(uint32_t) * size_t(phases + 1) * blocks));
+  Chain c = make_chain(phase_bytes, phases, blocks);
   cudaStream_t stream;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaGraph_t graph;
@@ -265,8 +269,7 @@ double early_chain_us(size_t phase_bytes, int phases, int blocks) {
   CHECK(cudaGraphExecDestroy(exec));
   CHECK(cudaGraphDestroy(graph));
   CHECK(cudaStreamDestroy(stream));
-  CHECK(cudaFree(weights));
-  CHECK(cudaFree(c.values));
+  free_chain(c);
   return us;
 }
 
