@@ -39,6 +39,14 @@ class DeviceMemory {
   std::vector<void*> blocks_;
 };
 
+// `count` values from the device.
+template <typename T>
+std::vector<T> download(const T* device, size_t count) {
+  std::vector<T> host(count);
+  EXPECT_EQ(cudaMemcpy(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return host;
+}
+
 // A weight matrix on the device and the exact fp32 values the GPU sees (after quantization or bf16 rounding).
 struct TestMatrix {
   cuda::DeviceMatrix device;

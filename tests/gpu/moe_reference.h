@@ -22,6 +22,23 @@ struct TestMoe {
   cuda::DeviceMoe device;
 };
 
+// m.device from m's matrices: the expert descriptor arrays copied to the device, the formats as given.
+inline void describe_on_device(TestMoe& m, DeviceMemory& memory, cuda::WeightFormat gate_up, cuda::WeightFormat down) {
+  const auto descriptors = [&](const std::vector<TestMatrix>& matrices) {
+    std::vector<cuda::DeviceMatrix> device;
+    for (const TestMatrix& matrix : matrices) device.push_back(matrix.device);
+    return memory.copy(device);
+  };
+  m.device.router = m.router.device;
+  m.device.shared_gate = m.shared_scale.device;
+  m.device.shared = {m.shared_gate.device, m.shared_up.device, m.shared_down.device};
+  m.device.expert_gate = descriptors(m.gate);
+  m.device.expert_up = descriptors(m.up);
+  m.device.expert_down = descriptors(m.down);
+  m.device.gate_up_format = gate_up;
+  m.device.down_format = down;
+}
+
 inline std::vector<double> reference_product(const TestMatrix& w, const double* x) {
   std::vector<double> y(size_t(w.rows));
   for (int r = 0; r < w.rows; ++r) {

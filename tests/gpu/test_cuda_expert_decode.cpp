@@ -42,22 +42,12 @@ TestMoe make_q4_moe(DeviceMemory& memory, std::mt19937& rng) {
   m.shared_up = random(kSharedInner, kHidden, 0.03f);
   m.shared_down = random(kHidden, kSharedInner, 0.05f);
   m.shared_scale = random(1, kHidden, 0.03f);
-  std::vector<cuda::DeviceMatrix> gate, up, down;
   for (int e = 0; e < kExperts; ++e) {
     m.gate.push_back(random(kInner, kHidden, 0.03f));
     m.up.push_back(random(kInner, kHidden, 0.03f));
     m.down.push_back(random(kHidden, kInner, 0.05f));
-    gate.push_back(m.gate.back().device);
-    up.push_back(m.up.back().device);
-    down.push_back(m.down.back().device);
   }
-  m.device.router = m.router.device;
-  m.device.shared_gate = m.shared_scale.device;
-  m.device.shared = {m.shared_gate.device, m.shared_up.device, m.shared_down.device};
-  m.device.expert_gate = memory.copy(gate);
-  m.device.expert_up = memory.copy(up);
-  m.device.expert_down = memory.copy(down);
-  m.device.gate_up_format = m.device.down_format = WeightFormat::Q4;
+  test::describe_on_device(m, memory, WeightFormat::Q4, WeightFormat::Q4);
   return m;
 }
 

@@ -213,23 +213,27 @@ TEST(CudaGdn, DecodeWithoutRowStatesAdvancesTheState) {
   EXPECT_LE(error_of(host_copy(state, in.state.size()), want.state), kTolerance);
 }
 
+// The chunked prefill of `rows` rows against the recurrence: outputs and final state.
+void expect_prefill_matches_reference(const GdnShape& s, const Inputs& in, int rows) {
+  const Expected want = reference(s, in, rows);
+  Device d;
+  const cuda::GdnInputs gpu = device_inputs(d, in, rows);
+  float* state = d.copy(in.state);
+  float* scratch = d.zeros(cuda::gdn_chunk_scratch_floats(s, rows));
+  float* out = d.zeros(want.out.size());
+  cuda::gdn_prefill(s, gpu, state, scratch, out, nullptr);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_LE(error_of(host_copy(out, want.out.size()), want.out), kTolerance);
+  EXPECT_LE(error_of(host_copy(state, in.state.size()), want.state), kTolerance);
+}
+
 TEST(CudaGdn, ChunkedPrefillMatchesRecurrence) {
   std::mt19937 rng(9);
   for (const GdnShape& s : kShapes)
     for (int rows : {1, 63, 64, 65, 200}) {
       SCOPED_TRACE(testing::Message() << "heads " << s.heads << " dk " << s.dk << " dv " << s.dv << " rows " << rows);
-      const Inputs in = random_inputs(s, rows, rng, rows % 2 == 0);
-      const Expected want = reference(s, in, rows);
-      Device d;
-      const cuda::GdnInputs gpu = device_inputs(d, in, rows);
-      float* state = d.copy(in.state);
-      float* scratch = d.zeros(cuda::gdn_chunk_scratch_floats(s, rows));
-      float* out = d.zeros(want.out.size());
-      cuda::gdn_prefill(s, gpu, state, scratch, out, nullptr);
-      ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      EXPECT_LE(error_of(host_copy(out, want.out.size()), want.out), kTolerance);
-      EXPECT_LE(error_of(host_copy(state, in.state.size()), want.state), kTolerance);
+      expect_prefill_matches_reference(s, random_inputs(s, rows, rng, rows % 2 == 0), rows);
     }
 }
 
@@ -384,18 +388,7 @@ TEST(CudaGdn, ChunkedPrefillOfManyChunksMatchesRecurrence) {
   std::mt19937 rng(10);
   const GdnShape s = shape_of(3, 1, 128, 128);
   const int rows = 1000;
-  const Inputs in = random_inputs(s, rows, rng, true);
-  const Expected want = reference(s, in, rows);
-  Device d;
-  const cuda::GdnInputs gpu = device_inputs(d, in, rows);
-  float* state = d.copy(in.state);
-  float* scratch = d.zeros(cuda::gdn_chunk_scratch_floats(s, rows));
-  float* out = d.zeros(want.out.size());
-  cuda::gdn_prefill(s, gpu, state, scratch, out, nullptr);
-  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_LE(error_of(host_copy(out, want.out.size()), want.out), kTolerance);
-  EXPECT_LE(error_of(host_copy(state, in.state.size()), want.state), kTolerance);
+  expect_prefill_matches_reference(s, random_inputs(s, rows, rng, true), rows);
 }
 
 }  // namespace

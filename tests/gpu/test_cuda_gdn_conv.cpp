@@ -40,12 +40,6 @@ void host_conv(const Conv& c, int channels, int kernel, int rows, std::vector<do
     }
 }
 
-std::vector<float> download(const float* p, size_t n) {
-  std::vector<float> v(n);
-  EXPECT_EQ(cudaMemcpy(v.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
-  return v;
-}
-
 // fp32 sums of kernel ≤ 8 terms and one silu: a few ulps of the largest term; 1e-5 relative to max(1, |value|) fails
 // on any wrong row, tap or carried input.
 constexpr double kBound = 1e-5;
@@ -77,7 +71,7 @@ TEST(CudaGdnConv, LongPassesInPlaceMatchDoublePrecision) {
     float* row_states = k.record ? memory.copy(std::vector<float>(want_states.size(), NAN)) : nullptr;
     cuda::gdn_conv(taps, k.channels, k.kernel, state, x, k.rows, row_states, nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const std::vector<float> got = download(x, want.size()), got_state = download(state, c.state.size());
+    const std::vector<float> got = test::download(x, want.size()), got_state = test::download(state, c.state.size());
     double worst = 0;
     for (size_t i = 0; i < want.size(); ++i)
       worst = std::max(worst, std::abs(got[i] - want[i]) / std::max(1.0, std::abs(want[i])));
@@ -87,7 +81,7 @@ TEST(CudaGdnConv, LongPassesInPlaceMatchDoublePrecision) {
     for (size_t i = 0; i < last.size(); ++i)
       ASSERT_EQ(double(got_state[i]), last[i]) << "state " << i << ", " << k.rows << " rows";
     if (k.record) {
-      const std::vector<float> states = download(row_states, want_states.size());
+      const std::vector<float> states = test::download(row_states, want_states.size());
       for (size_t i = 0; i < states.size(); ++i) ASSERT_EQ(double(states[i]), want_states[i]) << "row state " << i;
     }
   }

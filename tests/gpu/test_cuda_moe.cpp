@@ -50,24 +50,13 @@ TestMoe make_moe(DeviceMemory& memory, const Formats& f, std::mt19937& rng) {
   m.shared_down =
       make_matrix(memory, f.shared, normal_values(rng, size_t(kHidden) * kSharedInner, 0.1f), kHidden, kSharedInner);
   m.shared_scale = make_matrix(memory, f.shared, normal_values(rng, kHidden, 0.05f), 1, kHidden);
-  std::vector<cuda::DeviceMatrix> gate, up, down;
   for (int e = 0; e < kExperts; ++e) {
     m.gate.push_back(
         make_matrix(memory, f.gate_up, normal_values(rng, size_t(kInner) * kHidden, 0.1f), kInner, kHidden));
     m.up.push_back(make_matrix(memory, f.gate_up, normal_values(rng, size_t(kInner) * kHidden, 0.1f), kInner, kHidden));
     m.down.push_back(make_matrix(memory, f.down, normal_values(rng, size_t(kHidden) * kInner, 0.1f), kHidden, kInner));
-    gate.push_back(m.gate.back().device);
-    up.push_back(m.up.back().device);
-    down.push_back(m.down.back().device);
   }
-  m.device.router = m.router.device;
-  m.device.shared_gate = m.shared_scale.device;
-  m.device.shared = {m.shared_gate.device, m.shared_up.device, m.shared_down.device};
-  m.device.expert_gate = memory.copy(gate);
-  m.device.expert_up = memory.copy(up);
-  m.device.expert_down = memory.copy(down);
-  m.device.gate_up_format = f.gate_up;
-  m.device.down_format = f.down;
+  test::describe_on_device(m, memory, f.gate_up, f.down);
   return m;
 }
 

@@ -40,16 +40,13 @@ std::vector<float> run(DeviceMemory& memory, const std::vector<TestMatrix>& expe
   for (size_t e = 0; e < counts.size(); ++e) offsets[e] = total, total += counts[e];
   std::vector<cuda::DeviceMatrix> descriptors;
   for (const TestMatrix& m : experts) descriptors.push_back(m.device);
-  float* y = memory.zeros<float>(size_t(total) * size_t(rows_out));
-  const std::vector<float> nan(size_t(total) * size_t(rows_out), std::numeric_limits<float>::quiet_NaN());
-  EXPECT_EQ(cudaMemcpy(y, nan.data(), nan.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  const size_t outputs = size_t(total) * size_t(rows_out);
+  float* y = memory.copy(std::vector<float>(outputs, std::numeric_limits<float>::quiet_NaN()));
   EXPECT_EQ(cuda::quant_expert_gemm(memory.copy(descriptors), format, int(experts.size()), rows_out, cols,
                                     memory.copy(counts), memory.copy(offsets), memory.copy(x), y, nullptr),
             cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<float> host(nan.size());
-  EXPECT_EQ(cudaMemcpy(host.data(), y, host.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  return host;
+  return test::download(y, outputs);
 }
 
 double scaled_error(const TestMatrix& w, int row, const float* x, float got) {
@@ -114,9 +111,7 @@ TEST(CudaQuantGemm, RowResultsDoNotDependOnTheExpertsOtherRows) {
 std::vector<float> dense(DeviceMemory& memory, const TestMatrix& w, const std::vector<float>& x, int x_rows) {
   float* y = memory.zeros<float>(size_t(x_rows) * size_t(w.rows));
   EXPECT_EQ(cuda::quant_gemm(w.device, memory.copy(x), x_rows, y, nullptr), cudaSuccess);
-  std::vector<float> host(size_t(x_rows) * size_t(w.rows));
-  EXPECT_EQ(cudaMemcpy(host.data(), y, host.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  return host;
+  return test::download(y, size_t(x_rows) * size_t(w.rows));
 }
 
 // The dense form: rows in slices side by side (5, 16, 17 and 100 rows: partial and several slices). A matrix of few
