@@ -46,7 +46,7 @@ void pool_block_keys(const AttentionShape& shape, int rows, const int64_t* first
                      cudaStream_t stream);
 
 // Grid bound and scratch strides of a pass: every row sees fewer than launch_tokens positions (launch_tokens ≤
-// max_tokens); scratch rows hold max_tokens weights and max_tokens / ratio + 1 block scores.
+// max_tokens); scratch rows hold max_tokens / ratio + 1 block scores.
 struct AttentionBounds {
   int launch_tokens, max_tokens;
   int stride_blocks(int ratio) const { return max_tokens / ratio + 1; }
@@ -58,10 +58,24 @@ void qsa_select(const AttentionShape& shape, const float* index_queries, const f
                 const int64_t* first_position, const AttentionBounds& bounds, float* scores, uint8_t* selected,
                 cudaStream_t stream);
 
-// Gated attention of every row over its selected tokens; queries [rows, heads, hd], gates at q_gate + (r·heads +
-// h)·2hd, out [rows, heads·hd]. weights: scratch [rows, heads, max_tokens].
+// sparse_attention's scratch for passes of up to max_rows rows: per (row, head, chunk of positions) a partial result
+// (values [·, head_dim] and (peak, sum) stats), and per (row, head set) an arrival counter that must be zero before
+// the first launch (each launch leaves it zero).
+struct AttendScratch {
+  float* values;
+  float2* stats;
+  unsigned* arrivals;
+};
+size_t attend_value_floats(const AttentionShape& shape, int max_rows);
+size_t attend_stat_count(const AttentionShape& shape, int max_rows);
+size_t attend_arrival_count(const AttentionShape& shape, int max_rows);
+
+// Gated attention of every row over its selected tokens (selected [rows, stride_blocks] is read only for rows with more
+// than keep_blocks complete blocks, as qsa_select selects all of them otherwise); queries [rows, heads, hd], gates at
+// q_gate + (r·heads + h)·2hd, out [rows, heads·hd]. Head dims up to kMaxAttentionHeadDim.
+inline constexpr int kMaxAttentionHeadDim = 256;
 void sparse_attention(const AttentionShape& shape, const float* queries, const float* q_gate, const float* keys,
                       const float* values, const uint8_t* selected, int rows, const int64_t* first_position,
-                      const AttentionBounds& bounds, float* weights, float* out, cudaStream_t stream);
+                      const AttentionBounds& bounds, const AttendScratch& scratch, float* out, cudaStream_t stream);
 
 }  // namespace vavilov::cuda

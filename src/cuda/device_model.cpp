@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "cuda/attention.cuh"
 #include "cuda/backend.h"
 
 namespace vavilov::cuda {
@@ -255,7 +256,8 @@ void check_supported(const ModelConfig& c, const std::string& name) {
   check(c.num_experts <= 2048 && c.num_experts_per_tok <= 32, "{}: more than 2048 experts or 32 per token", name);
   check(c.indexer_head_dim <= 1024, "{}: indexer_head_dim {} > 1024 is not supported on the GPU", name,
         c.indexer_head_dim);
-  check(c.head_dim <= 1024, "{}: head_dim {} > 1024 is not supported on the GPU", name, c.head_dim);
+  check(c.head_dim <= kMaxAttentionHeadDim, "{}: head_dim {} > {} is not supported on the GPU", name, c.head_dim,
+        kMaxAttentionHeadDim);
 }
 
 std::unique_ptr<DeviceModel> upload_model(const Model& model) {

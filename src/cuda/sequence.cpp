@@ -72,8 +72,9 @@ struct Workspace {
   // Attention scratch for contexts up to `tokens` positions.
   DeviceAllocation attention_memory;
   int64_t tokens = 0;
-  float *block_scores = nullptr, *attention_weights = nullptr;
+  float* block_scores = nullptr;
   uint8_t* selected = nullptr;
+  AttendScratch attend;  // sized for passes of kAttentionRows rows at any context
 };
 
 class Layout {
@@ -101,6 +102,16 @@ class Layout {
 GdnShape gdn_shape(const ModelConfig& c) {
   return {c.linear_num_value_heads, c.linear_num_key_heads, c.linear_key_head_dim,
           c.linear_value_head_dim,  int(c.gdn_conv_dim()),  int(c.gdn_key_dim())};
+}
+
+AttentionShape attention_shape(const ModelConfig& c) {
+  return {c.num_attention_heads,
+          c.num_key_value_heads,
+          c.head_dim,
+          c.indexer_n_heads,
+          c.indexer_head_dim,
+          c.indexer_compress_ratio,
+          c.indexer_budget / c.indexer_compress_ratio};
 }
 
 void make_workspace(const ModelConfig& c, Workspace& w) {
@@ -151,7 +162,13 @@ void make_workspace(const ModelConfig& c, Workspace& w) {
   l.add(w.logits, size_t(kLogitRows) * size_t(c.vocab_size));
   l.add(w.greedy, kLogitRows);
   l.add(w.argmax_scratch, argmax_scratch_count(kLogitRows));
+  const AttentionShape attention = attention_shape(c);
+  l.add(w.attend.values, attend_value_floats(attention, kAttentionRows));
+  l.add(w.attend.stats, attend_stat_count(attention, kAttentionRows));
+  l.add(w.attend.arrivals, attend_arrival_count(attention, kAttentionRows));
   w.memory = l.allocate("workspace");
+  cuda_check(cudaMemset(w.attend.arrivals, 0, attend_arrival_count(attention, kAttentionRows) * sizeof(unsigned)),
+             "workspace");
 }
 
 // Attention caches of one layer, grown by doubling.
@@ -614,7 +631,6 @@ void CudaSequence::reserve_attention(AttentionCache& cache, int64_t tokens) {
     Layout l;
     l.add(work_.block_scores, kAttentionRows * blocks);
     l.add(work_.selected, kAttentionRows * blocks);
-    l.add(work_.attention_weights, size_t(kAttentionRows) * size_t(c_.num_attention_heads) * size_t(capacity));
     work_.attention_memory = l.allocate("attention scratch");
     work_.tokens = capacity;
     ++generation_;
@@ -622,13 +638,7 @@ void CudaSequence::reserve_attention(AttentionCache& cache, int64_t tokens) {
 }
 
 void CudaSequence::attention(const DeviceAttention& w, LayerState& state, int64_t first, int rows) {
-  const AttentionShape shape{c_.num_attention_heads,
-                             c_.num_key_value_heads,
-                             c_.head_dim,
-                             c_.indexer_n_heads,
-                             c_.indexer_head_dim,
-                             c_.indexer_compress_ratio,
-                             c_.indexer_budget / c_.indexer_compress_ratio};
+  const AttentionShape shape = attention_shape(c_);
   const AttentionCache& cache = state.attention;
   const AttentionCaches caches{ptr<float>(cache.keys), ptr<float>(cache.values), ptr<float>(cache.index_keys),
                                ptr<float>(cache.block_keys)};
@@ -651,7 +661,7 @@ void CudaSequence::attention(const DeviceAttention& w, LayerState& state, int64_
     qsa_select(shape, work_.index_queries + size_t(pass) * index_width, caches.block_keys, count, at, bounds,
                work_.block_scores, work_.selected, stream_);
     sparse_attention(shape, work_.queries + size_t(pass) * heads * hd, work_.q + hd + size_t(pass) * heads * 2 * hd,
-                     caches.keys, caches.values, work_.selected, count, at, bounds, work_.attention_weights,
+                     caches.keys, caches.values, work_.selected, count, at, bounds, work_.attend,
                      work_.attended + size_t(pass) * heads * hd, stream_);
   }
   linear(w.o, work_.attended, rows, work_.output, stream_);

@@ -1,0 +1,161 @@
+// Gated sparse attention on the GPU (cuda/attention.cuh sparse_attention: positions split into chunks, running
+// softmaxes merged across warps and chunks) against the spec's attention in double precision on the host: softmax of
+// q·k/√d over the positions a row may see that its indexer chose (all while the row has at most keep_blocks complete
+// blocks, else the selected ones and every position of the trailing incomplete block),
+// the weighted sum of the values, times σ(gate). Shapes: Flash-Next's (24 heads over 2 kv heads of 256) at the decode
+// step's short context under a captured step's wide launch bound, at 5000 positions with a random block selection
+// (32 chunks), a prefill pass of 64 rows (2 chunks), and the tiny fixtures' head groups of 3 and 2 (head dims 8, 32).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/attention.cuh"
+#include "device_matrices.h"
+
+namespace vavilov {
+namespace {
+
+struct Case {
+  cuda::AttentionShape shape;
+  int rows;
+  int64_t first;      // position of row 0
+  int launch_tokens;  // the pass's grid bound (≥ every row's visible positions)
+  double keep;        // chance a complete block is selected (1: all)
+};
+
+struct Inputs {
+  std::vector<float> queries, keys, values;
+  std::vector<float> gates;  // [rows, heads, 2·head_dim]: each head's gate in its second half, as in the q projection
+  std::vector<uint8_t> selected;
+  int max_tokens = 0;
+};
+
+int stride_blocks(const Case& c, int max_tokens) {
+  return cuda::AttentionBounds{0, max_tokens}.stride_blocks(c.shape.ratio);
+}
+
+Inputs random_inputs(const Case& c, std::mt19937& rng) {
+  const auto& s = c.shape;
+  Inputs in;
+  in.max_tokens = c.launch_tokens;
+  const size_t positions = size_t(c.first + c.rows);
+  in.queries = test::normal_values(rng, size_t(c.rows) * s.heads * s.head_dim, 1.0f);
+  in.gates = test::normal_values(rng, size_t(c.rows) * s.heads * 2 * s.head_dim, 1.0f);
+  in.keys = test::normal_values(rng, positions * s.kv_heads * s.head_dim, 1.0f);
+  in.values = test::normal_values(rng, positions * s.kv_heads * s.head_dim, 1.0f);
+  std::bernoulli_distribution chosen(c.keep);
+  in.selected.resize(size_t(c.rows) * stride_blocks(c, in.max_tokens));
+  for (uint8_t& b : in.selected) b = chosen(rng) ? 1 : 0;
+  return in;
+}
+
+// out[r, h, d] and the tolerance of each: fp32 rounding of scores, exponentials and sums of ≤ 5000 terms, relative
+// to the weighted mean of |v| that bounds the output's magnitude (the gate is < 1).
+void reference(const Case& c, const Inputs& in, std::vector<double>& out, std::vector<double>& scale) {
+  const auto& s = c.shape;
+  const int hd = s.head_dim, group = s.heads / s.kv_heads, stride = stride_blocks(c, in.max_tokens);
+  out.assign(size_t(c.rows) * s.heads * hd, 0.0);
+  scale.assign(out.size(), 0.0);
+  for (int r = 0; r < c.rows; ++r) {
+    const int64_t visible = c.first + r + 1, complete = visible / s.ratio * s.ratio;
+    for (int h = 0; h < s.heads; ++h) {
+      const int kv = h / group;
+      const float* q = &in.queries[(size_t(r) * s.heads + h) * hd];
+      std::vector<double> scores(size_t(visible), -INFINITY);
+      double peak = -INFINITY;
+      for (int64_t p = 0; p < visible; ++p) {
+        const bool all_chosen = complete / s.ratio <= s.keep_blocks;  // the indexer keeps every block
+        if (!all_chosen && p < complete && !in.selected[size_t(r) * stride + size_t(p / s.ratio)]) continue;
+        const float* k = &in.keys[(size_t(p) * s.kv_heads + kv) * hd];
+        double dot = 0.0;
+        for (int d = 0; d < hd; ++d) dot += double(q[d]) * k[d];
+        scores[size_t(p)] = dot / std::sqrt(double(hd));
+        peak = std::max(peak, scores[size_t(p)]);
+      }
+      double sum = 0.0;
+      std::vector<double> acc(size_t(hd), 0.0), magnitude(size_t(hd), 0.0);
+      for (int64_t p = 0; p < visible; ++p) {
+        if (scores[size_t(p)] == -INFINITY) continue;
+        const double w = std::exp(scores[size_t(p)] - peak);
+        sum += w;
+        const float* v = &in.values[(size_t(p) * s.kv_heads + kv) * hd];
+        for (int d = 0; d < hd; ++d) acc[size_t(d)] += w * v[d], magnitude[size_t(d)] += w * std::abs(v[d]);
+      }
+      for (int d = 0; d < hd; ++d) {
+        const size_t at = (size_t(r) * s.heads + h) * hd + d;
+        const double gate = in.gates[(size_t(r) * s.heads + h) * 2 * hd + hd + d];  // after the head's query half
+        out[at] = acc[size_t(d)] / sum / (1.0 + std::exp(-gate));
+        scale[at] = magnitude[size_t(d)] / sum;
+      }
+    }
+  }
+}
+
+// Runs sparse_attention `launches` times over the same inputs (the arrival counters must come back to zero) and
+// returns each launch's output.
+std::vector<std::vector<float>> run(const Case& c, const Inputs& in, int launches) {
+  const auto& s = c.shape;
+  test::DeviceMemory memory;
+  const float* queries = memory.copy(in.queries);
+  const float* gates = memory.copy(in.gates);
+  const float* keys = memory.copy(in.keys);
+  const float* values = memory.copy(in.values);
+  const uint8_t* selected = memory.copy(in.selected);
+  const int64_t* first = memory.copy(std::vector<int64_t>{c.first});
+  const cuda::AttendScratch scratch{memory.zeros<float>(cuda::attend_value_floats(s, c.rows)),
+                                    memory.zeros<float2>(cuda::attend_stat_count(s, c.rows)),
+                                    memory.zeros<unsigned>(cuda::attend_arrival_count(s, c.rows))};
+  float* out = memory.zeros<float>(size_t(c.rows) * s.heads * s.head_dim);
+  std::vector<std::vector<float>> outputs;
+  for (int i = 0; i < launches; ++i) {
+    cuda::sparse_attention(s, queries, gates + s.head_dim, keys, values, selected, c.rows, first,
+                           cuda::AttentionBounds{c.launch_tokens, in.max_tokens}, scratch, out, nullptr);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    outputs.push_back(test::download(out, size_t(c.rows) * s.heads * s.head_dim));
+  }
+  return outputs;
+}
+
+void expect_matches_reference(const Case& c, const std::string& what) {
+  std::mt19937 rng(uint32_t(c.first * 31 + c.rows));
+  const Inputs in = random_inputs(c, rng);
+  std::vector<double> want, scale;
+  reference(c, in, want, scale);
+  const auto outputs = run(c, in, 2);
+  int bad = 0;
+  for (size_t i = 0; i < want.size() && bad < 5; ++i) {
+    const double tolerance = 2e-5 * scale[i];
+    if (!(std::abs(outputs[0][i] - want[i]) <= tolerance)) {
+      ++bad;
+      ADD_FAILURE() << what << ": output " << i << " = " << outputs[0][i] << ", reference " << want[i] << " (±"
+                    << tolerance << ")";
+    }
+  }
+  EXPECT_EQ(outputs[0], outputs[1]) << what << ": a second launch differs (arrival counters or determinism)";
+}
+
+constexpr cuda::AttentionShape kFlashNext{24, 2, 256, 4, 128, 4, 512};
+
+TEST(CudaAttention, DecodeRowAtShortContextUnderWideBound) {
+  expect_matches_reference({kFlashNext, 1, 63, 8192, 1.0}, "1 row at 64 positions, bound 8192");
+}
+
+TEST(CudaAttention, VerifyRowsAtLongContextWithBlockSelection) {
+  expect_matches_reference({kFlashNext, 4, 4996, 8192, 0.25}, "4 rows at 5000 positions, a quarter of blocks");
+}
+
+TEST(CudaAttention, PrefillPassOfSixtyFourRows) {
+  expect_matches_reference({kFlashNext, 64, 1000, 1064, 0.5}, "64 rows from position 1000");
+}
+
+TEST(CudaAttention, TinyHeadGroups) {
+  expect_matches_reference({{6, 2, 8, 4, 16, 4, 2}, 3, 40, 1024, 0.5}, "groups of 3 heads of 8");
+  expect_matches_reference({{2, 1, 32, 4, 16, 2, 4}, 2, 17, 1024, 0.5}, "a group of 2 heads of 32");
+  expect_matches_reference({{8, 1, 16, 4, 16, 4, 2}, 1, 0, 1024, 1.0}, "the first position");
+}
+
+}  // namespace
+}  // namespace vavilov
