@@ -223,11 +223,11 @@ __global__ void __launch_bounds__(kAttendThreads)
   __shared__ bool last;
   const int sets = s.heads / kHeads, set = blockIdx.y, r = set / sets, h0 = set % sets * kHeads;
   const int hd = s.head_dim, warp = threadIdx.x / 32, lane = threadIdx.x % 32, c = blockIdx.x, d = threadIdx.x;
+  for (int i = threadIdx.x; i < kHeads * hd; i += kAttendThreads)  // in flight with the position's load
+    q[i / hd][i % hd] = queries[(size_t(r) * s.heads + h0) * hd + i];
   const int64_t visible = *first_position + r + 1, complete = visible / s.ratio * s.ratio;
   const int used = int(min(int64_t(chunks), (visible + kAttendWarps - 1) / kAttendWarps));  // chunks with positions
   if (c >= used) return;
-  for (int i = threadIdx.x; i < kHeads * hd; i += kAttendThreads)
-    q[i / hd][i % hd] = queries[(size_t(r) * s.heads + h0) * hd + i];
   __syncthreads();
 
   const RowSpan row{visible, complete, complete / s.ratio <= s.keep_blocks, selected + size_t(r) * stride_blocks};
