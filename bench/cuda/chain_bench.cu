@@ -10,7 +10,8 @@
 //                   atomic counter) for phase p − 1, so the weight stream of a phase overlaps the barrier of the last.
 //
 // All three compute the same values (checked). Prints per phase the time, the copy floor (W / copy bandwidth) and the
-// fraction of it, and writes JSON.
+// fraction of it, and writes JSON. Then two sweeps of the early-load chain: loads in flight (blocks a multiprocessor ×
+// loads a thread), and an L2 prefetcher on a parallel branch of the graph pulling the next phases' weights into L2.
 // Usage: chain_bench OUT.json
 #include <algorithm>
 #include <cstdint>
@@ -35,6 +36,7 @@ struct Chain {
   size_t words;          // 16-byte words a phase
   uint32_t* values;      // [phases + 1][blocks]: what each block wrote after each phase
   int blocks;
+  uint32_t* progress;  // null, or where block 0 of phase p writes p + 1 once its wait returns (the prefetcher's pace)
 };
 
 // A block's share of phase p's weights, folded into one word (grid-stride over the phase, kUnroll loads at a time).
@@ -92,6 +94,7 @@ __global__ void __launch_bounds__(kThreads) phase_kernel(Chain c, int p, bool ea
   if (early) load_first<Unroll>(c, p, first);
   wait_for_producers();
   allow_dependents();
+  if (c.progress && blockIdx.x == 0 && threadIdx.x == 0) *reinterpret_cast<volatile uint32_t*>(c.progress) = p + 1;
   finish_phase(c, p, stream_phase<Unroll>(c, p, first, early));
 }
 
@@ -120,6 +123,28 @@ __global__ void __launch_bounds__(kThreads) persistent_kernel(Chain c, int phase
     const uint32_t acc = stream_phase(c, p, none, false);
     if (p > 0) grid_barrier(arrivals, uint32_t(p) * uint32_t(c.blocks));
     finish_phase(c, p, acc);
+  }
+}
+
+// Runs beside the chain (a parallel branch of its graph): once phase p − 1 − ahead has started, pulls phase p's weights
+// into L2 with bulk prefetches (cp.async.bulk.prefetch.L2, fire and forget), so that the chain's dependent kernels
+// find them there and the DRAM keeps streaming while the chain waits on its launches.
+// One warp a block, kPrefetchBlocks blocks: one multiprocessor's bulk prefetches reach only ~240 GB/s.
+constexpr int kPrefetchBlocks = 32;
+__global__ void prefetch_kernel(Chain c, int phases, int ahead) {
+  constexpr uint32_t kPiece = 1 << 14;  // bytes a bulk prefetch
+  const size_t bytes = c.words * 16;
+  for (int p = 0; p < phases; ++p) {
+    if (threadIdx.x == 0)
+      while (int(*reinterpret_cast<volatile uint32_t*>(c.progress)) < p - ahead) {
+      }
+    __syncwarp();
+    const char* phase = reinterpret_cast<const char*>(c.weights + size_t(p) * c.words);
+    for (size_t at = (size_t(blockIdx.x) * blockDim.x + threadIdx.x) * kPiece; at < bytes;
+         at += size_t(gridDim.x) * blockDim.x * kPiece) {
+      const uint32_t size = uint32_t(bytes - at < kPiece ? bytes - at : kPiece);
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(phase + at), "r"(size) : "memory");
+    }
   }
 }
 
@@ -273,6 +298,52 @@ double early_chain_us(size_t phase_bytes, int phases, int blocks) {
   return us;
 }
 
+// The early-load chain with prefetch_kernel running `ahead` phases in front of it (ahead < 0: no prefetcher), in one
+// graph: per-phase time.
+double prefetched_chain_us(size_t phase_bytes, int phases, int blocks, int ahead) {
+  Chain c = make_chain(phase_bytes, phases, blocks);
+  CHECK(cudaMalloc(&c.progress, sizeof(uint32_t)));
+  cudaStream_t stream, side;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  cudaEvent_t fork, join;
+  CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  CHECK(cudaMemsetAsync(c.progress, 0, sizeof(uint32_t), stream));
+  if (ahead >= 0) {
+    CHECK(cudaEventRecord(fork, stream));
+    CHECK(cudaStreamWaitEvent(side, fork));
+    prefetch_kernel<<<kPrefetchBlocks, 32, 0, side>>>(c, phases, ahead);
+    CHECK(cudaGetLastError());
+    CHECK(cudaEventRecord(join, side));
+  }
+  for (int p = 0; p < phases; ++p)
+    CHECK(launch_dependent(phase_kernel<>, dim3(blocks), dim3(kThreads), 0, stream, c, p, true));
+  if (ahead >= 0) CHECK(cudaStreamWaitEvent(stream, join));
+  CHECK(cudaStreamEndCapture(stream, &graph));
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  CHECK(cudaGraphLaunch(exec, stream));
+  CHECK(cudaEventRecord(start, stream));
+  constexpr int kRepeats = 5;
+  for (int r = 0; r < kRepeats; ++r) CHECK(cudaGraphLaunch(exec, stream));
+  CHECK(cudaEventRecord(stop, stream));
+  CHECK(cudaEventSynchronize(stop));
+  const double us = elapsed_ms(start, stop) * 1e3 / kRepeats / phases;
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(graph));
+  CHECK(cudaStreamDestroy(stream));
+  CHECK(cudaStreamDestroy(side));
+  CHECK(cudaFree(c.progress));
+  free_chain(c);
+  return us;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -326,6 +397,30 @@ int main(int argc, char** argv) {
               ", \"kb_in_flight_per_sm\": " + std::to_string(per * kThreads * loads[i] * 16 / 1024) +
               ", \"us\": " + std::to_string(us[i]) + "}" + (per == 4 && i == 4 ? "\n" : ",\n");
   }
+  // An L2 prefetcher beside the chain: us a phase without it (-1) and with it 0-4 phases ahead.
+  json += "  ],\n  \"l2_prefetch\": [\n";
+  std::printf(
+      "early-load chain with an L2 prefetcher: us a phase by phase size (rows) and phases ahead (none, 0, 1, 2, 4)\n");
+  const std::vector<double> prefetch_mb = {1, 2, 4, 8, 16};
+  const int aheads[5] = {-1, 0, 1, 2, 4};
+  const char* separator = "";
+  for (size_t i = 0; i < prefetch_mb.size(); ++i) {
+    const size_t bytes = size_t(prefetch_mb[i] * (1 << 20));
+    const int phases = int(std::clamp<size_t>((size_t(1) << 30) / bytes, 64, 1024));
+    std::printf("%6.1f MB:", prefetch_mb[i]);
+    for (int a = 0; a < 5; ++a) {
+      if (double(aheads[a] + 2) * prefetch_mb[i] > 40) continue;  // more than L2 holds
+      const double us = prefetched_chain_us(bytes, phases, blocks, aheads[a]);
+      std::printf(" %7.2f", us);
+      json += std::string(separator) + "    {\"phase_mb\": " + std::to_string(prefetch_mb[i]) +
+              ", \"ahead\": " + std::to_string(aheads[a]) +
+              ", \"copy_floor_us\": " + std::to_string(double(bytes) / (gbs * 1e3)) +
+              ", \"us\": " + std::to_string(us) + "}";
+      separator = ",\n";
+    }
+    std::printf("\n");
+  }
+  json += "\n";
   json += "  ]\n}\n";
   FILE* out = std::fopen(argv[1], "w");
   if (!out) {
