@@ -228,8 +228,11 @@ int time_kernels(const char* out_path) {
   const std::vector<DecodeCase> cases = {{1, false, true, false}, {1, true, true, false},   {2, true, true, false},
                                          {3, true, true, false},  {4, true, true, false},   {1, false, true, true},
                                          {4, true, true, true},   {1, false, false, false}, {4, true, false, false}};
-  json += "  \"decode_fused\": " + std::string(vavilov::cuda::gdn_conv_decode_fused(kShape) ? "true" : "false") +
-          ",\n  \"decode\": [\n";
+  const int resident = vavilov::cuda::gdn_conv_decode_resident_clusters(kShape);
+  std::printf("conv_decode: %d clusters resident at once (cudaOccupancyMaxActiveClusters)\n", resident);
+  json += "  \"decode_fused\": " +
+          std::string(vavilov::cuda::gdn_conv_decode_fused(kShape, kConvKernel) ? "true" : "false") +
+          ",\n  \"decode_resident_clusters\": " + std::to_string(resident) + ",\n  \"decode\": [\n";
   for (size_t n = 0; n < cases.size(); ++n) {
     const DecodeCase& c = cases[n];
     const GdnInputs in = random_inputs(c.rows);

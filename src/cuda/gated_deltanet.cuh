@@ -1,6 +1,6 @@
 #pragma once
 // Gated DeltaNet on the GPU (spec §7, CPU mirror: src/cpu/gated_deltanet.cpp): the causal conv, the decode step
-// (conv, gates, delta rule and gated output norm in one launch, the state split over many blocks) and the
+// (conv, gates, delta rule and gated output norm in one launch, a block per value head) and the
 // chunk-parallel prefill (64-token chunks in the WY form, the state passed from chunk to chunk). All data fp32; the
 // prefill's matrix products run on tensor cores as 3×TF32 (fp32 accuracy). No kernel allocates or waits for the host,
 // so a captured CUDA graph can hold them.
@@ -55,17 +55,21 @@ struct GdnConvState {
 };
 
 // Decode with the conv folded in: the same results as gdn_conv on qkv followed by gdn_decode, in one launch. qkv
-// holds the pass's raw projections (q | k | v before the conv; in.qkv is not read). The blocks of one key head form a
-// thread-block cluster (value heads per key head × ⌈dv/32⌉ blocks); where that exceeds what the device can schedule
-// (more than 16 blocks) the two kernels run instead, and qkv is convolved in place.
+// holds the pass's raw projections (q | k | v before the conv; in.qkv is not read). A block per value head; the value
+// heads of one key head form a thread-block cluster. Where that exceeds a portable cluster (more than 8 value heads a
+// key head) or the conv is wider than 4, the two kernels run instead, and qkv is convolved in place.
 // dependent: launch it as a programmatic dependent launch, whose blocks load the recurrent state, the conv state and
 // the taps while the kernel before it in the stream still runs and wait for that kernel before reading anything else.
 // So that kernel must not write this layer's recurrent or conv state (in a pass it is the layer's input products).
 void gdn_conv_decode(const GdnShape& shape, const GdnConvState& conv, float* qkv, GdnInputs in, float* recurrent,
                      float* row_states, float* out, bool dependent, cudaStream_t stream);
 
-// Whether gdn_conv_decode runs as one launch at this shape.
-bool gdn_conv_decode_fused(const GdnShape& shape);
+// Whether gdn_conv_decode runs as one launch at this shape and conv width.
+bool gdn_conv_decode_fused(const GdnShape& shape, int conv_kernel);
+
+// How many of gdn_conv_decode's clusters the device holds at once on an idle GPU (cudaOccupancyMaxActiveClusters; 0
+// where it is not fused at a conv width of 4, −1 on a CUDA error): for the benchmark.
+int gdn_conv_decode_resident_clusters(const GdnShape& shape);
 
 // Prefill: any number of rows, 64-token chunks in parallel (no per-row states). scratch holds
 // gdn_chunk_scratch_floats(shape, rows) floats; out as for gdn_decode.

@@ -23,7 +23,7 @@ GdnShape shape_of(int heads, int key_heads, int dk, int dv) {
 }
 
 // The release (48 value heads on 16 key heads, dk = dv = 128) and small shapes with odd widths (dv % 4 != 0 takes the
-// scalar decode path; dv = 40 spans two 32-column slices).
+// scalar decode path; a block's 128 columns are mostly past dv).
 const std::vector<GdnShape> kShapes = {shape_of(48, 16, 128, 128), shape_of(4, 2, 8, 10), shape_of(6, 3, 12, 12),
                                        shape_of(4, 1, 16, 40)};
 
@@ -283,21 +283,26 @@ ConvExpected conv_reference(const GdnShape& s, const ConvInputs& c, int rows) {
   return e;
 }
 
-// A shape whose key head spans 8 heads × 3 slices = 24 blocks, more than a cluster holds: the unfused fallback.
-const GdnShape kWideKeyHeads = shape_of(8, 1, 16, 96);
+// Value heads wider than 128 (the decode kernel's 256-column blocks of 512 threads), with dv % 4 == 0 and not; and
+// shapes whose key head has 12 value heads, more than a portable cluster holds: the unfused fallback.
+const std::vector<GdnShape> kWideValueHeads = {shape_of(4, 2, 16, 136), shape_of(4, 2, 16, 131)};
+const std::vector<GdnShape> kWideKeyHeads = {shape_of(12, 1, 16, 136), shape_of(12, 1, 16, 131)};
 
 TEST(CudaGdn, ConvDecodeIsOneLaunchAtTheReleaseShape) {
-  EXPECT_TRUE(cuda::gdn_conv_decode_fused(kShapes[0]));  // 3 heads × 4 slices
-  EXPECT_FALSE(cuda::gdn_conv_decode_fused(kWideKeyHeads));
+  EXPECT_TRUE(cuda::gdn_conv_decode_fused(kShapes[0], kConvKernel));  // clusters of 3 value heads
+  EXPECT_TRUE(cuda::gdn_conv_decode_fused(kWideValueHeads[0], kConvKernel));
+  EXPECT_FALSE(cuda::gdn_conv_decode_fused(kWideKeyHeads[0], kConvKernel));
+  EXPECT_FALSE(cuda::gdn_conv_decode_fused(kShapes[0], 5));  // a conv wider than the fused kernel takes
 }
 
 // 1–8 rows, with and without per-row states (conv and recurrent), plain and dependent launches, on the release's and
-// the small shapes and the fallback: outputs, the advanced conv and recurrent states and every row's states against the
-// double references.
+// the small and wide shapes and the fallbacks: outputs, the advanced conv and recurrent states and every row's states
+// against the double references.
 TEST(CudaGdn, ConvDecodeMatchesConvAndRecurrence) {
   std::mt19937 rng(11);
   std::vector<GdnShape> shapes = kShapes;
-  shapes.push_back(kWideKeyHeads);
+  shapes.insert(shapes.end(), kWideValueHeads.begin(), kWideValueHeads.end());
+  shapes.insert(shapes.end(), kWideKeyHeads.begin(), kWideKeyHeads.end());
   for (const GdnShape& s : shapes)
     for (int rows = 1; rows <= cuda::kGdnDecodeMaxRows; ++rows)
       for (bool record : {false, true}) {
