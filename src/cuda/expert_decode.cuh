@@ -5,8 +5,7 @@
 //   down:    each output row's Σ over the step's experts of (the row's routing weight)·down·h, plus
 //            σ(shared gate)·shared down·h_shared, in a fixed order (no atomics: every run gives the same bits).
 // Each expert's weights are read once for all rows; a row's weight of an expert it did not pick is 0. Every matrix must
-// be Q4 in the GEMV kernels' layout (gemv_reads; moe_block.cpp checks once per sequence). Each warp copies its tile of
-// weights into shared memory with cp.async before reading any of it.
+// be Q4 in the GEMV kernels' layout (gemv_reads; moe_block.cpp checks once per sequence).
 #include <cuda_runtime.h>
 
 #include "cuda/device_matrix.h"
