@@ -13,8 +13,7 @@
 // writes its input. Prints a table and writes JSON.
 // Usage: gemv_bench OUT.json [LABEL] [--linear-only | --sweep | --step]   (LABEL: the commit / kernel variant)
 // VAVILOV_PDL=0 launches the GEMV kernels as ordinary ones (the comparison without dependent launches).
-// Build: nvcc -O3 -std=c++17 -arch=sm_90 -Isrc bench/cuda/gemv_bench.cu src/cuda/gemv.cu src/cuda/linear.cu -o
-// gemv_bench
+// Build: the CMake target vavilov_gemv_bench (with bench/cuda/bench_product_group.cpp and the engine's library).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

@@ -29,15 +29,6 @@ constexpr size_t kSharedPerSm = 228 * 1024, kReservedShared = 1024;
 constexpr size_t kStaticShared = kMaxWarps * 64 * sizeof(float);
 constexpr size_t kMaxDynamicShared = 227 * 1024 - kStaticShared;
 
-// Weight blocks (kUnroll groups each) that a warp of the quantized kernel has in flight besides the one it sums: issued
-// before the wait, so that they load while its producer ends and while it stages the activations, and kept at that
-// depth while it sums.
-#ifndef VAVILOV_GEMV_PREFETCH
-#define VAVILOV_GEMV_PREFETCH 1
-#endif
-constexpr int kPrefetch = VAVILOV_GEMV_PREFETCH;
-static_assert(kPrefetch >= 1, "at least the block after the one being summed");
-
 // A grouped launch's matrices in a one-dimensional grid: blocks [block_end[i - 1], block_end[i]) are matrix i's row
 // blocks, so that only blocks with rows are launched (a (row blocks, matrices) grid sized by the tallest matrix has a
 // block per matrix and row block of the tallest, most of them empty when the heights differ, as a GDN layer's inputs).
@@ -92,28 +83,6 @@ __device__ inline BlockWork block_work(const GemvMatrix& single, const GemvMatri
   return {matrices[matrix], int(blockIdx.x) - start};
 }
 
-// Σ over groups [begin, end) of one warp's tile, with kPrefetch weight blocks in flight besides the one being summed:
-// loads[s] holds the loads of the block from begin + s·kUnroll (s < kPrefetch). The kPrefetch + 1 buffers take turns
-// in an unrolled rotation, so that no buffer is ever copied: a copy of registers whose loads are still in flight
-// would stall the warp until they land, leaving one block in flight (qmma::tile_products' `current = next`).
-template <int Bits, int B>
-__device__ inline void streamed_tile_products(WarpLoads (&loads)[kPrefetch + 1], const uint32_t* const (&codes)[2],
-                                              const __nv_bfloat16* affine, AffineWidth width, int begin, int end,
-                                              int groups, const uint4* fragments, const float2* group_terms,
-                                              float (&acc)[2]) {
-  const int t = threadIdx.x % 4;
-  for (int first = begin; first < end; first += (kPrefetch + 1) * kUnroll) {
-#pragma unroll
-    for (int s = 0; s <= kPrefetch; ++s) {
-      const int at = first + s * kUnroll;  // block s of this turn, in buffer s
-      if (at >= end) break;
-      load_group_block<Bits>(loads[(s + kPrefetch) % (kPrefetch + 1)], codes, affine, at + kPrefetch * kUnroll, end,
-                             width, t);
-      block_products<Bits, B>(loads[s], at, end, groups, fragments, group_terms, acc);
-    }
-  }
-}
-
 // Block (row block, matrix): warp w works on tile w % split.tiles and column slice w / split.tiles. Each warp leaves
 // its partial sums in shared memory; then each output adds those of its tile's warps in slice order.
 template <int Bits, int B>
@@ -136,14 +105,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   const AffineWidth width = affine_width(m, groups);
   const bool has_rows = warp_row < m.rows;
 
-  // Each warp's first kPrefetch weight blocks are loaded before the wait (weights never depend on the previous kernel),
-  // so that their latency overlaps the previous kernel's end and the activations' staging after it. (An L2 prefetch
-  // of the block's whole weight range here, per line or in bulk, measured up to 20 % slower on large products:
-  // docs/CUDA.md.)
-  WarpLoads loads[kPrefetch + 1];
-#pragma unroll
-  for (int s = 0; s < kPrefetch; ++s)
-    load_group_block<Bits>(loads[s], codes, affine, begin + s * kUnroll, has_rows ? end : begin, width, t);
+  // Each warp's first weight loads come before the wait (weights never depend on the previous kernel), so that their
+  // latency overlaps the previous kernel's end; the activations are staged after it. (An L2 prefetch of the block's
+  // whole weight range here, per line or in bulk, measured up to 20 % slower on large products: docs/CUDA.md.)
+  WarpLoads current;
+  load_group_block<Bits>(current, codes, affine, begin, has_rows ? end : begin, width, t);
   wait_for_producers();
   allow_dependents();
   uint4* fragments = shared;
@@ -151,8 +117,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   stage_activations<Bits, B>(m, groups, fragments, group_terms);
   __syncthreads();
   float acc[2] = {};
-  if (has_rows)
-    streamed_tile_products<Bits, B>(loads, codes, affine, width, begin, end, groups, fragments, group_terms, acc);
+  if (has_rows) tile_products<Bits, B>(current, codes, affine, width, begin, end, groups, fragments, group_terms, acc);
   partials[warp][lane] = acc[0];
   partials[warp][32 + lane] = acc[1];
   __syncthreads();
