@@ -8,11 +8,12 @@
 // (at least 200 MB of them where 2048 copies reach it), so the time per call is the kernel's plus the graph's gap
 // between kernels (~1 µs), as in a captured decode step, alone and each call after a norm-like kernel that writes its
 // input (the GEMV kernels are dependent launches that stream their weights while such a kernel runs: launch.cuh).
-// With --sweep, also every split of the Q4 GEMV at a few shapes. Prints a table and writes JSON.
-// Usage: gemv_bench OUT.json [LABEL] [--linear-only | --sweep]   (LABEL: the commit / kernel variant, in the JSON)
+// With --sweep, also every split of the Q4 GEMV at a few shapes. With --step, only the products of a decode step as the
+// step runs them (a layer's grouped input products, out / o, lm_head), each after a dependent norm-like kernel that
+// writes its input. Prints a table and writes JSON.
+// Usage: gemv_bench OUT.json [LABEL] [--linear-only | --sweep | --step]   (LABEL: the commit / kernel variant)
 // VAVILOV_PDL=0 launches the GEMV kernels as ordinary ones (the comparison without dependent launches).
-// Build: nvcc -O3 -std=c++17 -arch=sm_90 -Isrc bench/cuda/gemv_bench.cu src/cuda/gemv.cu src/cuda/linear.cu -o
-// gemv_bench
+// Build: the CMake target vavilov_gemv_bench (with bench/cuda/bench_product_group.cpp and the engine's library).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -21,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_product_group.h"
 #include "check.cuh"
 #include "cuda/gemv.cuh"
 #include "cuda/launch.cuh"
@@ -531,6 +533,92 @@ void sweep_splits(FILE* json) {
   cudaFree(y);
 }
 
+// The products of a decode step as the step launches them (sequence.cpp: a layer's input products as one product group,
+// out / o and lm_head through cuda::linear), each call after a dependent norm-like kernel that writes its input, in a
+// graph over rotating copies (at least 200 MB of each shape's weights). µs per product, the norm's graph subtracted.
+void bench_step(FILE* json, double copy) {
+  using vavilov::cuda::WeightFormat;
+  struct StepCase {
+    std::string name;
+    std::vector<LinearShape> shapes;  // one product group (one shape: a cuda::linear call)
+  };
+  const std::vector<StepCase> cases = {
+      {"gdn inputs (qkv, z, b, a)",
+       {{"qkv", WeightFormat::Q4, 10240, 2560},
+        {"z", WeightFormat::Q4, 6144, 2560},
+        {"b", WeightFormat::Q4, 48, 2560},
+        {"a", WeightFormat::Q4, 48, 2560}}},
+      {"attention inputs (q, k, v, index)",
+       {{"q", WeightFormat::Q4, 12288, 2560},
+        {"k", WeightFormat::Q4, 512, 2560},
+        {"v", WeightFormat::Q4, 512, 2560},
+        {"index_qk", WeightFormat::Q4, 640, 2560}}},
+      {"router + shared gate", {{"router", WeightFormat::Q4, 512, 2560}, {"shared gate", WeightFormat::Q4, 1, 2560}}},
+      {"gdn out, attn o", {{"out", WeightFormat::Q4, 2560, 6144}}},
+      {"lm_head", {{"lm_head", WeightFormat::Q4, 248320, 2560}}},
+  };
+  float* x = device_alloc<float>(size_t(4) * 6144);
+  float* source = device_alloc<float>(size_t(4) * 6144);
+  float* y = device_alloc<float>(size_t(4) * 248320 + 4 * 2 * 12288);
+  fill_floats<<<64, 256>>>(source, size_t(4) * 6144, 13);
+  std::printf(
+      "\ndecode-step products after a dependent norm (graph over rotating copies, norm subtracted)\n"
+      "%-36s %5s %8s %8s %7s %8s\n",
+      "case", "batch", "MB", "us", "GB/s", "of copy");
+  std::fprintf(json, ",\n  \"step_products\": [\n");
+  bool first = true;
+  for (const StepCase& c : cases) {
+    std::vector<LinearPool> pools;
+    size_t bytes = 0;
+    for (const LinearShape& shape : c.shapes) {
+      pools.push_back(make_pool(shape));
+      bytes += pools.back().weight_bytes;
+    }
+    const int cols = c.shapes[0].cols;
+    std::vector<vavilov::bench::BenchProductGroup> groups;
+    for (size_t i = 0; i < pools[0].matrices.size() && c.shapes.size() > 1; ++i) {
+      std::vector<std::pair<vavilov::cuda::DeviceMatrix, float*>> products;
+      float* out = y;
+      for (const LinearPool& pool : pools) {
+        products.emplace_back(pool.matrices[i % pool.matrices.size()], out);
+        out += size_t(4) * pool.matrices[0].rows;
+      }
+      groups.emplace_back(x, std::move(products));
+    }
+    // Calls a graph: a group per copy of the first (largest) shape; at least 4 (lm_head alone exceeds L2 by far).
+    const int copies = std::max<int>(4, groups.empty() ? int(pools[0].matrices.size()) : int(groups.size()));
+    for (int batch : {1, 2, 4}) {
+      const auto product = [&](cudaStream_t stream, int i) {
+        if (groups.empty())
+          vavilov::cuda::linear(pools[0].matrices[size_t(i) % pools[0].matrices.size()], x, batch, y, stream);
+        else
+          groups[size_t(i) % groups.size()].run(batch, stream);
+      };
+      const float pair_us = time_graph(copies, [&](cudaStream_t stream, int i) {
+        norm_like(source, batch, cols, x, stream, true);
+        product(stream, i);
+      });
+      const float norm_us =
+          time_graph(copies, [&](cudaStream_t stream, int) { norm_like(source, batch, cols, x, stream, true); });
+      const float us = pair_us - norm_us;
+      const double gbs = double(bytes) / (us * 1e-6) / 1e9;
+      std::printf("%-36s %5d %8.2f %8.2f %7.0f %7.1f%%\n", c.name.c_str(), batch, bytes / 1e6, us, gbs,
+                  100.0 * gbs / copy);
+      std::fprintf(json,
+                   "%s    {\"case\": \"%s\", \"batch\": %d, \"weight_bytes\": %zu, \"copies\": %d, "
+                   "\"us\": %.3f, \"after_norm_us\": %.3f, \"norm_us\": %.3f, \"fraction_of_copy\": %.4f}",
+                   first ? "" : ",\n", c.name.c_str(), batch, bytes, copies, us, pair_us, norm_us, gbs / copy);
+      first = false;
+    }
+    groups.clear();
+    for (LinearPool& pool : pools) cudaFree(pool.memory);
+  }
+  std::fprintf(json, "\n  ]");
+  cudaFree(x);
+  cudaFree(source);
+  cudaFree(y);
+}
+
 struct Case {
   std::string name;
   Format format;
@@ -544,8 +632,9 @@ int main(int argc, char** argv) {
   const char* out_path = argc > 1 ? argv[1] : "gemv.json";
   const char* label = argc > 2 ? argv[2] : "";
   const std::string mode = argc > 3 ? argv[3] : "";
-  const bool linear_only = mode == "--linear-only" || mode == "--sweep";  // cuda::linear's shapes alone
-  const bool sweep = mode == "--sweep";                                   // and the split sweep
+  const bool step = mode == "--step";                                             // the step's products alone
+  const bool linear_only = mode == "--linear-only" || mode == "--sweep" || step;  // cuda::linear's shapes alone
+  const bool sweep = mode == "--sweep";                                           // and the split sweep
   cudaDeviceProp props;
   CHECK(cudaGetDeviceProperties(&props, 0));
   const double copy = copy_bandwidth_gbs();
@@ -619,8 +708,12 @@ int main(int argc, char** argv) {
     for (Buffers& b : copies) free_matrices(b);
   }
   if (!linear_only) std::fprintf(json, "\n  ],\n");
-  bench_linear(json, copy);
+  if (step)
+    std::fprintf(json, "  \"linear\": []");
+  else
+    bench_linear(json, copy);
   if (sweep) sweep_splits(json);
+  if (step) bench_step(json, copy);
   std::fprintf(json, "\n}\n");
   std::fclose(json);
   return correct ? 0 : 1;

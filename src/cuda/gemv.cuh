@@ -57,6 +57,12 @@ cudaError_t gemv_q2(const GemvMatrix* matrices, int count, int max_rows, int max
 cudaError_t gemv_bf16(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream,
                       GemvDescriptors descriptors = GemvDescriptors::written_in_pass);
 
+// Q4 matrices whose descriptors are fixed (GemvDescriptors::fixed) and whose heights the host knows (matrix_rows[i] ≤
+// max_rows, i < count): a grid of only the row blocks that hold rows (up to 8 matrices; more take the grid of the
+// tallest), with the work split chosen from all the heights together (a GDN layer's in_qkv, in_z, in_b and in_a).
+cudaError_t gemv_q4_fixed(const GemvMatrix* matrices, const int* matrix_rows, int count, int max_rows, int max_cols,
+                          int batch, cudaStream_t stream);
+
 // One matrix (cuda::linear's formats), its descriptor passed by value as a kernel parameter.
 cudaError_t gemv_q4(const GemvMatrix& matrix, int batch, cudaStream_t stream);
 cudaError_t gemv_q3(const GemvMatrix& matrix, int batch, cudaStream_t stream);

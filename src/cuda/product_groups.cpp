@@ -40,6 +40,7 @@ ProductGroup make_product_group(const float* x, std::vector<std::pair<DeviceMatr
     const bool readable = gemv_reads(m);
     if (readable && group_q4 && m.format == WeightFormat::Q4) {
       q4.push_back(gemv_matrix(m, x, y));
+      group.q4_rows.push_back(m.rows);
       group.q4_max_rows = std::max(group.q4_max_rows, m.rows);
     } else if (readable && group_bf16 && m.format == WeightFormat::BF16) {
       bf16.push_back(gemv_matrix(m, x, y));
@@ -70,8 +71,9 @@ void run_products(const ProductGroup& group, int rows, cudaStream_t stream) {
   const auto* descriptors = static_cast<const GemvMatrix*>(group.descriptors.get());
   constexpr auto fixed = GemvDescriptors::fixed;
   if (group.q4_count)
-    cuda_check(gemv_q4(descriptors, group.q4_count, group.q4_max_rows, group.cols, rows, stream, fixed),
-               "grouped products");
+    cuda_check(
+        gemv_q4_fixed(descriptors, group.q4_rows.data(), group.q4_count, group.q4_max_rows, group.cols, rows, stream),
+        "grouped products");
   if (group.bf16_count)
     cuda_check(
         gemv_bf16(descriptors + group.q4_count, group.bf16_count, group.bf16_max_rows, group.cols, rows, stream, fixed),

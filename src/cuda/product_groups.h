@@ -24,6 +24,7 @@ struct ProductGroup {
   int cols = 0;
   DeviceAllocation descriptors;  // Q4 products, then BF16 ones (GemvMatrix)
   int q4_count = 0, bf16_count = 0, q4_max_rows = 0, bf16_max_rows = 0;
+  std::vector<int> q4_rows;  // each Q4 product's height (the grouped launch's grid holds only their row blocks)
   std::vector<std::pair<DeviceMatrix, float*>> products;  // every product, for passes of more rows
   std::vector<std::pair<DeviceMatrix, float*>> others;    // products in formats the GEMV kernels do not read
 };

@@ -153,8 +153,8 @@ TEST(CudaLinear, CasesCoverEverySplit) {
   EXPECT_EQ(dense, every);
 }
 
-// gemv_q4 over a device array of descriptors (the grouped entry point the MoE path uses): matrices of different
-// shapes in one launch, each against its own activations.
+// gemv_q4 over a device array of descriptors (the grouped entry point the MoE path uses), and gemv_q4_fixed (the
+// product groups' one): matrices of different shapes in one launch, each against its own activations.
 TEST(CudaLinear, GroupedQ4MatchesDoublePrecision) {
   const std::vector<Case> cases = {
       {cuda::WeightFormat::Q4, 640, 2560}, {cuda::WeightFormat::Q4, 2560, 640}, {cuda::WeightFormat::Q4, 37, 1280}};
@@ -189,6 +189,19 @@ TEST(CudaLinear, GroupedQ4MatchesDoublePrecision) {
     for (size_t i = 0; i < cases.size(); ++i)
       expect_product(matrices[i]->exact, cases[i].rows, cases[i].cols, xs[i], batch,
                      download(descriptors[i].y, size_t(batch) * cases[i].rows), "grouped Q4");
+    // The same matrices in the grid of their own row blocks (gemv_q4_fixed), outputs poisoned first.
+    std::vector<int> heights;
+    for (const Case& c : cases) heights.push_back(c.rows);
+    for (size_t i = 0; i < cases.size(); ++i)
+      ASSERT_EQ(cudaMemset(descriptors[i].y, 0xff, size_t(batch) * cases[i].rows * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cuda::gemv_q4_fixed(device, heights.data(), int(cases.size()), 2560, 2560, batch, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (size_t i = 0; i < cases.size(); ++i)
+      expect_product(matrices[i]->exact, cases[i].rows, cases[i].cols, xs[i], batch,
+                     download(descriptors[i].y, size_t(batch) * cases[i].rows), "grouped Q4, own row blocks");
+    heights[0] = 2561;  // taller than max_rows: refused
+    EXPECT_EQ(cuda::gemv_q4_fixed(device, heights.data(), int(cases.size()), 2560, 2560, batch, nullptr),
+              cudaErrorInvalidValue);
     cudaFree(device);
     for (void* p : buffers) cudaFree(p);
   }

@@ -102,6 +102,24 @@ TEST_F(CudaProductGroups, Q4ProductsRunAsOneGroup) {
   expect_all_row_counts(c);
 }
 
+// More Q4 products than the launch's grid of their own row blocks holds (8): the grid of the tallest instead.
+TEST_F(CudaProductGroups, ManyQ4ProductsRunAsOneGroup) {
+  const Case c = make_case(memory_, rng_,
+                           {{WeightFormat::Q4, 40},
+                            {WeightFormat::Q4, 16},
+                            {WeightFormat::Q4, 1},
+                            {WeightFormat::Q4, 33},
+                            {WeightFormat::Q4, 8},
+                            {WeightFormat::Q4, 64},
+                            {WeightFormat::Q4, 2},
+                            {WeightFormat::Q4, 31},
+                            {WeightFormat::Q4, 17}},
+                           x_device_);
+  EXPECT_EQ(c.group.q4_count, 9);
+  EXPECT_EQ(c.group.q4_max_rows, 64);
+  expect_all_row_counts(c);
+}
+
 TEST_F(CudaProductGroups, Bf16ProductsRunAsOneGroup) {
   const Case c = make_case(memory_, rng_, {{WeightFormat::BF16, 320}, {WeightFormat::BF16, 4}}, x_device_);
   EXPECT_EQ(c.group.bf16_count, 2);
