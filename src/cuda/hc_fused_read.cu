@@ -193,6 +193,7 @@ __device__ void stage_stream(const DownParams& p, int s, const float* weight, fl
   }
 }
 
+// At most 128 registers a thread (two blocks an SM), so that hc_up's blocks fit beside one while it runs.
 template <int B>
 __global__ void __launch_bounds__(kDownWarps * 32, 2) hc_down_kernel(DownParams p) {
   extern __shared__ uint4 shared[];
@@ -453,8 +454,8 @@ cudaError_t launch(const HcFusedRead& w, float* stack, bool pending, const float
       cudaFuncSetAttribute(hc_down_kernel<B>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxDownShared));
   if (opted_in != cudaSuccess) return opted_in;
   const dim3 grid(unsigned(down_tiles + (has_inject ? 1 : 0)), unsigned(w.streams));
-  const cudaError_t error = launch_dependent(hc_down_kernel<B>, grid, dim3(kDownWarps * 32),
-                                             down_shared_bytes(w.hidden, B), stream, down);
+  const cudaError_t error =
+      launch_dependent(hc_down_kernel<B>, grid, dim3(kDownWarps * 32), down_shared_bytes(w.hidden, B), stream, down);
   if (error != cudaSuccess) return error;
 
   const UpParams up{q4_matrix(w.mix_up),
