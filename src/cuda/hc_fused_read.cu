@@ -5,17 +5,19 @@
 // can multiply its columns' weights with the unnormalised values and let the scale in once the stream's sum of squares
 // is known.
 //
-// hc_down_kernel: a thread-block cluster per (stream, tile set) whose blocks each take a slice of the stream's columns
-// for every output row of Wd and Wi (a warp per 16-row tile). A block stages only its own slice (R + pending write,
-// times 1 + g), so staging is small; the cluster adds the slices' sums of squares and products through distributed
-// shared memory in rank order (deterministic) and writes the stream's scaled partial products.
+// Both kernels are dependent launches whose weights (and the norm g) are loaded before griddepcontrol.wait, so what
+// counts is the path after it: each kernel makes one round trip to L2 for what the kernel before wrote, and then works
+// only in registers and shared memory (block barriers, no cluster barrier, no second global round trip).
+//
+// hc_down_kernel: a block per (16-row tile of Wd, or Wi's one tile; stream), whose 8 warps each take a run of the
+// stream's column groups of the tile. The block stages its whole stream (R + pending write, times 1 + g), so it knows
+// the stream's sum of squares itself; the warps' products and sums of squares are added through shared memory in warp
+// order (deterministic), and the block writes its tile's rows of the stream's scaled partial products.
 // hc_up_kernel: a block per 16 hidden indices d, its warp c owning the tile of Wu's rows c·H + d (stream c's gates of
-// those d): S·H/16 warps, each with its whole tile's loads in flight from its first statement. The block stages
-// u = silu(Σ_c partials / S) and finishes the read in its epilogue: warp c applies the pending write to stream c's
-// indices of the stack and normalises and gates them; the block sums the streams' terms through shared memory in
-// stream order (deterministic) into the block input.
-#include <cooperative_groups.h>
-
+// those d): S·H/16 warps, each with its whole tile's loads in flight from its first statement. The block computes
+// u = silu(Σ_c partials / S) four values a thread, stages it, and finishes the read in its epilogue: warp c applies the
+// pending write to stream c's indices of the stack and normalises and gates them; the block sums the streams' terms
+// through shared memory in stream order (deterministic) into the block input.
 #include "cuda/device_math.cuh"
 #include "cuda/hyper_connection.cuh"
 #include "cuda/launch.cuh"
@@ -25,13 +27,12 @@ namespace vavilov::cuda {
 
 namespace {
 
-namespace cg = cooperative_groups;
 using namespace qmma;
 
 constexpr int kMaxStreams = 4;
-constexpr int kMaxCluster = 8;    // portable cluster size: slices of one stream's columns
-constexpr int kDownTiles = 4;     // tiles (warps) of one hc_down block: Flash-Next's 21 tiles in 6 sets, 192 blocks
-constexpr int kScratchHead = 32;  // gates [4 rows][4 streams], then RMS scales [4][4]
+constexpr int kDownWarps = 8;                  // warps of one hc_down block: runs of the stream's column groups
+constexpr size_t kMaxDownShared = 200 * 1024;  // dynamic shared memory hc_down_kernel opts into
+constexpr int kScratchHead = 32;               // gates [4 rows][4 streams], then RMS scales [4][4]
 
 // What hc_up's warps hand the block's sum over the streams: per (stream, batch row, index) σ(gate logit) and the
 // normalised value.
@@ -58,7 +59,7 @@ struct DownParams {
   const float* pending_inject;  // the previous read's raw inject projections [rows, S], null: no pending write
   const float* pending_y;       // [rows, H]
   float* scratch;
-  int streams, hidden, slice_groups, down_tiles, tiles, outputs, stride;  // stride: of the partials' rows
+  int streams, hidden, down_tiles, outputs, stride;  // stride: of the partials' rows
   float eps;
 };
 
@@ -96,145 +97,225 @@ __device__ inline TileRows tile_rows(const GemvMatrix& m, int tile_row, int firs
           (t & 2 ? m.biases : m.scales) + size_t(t & 1 ? row1 : row0) * groups + first};
 }
 
-// 16 consecutive floats from 16-byte aligned memory, as four independent loads.
-__device__ inline void load16(const float* from, float (&to)[16]) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float4 v = __ldg(reinterpret_cast<const float4*>(from) + i);
-    to[4 * i] = v.x, to[4 * i + 1] = v.y, to[4 * i + 2] = v.z, to[4 * i + 3] = v.w;
-  }
-}
-
-// A warp's weights for groups [0, groups) of its tile: the first two units are loaded before anything else, so that
-// their latency overlaps the staging; tile_products loads any further ones itself.
+// A warp's weights for groups [begin, end) of its tile: the first two units are loaded before the wait, so that their
+// latency overlaps the kernel before; tile_sum loads any further ones itself.
 struct TileLoads {
   WarpLoads first, second;
 };
-__device__ inline void load_tile(TileLoads& loads, const TileRows& rows, AffineWidth width, int groups, int t) {
-  load_group_block<4>(loads.first, rows.codes, rows.affine, 0, min(groups, kUnroll), width, t);
-  load_group_block<4>(loads.second, rows.codes, rows.affine, kUnroll, groups, width, t);
+__device__ inline void load_tile(TileLoads& loads, const TileRows& rows, AffineWidth width, int begin, int end, int t) {
+  load_group_block<4>(loads.first, rows.codes, rows.affine, begin, min(end, begin + kUnroll), width, t);
+  load_group_block<4>(loads.second, rows.codes, rows.affine, begin + kUnroll, end, width, t);
 }
 template <int B>
-__device__ inline void tile_sum(TileLoads& loads, const TileRows& rows, AffineWidth width, int groups,
-                                const uint4* fragments, const float2* group_terms, float (&acc)[2]) {
-  tile_products<4, B>(loads.first, rows.codes, rows.affine, width, 0, min(groups, kUnroll), groups, fragments,
+__device__ inline void tile_sum(TileLoads& loads, const TileRows& rows, AffineWidth width, int begin, int end,
+                                int groups, const uint4* fragments, const float2* group_terms, float (&acc)[2]) {
+  tile_products<4, B>(loads.first, rows.codes, rows.affine, width, begin, min(end, begin + kUnroll), groups, fragments,
                       group_terms, acc);
-  if (groups > kUnroll)
-    tile_products<4, B>(loads.second, rows.codes, rows.affine, width, kUnroll, groups, groups, fragments, group_terms,
-                        acc);
+  if (end > begin + kUnroll)
+    tile_products<4, B>(loads.second, rows.codes, rows.affine, width, begin + kUnroll, end, groups, fragments,
+                        group_terms, acc);
 }
 
+// values[b][i] of a block's staging buffer ([B][width], 16-byte aligned) as the 16 floats stage_fragments asks for.
+__device__ inline void load_staged(const float* values, int width, int b, int group, int column, float (&x)[16]) {
+  const float4* from = reinterpret_cast<const float4*>(values + size_t(b) * width + group * kQuantGroup + 16 * column);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float4 v = from[i];
+    x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
+  }
+}
+
+// x[k] for a batch index known only at run time, without indexing a register array (which would put it in local
+// memory).
 template <int B>
-__global__ void __launch_bounds__(kDownTiles * 32) hc_down_kernel(DownParams p) {
-  extern __shared__ uint4 shared[];
-  __shared__ float partials[kDownTiles][64];  // [warp][r·32 + lane]: lane (g, t)'s sum for row g + 8r, batch t
-  __shared__ float squares[B];
-  const cg::cluster_group cluster = cg::this_cluster();
-  const int rank = int(cluster.block_rank()), slices = int(cluster.num_blocks());
-  const int s = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int h = p.hidden, sh = p.streams * h, groups = p.slice_groups;
-  const int first_group = (s * h) / kQuantGroup + rank * groups, first_col = first_group * kQuantGroup;
+__device__ inline float pick(const float (&x)[B], int b) {
+  float chosen = x[0];
+#pragma unroll
+  for (int k = 1; k < B; ++k)
+    if (k == b) chosen = x[k];
+  return chosen;
+}
 
-  // This warp's tile: Wd's tiles, then Wi's (one tile of S rows).
-  const int tile = blockIdx.z * kDownTiles + warp;
-  const bool has_rows = tile < p.tiles;
-  const bool is_inject = has_rows && tile >= p.down_tiles;
-  const GemvMatrix m = is_inject ? p.inject : p.down;
-  const TileRows rows = tile_rows(m, is_inject ? 0 : tile * kTileRows, first_group, g, t);
-  const AffineWidth width = slice_affine_width(m, first_group, groups);
-  TileLoads loads;
-  load_tile(loads, rows, width, has_rows ? groups : 0, t);
-  // Weights only before the wait (launch.cuh's rule): their loads are in flight while the kernel before finishes.
-  wait_for_producers();
-  allow_dependents();
+// The batch row of item i of B rows of `per_row` items each, by comparisons (no integer division on the path after the
+// wait).
+template <int B>
+__device__ inline int row_of(int i, int per_row) {
+  int b = 0;
+#pragma unroll
+  for (int k = 1; k < B; ++k) b += i >= k * per_row ? 1 : 0;
+  return b;
+}
 
-  // The pending write's inject logits: loaded here, their gates computed where they are used, so that the staging's
-  // loads go out without waiting for these.
+__device__ inline float dot4(float4 v) { return fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, v.w * v.w))); }
+
+// Stream s of every batch row with the pending write applied, times 1 + g (the factors in `weight`), into values
+// [B][H] of shared memory, four values a thread at a time, every load of a pass in flight together; squares[b] gets
+// this thread's sum of squares of row b's R + pending write.
+template <int B>
+__device__ void stage_stream(const DownParams& p, int s, const float* weight, float* values, float (&squares)[B]) {
+  constexpr int kBatch = B == 1 ? 3 : 5;  // float4s a thread loads at once: Flash-Next's 640·B in one pass up to B = 2
+  // float4 offsets below: int arithmetic, one wide add a load. What the kernels before wrote is read with coherent
+  // loads: the compiler may move a non-coherent (__ldg) one across the wait.
+  const int quads = p.hidden / 4, items = B * quads;
+  const float4* stack = reinterpret_cast<const float4*>(p.stack) + s * quads;
+  const float4* pending_y = reinterpret_cast<const float4*>(p.pending_y);
   float logit[B];
 #pragma unroll
   for (int b = 0; b < B; ++b) logit[b] = p.pending_inject ? p.pending_inject[b * p.streams + s] : 0.0f;
-  const auto gate_of = [&](int b) {
-    float chosen = 0.0f;
+  for (int base = int(threadIdx.x); base < items; base += kBatch * int(blockDim.x)) {
+    float4 r[kBatch], y[kBatch];
 #pragma unroll
-    for (int k = 0; k < B; ++k)
-      if (k == b) chosen = logit[k];
-    return p.pending_inject ? 2.0f * sigmoid(chosen / float(p.streams)) : 0.0f;
-  };
+    for (int k = 0; k < kBatch; ++k) {
+      const int i = base + k * int(blockDim.x), b = row_of<B>(i, quads), q = i - b * quads;
+      r[k] = y[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (i >= items) continue;
+      r[k] = __ldcg(stack + b * p.streams * quads + q);
+      if (pending_y) y[k] = __ldcg(pending_y + i);
+    }
+    float gate[B];  // computed after the loads went out: they do not wait for it
+#pragma unroll
+    for (int b = 0; b < B; ++b) gate[b] = p.pending_inject ? 2.0f * sigmoid(logit[b] / float(p.streams)) : 0.0f;
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int i = base + k * int(blockDim.x), b = row_of<B>(i, quads), q = i - b * quads;
+      if (i >= items) continue;
+      const float gb = pick(gate, b);
+      const float4 v = make_float4(fmaf(gb, y[k].x, r[k].x), fmaf(gb, y[k].y, r[k].y), fmaf(gb, y[k].z, r[k].z),
+                                   fmaf(gb, y[k].w, r[k].w));
+      const float sum = dot4(v);
+#pragma unroll
+      for (int c = 0; c < B; ++c)
+        if (c == b) squares[c] += sum;
+      const float4 w = reinterpret_cast<const float4*>(weight)[q];
+      reinterpret_cast<float4*>(values)[i] = make_float4(v.x * w.x, v.y * w.y, v.z * w.z, v.w * w.w);
+    }
+  }
+}
 
-  // The slice's activations R + pending write times 1 + g, and per item its sum of squares of R + pending write.
-  uint4* fragments = shared;
+// At most 128 registers a thread (two blocks an SM), so that hc_up's blocks fit beside one while it runs.
+template <int B>
+__global__ void __launch_bounds__(kDownWarps * 32, 2) hc_down_kernel(DownParams p) {
+  extern __shared__ uint4 shared[];
+  __shared__ float partials[kDownWarps][64];  // [warp][r·32 + lane]: lane (g, t)'s sum for row g + 8r, batch t
+  __shared__ float warp_squares[kDownWarps][B];
+  const int tile = blockIdx.x, s = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4,
+            t = lane % 4;
+  const int h = p.hidden, groups = h / kQuantGroup;
+  // Shared memory: 1 + g of the stream [H], the staged values [B][H], then the fragments and group terms.
+  float* weight = reinterpret_cast<float*>(shared);
+  float* values = weight + h;
+  uint4* fragments = reinterpret_cast<uint4*>(values + size_t(B) * h);
   float2* group_terms = reinterpret_cast<float2*>(fragments + size_t(groups) * 16 * B);
-  float* item_squares = reinterpret_cast<float*>(group_terms + size_t(groups) * B);  // [b][group][column]
-  stage_computed_activations<4, B>(
-      groups,
-      [&](int b, int group, int column, float(&x)[16]) {
-        const int col = first_col + group * kQuantGroup + 16 * column;
-        float weight[16], out[16] = {};
-        load16(p.stack + size_t(b) * sh + col, x);
-        load16(p.norm + col, weight);
-        if (p.pending_y) load16(p.pending_y + size_t(b) * h + (col - s * h), out);
-        const float gate = gate_of(b);
-        float sum = 0.0f;
+
+  // This warp's run of the stream's groups of the block's tile: a Wd tile, or Wi's (S rows).
+  const bool is_inject = tile >= p.down_tiles;
+  const GemvMatrix m = is_inject ? p.inject : p.down;
+  const TileRows rows = tile_rows(m, is_inject ? 0 : tile * kTileRows, s * groups, g, t);
+  const int begin = warp * groups / kDownWarps, end = (warp + 1) * groups / kDownWarps;
+  const AffineWidth width = slice_affine_width(m, s * groups + begin, end - begin);
+  TileLoads loads;
+  load_tile(loads, rows, width, begin, end, t);
+  // The norm is a weight too: 1 + g into shared memory while the kernel before finishes (shared memory is the block's
+  // own; launch.cuh's rule is about what other kernels see).
+  constexpr int kNormBatch = 4;  // float4s a thread loads at once: Flash-Next's 640 in one pass
+  const float4* norm = reinterpret_cast<const float4*>(p.norm + size_t(s) * h);
+  for (int base = int(threadIdx.x); base < h / 4; base += kNormBatch * int(blockDim.x)) {
+    float4 v[kNormBatch];
 #pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          const float v = fmaf(gate, out[i], x[i]);
-          sum = fmaf(v, v, sum);
-          x[i] = v * (1.0f + weight[i]);
-        }
-        item_squares[(b * groups + group) * 4 + column] = sum;
-      },
+    for (int k = 0; k < kNormBatch; ++k) {
+      const int q = base + k * int(blockDim.x);
+      v[k] = q < h / 4 ? __ldg(norm + q) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int k = 0; k < kNormBatch; ++k) {
+      const int q = base + k * int(blockDim.x);
+      if (q < h / 4)
+        reinterpret_cast<float4*>(weight)[q] = make_float4(1.0f + v[k].x, 1.0f + v[k].y, 1.0f + v[k].z, 1.0f + v[k].w);
+    }
+  }
+  __syncthreads();  // before the wait: the staging reads other threads' factors
+  wait_for_producers();
+  allow_dependents();
+
+  float squares[B] = {};
+  stage_stream<B>(p, s, weight, values, squares);
+#pragma unroll
+  for (int b = 0; b < B; ++b) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) squares[b] += __shfl_xor_sync(0xffffffffu, squares[b], offset);
+    if (lane == 0) warp_squares[warp][b] = squares[b];
+  }
+  __syncthreads();
+  stage_computed_activations<4, B>(
+      groups, [&](int b, int group, int column, float(&x)[16]) { load_staged(values, h, b, group, column, x); },
       fragments, group_terms);
   __syncthreads();
-  // Batch row b's sum of squares over the slice, by warp b: its lanes add strided items, then a fixed butterfly (a
-  // few dependent steps instead of one per item).
-  for (int b = warp; b < B; b += kDownTiles) {
-    float sum = 0.0f;
-    for (int i = lane; i < groups * 4; i += 32) sum += item_squares[b * groups * 4 + i];
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    if (lane == 0) squares[b] = sum;
-  }
   float acc[2] = {};
-  if (has_rows) tile_sum<B>(loads, rows, width, groups, fragments, group_terms, acc);
+  tile_sum<B>(loads, rows, width, begin, end, groups, fragments, group_terms, acc);
   partials[warp][lane] = acc[0];
   partials[warp][32 + lane] = acc[1];
-  cluster.sync();
-
-  // The stream's RMS scales, and the cluster's sums, each output added over the slices in rank order by one thread
-  // of the cluster.
+  // The stream's RMS scales: the warps' sums of squares in warp order (every block of the stream gets the same bits).
   float scale[B];
 #pragma unroll
   for (int b = 0; b < B; ++b) {
     float sum = 0.0f;
 #pragma unroll
-    for (int k = 0; k < kMaxCluster; ++k)
-      if (k < slices) sum += cluster.map_shared_rank(squares, k)[b];
+    for (int w = 0; w < kDownWarps; ++w) sum += warp_squares[w][b];
     scale[b] = rms_scale(sum, h, p.eps);
   }
+  __syncthreads();
+
+  // Each output: the warps' products in warp order, times the stream's scale.
   float* out = partials_of(p.scratch);
-  const int outputs = kDownTiles * kTileRows * B;  // (warp, row in tile, batch row)
-  for (int i = rank * int(blockDim.x) + threadIdx.x; i < outputs; i += slices * int(blockDim.x)) {
-    const int b = i % B, row_in_tile = (i / B) % kTileRows, w = i / (B * kTileRows);
-    const int at = blockIdx.z * kDownTiles + w;
-    const int row = at < p.down_tiles ? at * kTileRows + row_in_tile : p.down.rows + row_in_tile;
-    if (at >= p.tiles || (at < p.down_tiles ? row >= p.down.rows : row >= p.outputs)) continue;
-    const int slot = w * 64 + (row_in_tile / 8) * 32 + (row_in_tile % 8) * 4 + b;
-    float parts[kMaxCluster];
-#pragma unroll
-    for (int k = 0; k < kMaxCluster; ++k) parts[k] = k < slices ? cluster.map_shared_rank(&partials[0][0], k)[slot] : 0;
+  const int first_row = is_inject ? p.down.rows : tile * kTileRows;
+  const int tile_outputs = is_inject ? p.outputs - p.down.rows : min(kTileRows, p.down.rows - first_row);
+  for (int i = threadIdx.x; i < kTileRows * B; i += blockDim.x) {
+    const int row_in_tile = i / B, b = i % B;
+    if (row_in_tile >= tile_outputs) continue;
+    const int slot = (row_in_tile / 8) * 32 + (row_in_tile % 8) * 4 + b;
     float sum = 0.0f;
 #pragma unroll
-    for (int k = 0; k < kMaxCluster; ++k) sum += parts[k];
-    out[(size_t(s) * kMaxGemvRows + b) * p.stride + row] = sum * scale[b];
+    for (int w = 0; w < kDownWarps; ++w) sum += partials[w][slot];
+    out[(size_t(s) * kMaxGemvRows + b) * p.stride + first_row + row_in_tile] = sum * pick(scale, b);
   }
-  if (rank == 0 && blockIdx.z == 0)
+  if (tile == 0 && threadIdx.x < B) {
+    const int b = threadIdx.x;
+    const float logit = p.pending_inject ? p.pending_inject[b * p.streams + s] : 0.0f;
+    scales_of(p.scratch)[b * kMaxStreams + s] = pick(scale, b);
+    gates_of(p.scratch)[b * kMaxStreams + s] = p.pending_inject ? 2.0f * sigmoid(logit / float(p.streams)) : 0.0f;
+  }
+}
+
+// u = silu(Σ_c partials / S) (the streams' partial products added in stream order) for every batch row and rank
+// index, four values a thread, into u [B][rank] of shared memory, every load of a pass in flight together.
+template <int B>
+__device__ void compute_low(const UpParams& p, float* u) {
+  constexpr int kBatch = B == 1 ? 1 : 3;  // float4s of a pass: Flash-Next's 80·B on 128 threads in one pass
+  const int quads = p.rank / 4, items = B * quads, row_quads = p.stride / 4;  // float4 offsets: int arithmetic
+  const float4* partials = reinterpret_cast<const float4*>(partials_of(p.scratch));
+  for (int base = int(threadIdx.x); base < items; base += kBatch * int(blockDim.x)) {
+    float4 part[kBatch][kMaxStreams];
 #pragma unroll
-    for (int b = 0; b < B; ++b)
-      if (threadIdx.x == b) {
-        scales_of(p.scratch)[b * kMaxStreams + s] = scale[b];
-        gates_of(p.scratch)[b * kMaxStreams + s] = gate_of(b);
-      }
-  cluster.sync();  // no block leaves while another reads its shared memory
+    for (int k = 0; k < kBatch; ++k) {
+      const int i = base + k * int(blockDim.x), b = row_of<B>(i, quads), q = i - b * quads;
+#pragma unroll
+      for (int c = 0; c < kMaxStreams; ++c)
+        part[k][c] = i < items && c < p.streams ? __ldcg(partials + (c * kMaxGemvRows + b) * row_quads + q)
+                                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int i = base + k * int(blockDim.x);
+      if (i >= items) continue;
+      float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int c = 0; c < kMaxStreams; ++c)
+        if (c < p.streams) sum.x += part[k][c].x, sum.y += part[k][c].y, sum.z += part[k][c].z, sum.w += part[k][c].w;
+      const float n = float(p.streams);
+      reinterpret_cast<float4*>(u)[i] = make_float4(silu(sum.x / n), silu(sum.y / n), silu(sum.z / n), silu(sum.w / n));
+    }
+  }
 }
 
 template <int B>
@@ -246,64 +327,67 @@ __global__ void __launch_bounds__(kMaxStreams * 32) hc_up_kernel(UpParams p) {
   const AffineWidth width = slice_affine_width(p.up, 0, groups);
   const TileRows rows = tile_rows(p.up, c * h + first, 0, g, t);
   TileLoads loads;
-  load_tile(loads, rows, width, groups, t);
+  load_tile(loads, rows, width, 0, groups, t);
+  // Lane (g, t) finishes indices first + g and first + g + 8 of batch row t in stream c. Their norm weights are
+  // weights too: into shared memory before the wait (the barrier keeps the compiler from sinking the loads past it;
+  // shared memory is the block's own, launch.cuh's rule is about what other kernels see).
+  const bool finishes = t < B;
+  const int stack_at = t * sh + c * h + first + g, y_at = t * h + first + g;  // offsets computed before the wait
+  __shared__ float norm_weight[kMaxStreams][kTileRows];
+  if (lane < kTileRows) norm_weight[c][lane] = __ldg(p.norm + c * h + first + lane);
+  __syncthreads();
+  // Block 0 also adds the inject projections over the streams: thread (b, j) of them.
+  const bool injects = blockIdx.x == 0 && int(threadIdx.x) < B * p.inject_rows;
+  const int inject_row = row_of<B>(threadIdx.x, p.inject_rows);
+  const int inject_at = inject_row * p.stride + p.rank + int(threadIdx.x) - inject_row * p.inject_rows;
   wait_for_producers();
   allow_dependents();
   extern __shared__ uint4 shared[];
   __shared__ UpTerms terms;
 
-  // The epilogue's operands, loaded together with the staging's partials: lane (g, t) finishes indices first + g
-  // and first + g + 8 of batch row t in stream c.
-  const bool finishes = t < B;
-  float stack[2] = {}, weight[2] = {}, y[2] = {}, gate = 0.0f, scale = 0.0f;
+  // The epilogue's operands, loaded together with the staging's partials.
+  float stack[2] = {}, y[2] = {}, gate = 0.0f, scale = 0.0f;
   if (finishes) {
     gate = gates_of(p.scratch)[t * kMaxStreams + c];
     scale = scales_of(p.scratch)[t * kMaxStreams + c];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      stack[r] = p.stack[size_t(t) * sh + size_t(c) * h + first + g + 8 * r];
-      weight[r] = __ldg(p.norm + c * h + first + g + 8 * r);
-      if (p.pending_y) y[r] = p.pending_y[size_t(t) * h + first + g + 8 * r];
+      stack[r] = p.stack[stack_at + 8 * r];
+      if (p.pending_y) y[r] = p.pending_y[y_at + 8 * r];
     }
   }
-  // u = silu(Σ_c partials / S), the streams' partial products added in stream order.
+  // The inject sums' operands: loaded here, stored once the staging is done (a store before the staging's loads would
+  // hold them back).
   const float* partials = partials_of(p.scratch);
-  if (blockIdx.x == 0)
-    for (int i = threadIdx.x; i < B * p.inject_rows; i += blockDim.x) {
-      const int b = i / p.inject_rows, j = p.rank + i % p.inject_rows;
-      float sum = 0.0f;
-      for (int k = 0; k < p.streams; ++k) sum += partials[(size_t(k) * kMaxGemvRows + b) * p.stride + j];
-      p.inject[i] = sum;
-    }
-  uint4* fragments = shared;
+  float inject_parts[kMaxStreams] = {};
+  if (injects)
+#pragma unroll
+    for (int k = 0; k < kMaxStreams; ++k)
+      if (k < p.streams) inject_parts[k] = partials[k * kMaxGemvRows * p.stride + inject_at];
+  float* u = reinterpret_cast<float*>(shared);
+  uint4* fragments = reinterpret_cast<uint4*>(u + size_t(B) * p.rank);
   float2* group_terms = reinterpret_cast<float2*>(fragments + size_t(groups) * 16 * B);
+  compute_low<B>(p, u);
+  __syncthreads();
   stage_computed_activations<4, B>(
-      groups,
-      [&](int b, int group, int column, float(&x)[16]) {
-        float part[kMaxStreams][16];
-#pragma unroll
-        for (int k = 0; k < kMaxStreams; ++k)
-          if (k < p.streams)
-            load16(partials + (size_t(k) * kMaxGemvRows + b) * p.stride + group * kQuantGroup + 16 * column, part[k]);
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          float sum = 0.0f;
-#pragma unroll
-          for (int k = 0; k < kMaxStreams; ++k)
-            if (k < p.streams) sum += part[k][i];
-          x[i] = silu(sum / float(p.streams));
-        }
-      },
+      groups, [&](int b, int group, int column, float(&x)[16]) { load_staged(u, p.rank, b, group, column, x); },
       fragments, group_terms);
   __syncthreads();
+  if (injects) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kMaxStreams; ++k)
+      if (k < p.streams) sum += inject_parts[k];
+    p.inject[threadIdx.x] = sum;
+  }
   float acc[2] = {};
-  tile_sum<B>(loads, rows, width, groups, fragments, group_terms, acc);
+  tile_sum<B>(loads, rows, width, 0, groups, groups, fragments, group_terms, acc);
   if (finishes)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float v = fmaf(gate, y[r], stack[r]);
-      if (p.pending_y) p.stack[size_t(t) * sh + size_t(c) * h + first + g + 8 * r] = v;
-      terms[c][t][g + 8 * r] = make_float2(sigmoid(acc[r]), v * scale * (1.0f + weight[r]));
+      if (p.pending_y) p.stack[stack_at + 8 * r] = v;
+      terms[c][t][g + 8 * r] = make_float2(sigmoid(acc[r]), v * scale * (1.0f + norm_weight[c][g + 8 * r]));
     }
   __syncthreads();
   // The gated sum over the streams, in stream order, one thread per (batch row, index).
@@ -330,20 +414,17 @@ bool q4_readable(const DeviceMatrix& m) {
          reinterpret_cast<uintptr_t>(m.data) % 8 == 0;
 }
 
-// Slices of a stream's column groups: the most (up to a portable cluster) that divide them evenly.
-int stream_slices(int hidden) {
-  const int groups = hidden / kQuantGroup;
-  for (int slices = kMaxCluster; slices > 1; --slices)
-    if (groups % slices == 0) return slices;
-  return 1;
-}
-
 // Partial products' rows start 16-byte aligned (hc_up_kernel reads them as float4).
 int partial_stride(int outputs) { return (outputs + 3) / 4 * 4; }
 
-// hc_down_kernel's dynamic shared memory: the staged slice and its items' sums of squares.
-size_t down_shared_bytes(int slice_groups, int batch) {
-  return quant_shared_bytes(slice_groups, batch) + size_t(batch) * slice_groups * 4 * sizeof(float);
+// hc_down_kernel's dynamic shared memory: 1 + g of a stream, the stream's values and their fragments.
+size_t down_shared_bytes(int hidden, int batch) {
+  return size_t(1 + batch) * hidden * sizeof(float) + quant_shared_bytes(hidden / kQuantGroup, batch);
+}
+
+// hc_up_kernel's dynamic shared memory: u and its fragments.
+size_t up_shared_bytes(int rank, int batch) {
+  return size_t(batch) * rank * sizeof(float) + quant_shared_bytes(rank / kQuantGroup, batch);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -352,26 +433,29 @@ template <int B>
 cudaError_t launch(const HcFusedRead& w, float* stack, bool pending, const float* y, float* inject, float* scratch,
                    float* input, cudaStream_t stream) {
   const bool has_inject = w.inject.data != nullptr;
-  const int slices = stream_slices(w.hidden), down_tiles = (w.mix_down.rows + kTileRows - 1) / kTileRows;
-  DownParams down{q4_matrix(w.mix_down),
-                  has_inject ? q4_matrix(w.inject) : GemvMatrix{},
-                  stack,
-                  w.norm,
-                  pending ? inject : nullptr,
-                  pending ? y : nullptr,
-                  scratch,
-                  w.streams,
-                  w.hidden,
-                  w.hidden / kQuantGroup / slices,
-                  down_tiles,
-                  down_tiles + (has_inject ? 1 : 0),
-                  w.mix_down.rows + (has_inject ? w.inject.rows : 0),
-                  partial_stride(w.mix_down.rows + (has_inject ? w.inject.rows : 0)),
-                  w.eps};
-  const dim3 grid(unsigned(slices), unsigned(w.streams), unsigned((down.tiles + kDownTiles - 1) / kDownTiles));
+  const int down_tiles = (w.mix_down.rows + kTileRows - 1) / kTileRows;
+  const int outputs = w.mix_down.rows + (has_inject ? w.inject.rows : 0);
+  const DownParams down{q4_matrix(w.mix_down),
+                        has_inject ? q4_matrix(w.inject) : GemvMatrix{},
+                        stack,
+                        w.norm,
+                        pending ? inject : nullptr,
+                        pending ? y : nullptr,
+                        scratch,
+                        w.streams,
+                        w.hidden,
+                        down_tiles,
+                        outputs,
+                        partial_stride(outputs),
+                        w.eps};
+  // Once for all: only a permission (occupancy follows each launch's own size), so it never changes between the
+  // launches of a captured graph.
+  static const cudaError_t opted_in =
+      cudaFuncSetAttribute(hc_down_kernel<B>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxDownShared));
+  if (opted_in != cudaSuccess) return opted_in;
+  const dim3 grid(unsigned(down_tiles + (has_inject ? 1 : 0)), unsigned(w.streams));
   const cudaError_t error =
-      launch_clustered(hc_down_kernel<B>, grid, dim3(kDownTiles * 32), down_shared_bytes(down.slice_groups, B), stream,
-                       dim3(unsigned(slices), 1, 1), true, down);
+      launch_dependent(hc_down_kernel<B>, grid, dim3(kDownWarps * 32), down_shared_bytes(w.hidden, B), stream, down);
   if (error != cudaSuccess) return error;
 
   const UpParams up{q4_matrix(w.mix_up),
@@ -386,8 +470,8 @@ cudaError_t launch(const HcFusedRead& w, float* stack, bool pending, const float
                     w.mix_up.cols,
                     down.stride,
                     has_inject ? w.inject.rows : 0};
-  const size_t shared = quant_shared_bytes(w.mix_up.cols / kQuantGroup, B);
-  launch_dependent(hc_up_kernel<B>, w.hidden / kTileRows, w.streams * 32, shared, stream, up);
+  launch_dependent(hc_up_kernel<B>, w.hidden / kTileRows, w.streams * 32, up_shared_bytes(w.mix_up.cols, B), stream,
+                   up);
   return cudaGetLastError();
 }
 
@@ -399,9 +483,10 @@ bool hc_fused_read_fits(const DeviceMatrix& mix_down, const DeviceMatrix& mix_up
   const bool shapes = streams >= 1 && streams <= kMaxStreams && hidden % kQuantGroup == 0 &&
                       mix_down.cols == streams * hidden && mix_up.rows == streams * hidden && mix_up.cols == rank &&
                       (!inject || (inject->cols == streams * hidden && inject->rows <= kTileRows));
-  // Staged activations of one hc_up block (rank columns) and one hc_down block (a slice) must fit the default 48 KB.
-  const bool fits = quant_shared_bytes(rank / kQuantGroup, kMaxGemvRows) + sizeof(UpTerms) <= 48 * 1024 &&
-                    down_shared_bytes(hidden / kQuantGroup / stream_slices(hidden), kMaxGemvRows) <= 48 * 1024;
+  // What one hc_up block stages (rank columns) must fit the default 48 KB, what one hc_down block stages (a stream)
+  // the shared memory it opts into.
+  const bool fits = up_shared_bytes(rank, kMaxGemvRows) + sizeof(UpTerms) <= 48 * 1024 &&
+                    down_shared_bytes(hidden, kMaxGemvRows) <= kMaxDownShared;
   return rows >= 1 && rows <= kMaxGemvRows && shapes && fits && aligned16(norm) && q4_readable(mix_down) &&
          q4_readable(mix_up) && (!inject || q4_readable(*inject));
 }

@@ -1,7 +1,8 @@
 // The fused hyper-connection read (src/cuda/hc_fused_read.cu) against a double-precision evaluation of the spec's
 // formulas (qwen4_exp.md §4) on the host, with the exact (dequantised) Q4 weights the GPU reads: every weight, norm
 // weight, stack, pending output and inject value random; 1–4 rows; with and without the previous write folded in; at
-// Flash-Next's geometry and at small ones (other stream counts, a partial inject tile, no inject, clusters of 1–8).
+// Flash-Next's geometry and at small ones (other stream counts, a partial inject tile, no inject, fewer column groups
+// than hc_down's warps).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -184,9 +185,9 @@ class CudaHcRead : public ::testing::Test {
 TEST_F(CudaHcRead, FlashNextGeometryMatchesTheSpec) { expect_reads({4, 2560, 320, true}); }
 
 TEST_F(CudaHcRead, SmallGeometriesMatchTheSpec) {
-  expect_reads({3, 192, 64, true});   // three streams: a cluster of 3 slices, an inject tile of 3 rows
-  expect_reads({2, 64, 128, false});  // a final mixer: no inject, one slice per stream
-  expect_reads({4, 448, 192, true});  // 7 groups per stream: a cluster of 7
+  expect_reads({3, 192, 64, true});   // three streams: 3 groups a stream (5 of 8 warps idle), inject of 3 rows
+  expect_reads({2, 64, 128, false});  // a final mixer: no inject, one group a stream
+  expect_reads({4, 448, 192, true});  // 7 groups a stream: runs of 0 or 1 group a warp
   expect_reads({1, 128, 64, true});   // one stream: hc_up's blocks are a single warp
 }
 
