@@ -2,9 +2,9 @@
 // dk = dv = 128, fp32 data (the prefill's products on tensor cores as 3×TF32).
 //
 //   gdn_bench time OUT.json
-//     Decode with the conv folded in (1 row; 1–4 rows recording every row's states) and, for comparison, the separate
-//     conv and decode kernels (1 row; 4 recorded): 36 launches back to back, one per layer state (113 MB, so L2 holds
-//     none), timed together as one CUDA graph (as a step runs them) and divided by 36; and the chunked prefill
+//     Decode with the conv folded in (1, 2, 4 rows; 1–4 rows recording every row's states) and, for comparison, the
+//     separate conv and decode kernels (1 row; 4 recorded): 36 launches back to back, one per layer state (113 MB, so
+//     L2 holds none), timed together as one CUDA graph (as a step runs them) and divided by 36; and the chunked prefill
 //     (prepare, scan, outputs, gated norm) for T = 64, 512, 2048, 8192 from a zero state. Median of the repetitions,
 //     CUDA events. Writes JSON.
 //   gdn_bench prefill OUT.json
@@ -225,9 +225,11 @@ int time_kernels(const char* out_path) {
     int rows;
     bool record, fused, dependent;
   };
-  const std::vector<DecodeCase> cases = {{1, false, true, false}, {1, true, true, false},   {2, true, true, false},
-                                         {3, true, true, false},  {4, true, true, false},   {1, false, true, true},
-                                         {4, true, true, true},   {1, false, false, false}, {4, true, false, false}};
+  // 2 and 4 rows without recording: what the rows cost without their snapshots.
+  const std::vector<DecodeCase> cases = {{1, false, true, false},  {1, true, true, false}, {2, true, true, false},
+                                         {3, true, true, false},   {4, true, true, false}, {2, false, true, false},
+                                         {4, false, true, false},  {1, false, true, true}, {4, true, true, true},
+                                         {1, false, false, false}, {4, true, false, false}};
   const int resident = vavilov::cuda::gdn_conv_decode_resident_clusters(kShape);
   std::printf("conv_decode: %d clusters resident at once (cudaOccupancyMaxActiveClusters)\n", resident);
   json += "  \"decode_fused\": " +

@@ -65,7 +65,11 @@ __device__ inline void load_state(const float* head, const GdnShape& s, int i, i
 }
 // The thread's state rows row_group + kRowGroups·m (< dk), columns j0 .. j0 + 3 into a head's [dk, dv] state at
 // `head` (vector when dv % 4 == 0). Its addresses are computed here, at each call, from an offset the compiler cannot
-// see through: hoisted out of the row loop, 16 pointers would take the registers that hold the state.
+// see through: hoisted out of the row loop, 16 pointers would take the registers that hold the state. The vector
+// stores are streaming (st.global.cs, evict-first): nothing in the pass reads these lines again, and a recorded pass
+// writes a 64 KB snapshot per head and row from 48 SMs; with plain stores each extra recorded row cost ~6.5 us at
+// Flash-Next's shape, streamed ~2 (and staging the snapshots in shared memory for bulk copies, ~3: see
+// bench/results/2026-11-30-h200-gdn-decode-rows-s6.json).
 template <int kRowGroups, int kRows>
 __device__ inline void store_state(float* head, const GdnShape& s, int row_group, int j0, bool vector,
                                    const float (&state)[kRows][4]) {
@@ -78,7 +82,8 @@ __device__ inline void store_state(float* head, const GdnShape& s, int row_group
     if (row_group + m * kRowGroups >= s.dk) break;
     float* row = p + m * stride;
     if (vector) {
-      if (j0 < s.dv) *reinterpret_cast<float4*>(row) = make_float4(state[m][0], state[m][1], state[m][2], state[m][3]);
+      if (j0 < s.dv)
+        __stcs(reinterpret_cast<float4*>(row), make_float4(state[m][0], state[m][1], state[m][2], state[m][3]));
     } else {
 #pragma unroll
       for (int n = 0; n < 4; ++n)
