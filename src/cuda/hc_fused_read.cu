@@ -12,12 +12,16 @@
 // hc_down_kernel: a block per (16-row tile of Wd, or Wi's one tile; stream), whose 8 warps each take a run of the
 // stream's column groups of the tile. The block stages its whole stream (R + pending write, times 1 + g), so it knows
 // the stream's sum of squares itself; the warps' products and sums of squares are added through shared memory in warp
-// order (deterministic), and the block writes its tile's rows of the stream's scaled partial products.
+// order (deterministic), and the block writes its tile's rows of the stream's scaled partial products. That suits 1–2
+// rows; at 3–4 rows staging the whole stream in every block costs more than it saves, and hc_down_sliced_kernel (a
+// cluster per stream whose blocks each stage a slice of its columns) writes the same scratch instead.
 // hc_up_kernel: a block per 16 hidden indices d, its warp c owning the tile of Wu's rows c·H + d (stream c's gates of
 // those d): S·H/16 warps, each with its whole tile's loads in flight from its first statement. The block computes
 // u = silu(Σ_c partials / S) four values a thread, stages it, and finishes the read in its epilogue: warp c applies the
 // pending write to stream c's indices of the stack and normalises and gates them; the block sums the streams' terms
 // through shared memory in stream order (deterministic) into the block input.
+#include <cooperative_groups.h>
+
 #include "cuda/device_math.cuh"
 #include "cuda/hyper_connection.cuh"
 #include "cuda/launch.cuh"
@@ -27,12 +31,16 @@ namespace vavilov::cuda {
 
 namespace {
 
+namespace cg = cooperative_groups;
 using namespace qmma;
 
 constexpr int kMaxStreams = 4;
 constexpr int kDownWarps = 8;                  // warps of one hc_down block: runs of the stream's column groups
 constexpr size_t kMaxDownShared = 200 * 1024;  // dynamic shared memory hc_down_kernel opts into
-constexpr int kScratchHead = 32;               // gates [4 rows][4 streams], then RMS scales [4][4]
+constexpr int kBlockDownRows = 2;              // the most rows hc_down_kernel reads; more: hc_down_sliced_kernel
+constexpr int kMaxCluster = 8;                 // portable cluster size: hc_down_sliced_kernel's slices of a stream
+constexpr int kSlicedTiles = 4;   // tiles (warps) of an hc_down_sliced_kernel block: Flash-Next's 21 in 6 sets
+constexpr int kScratchHead = 32;  // gates [4 rows][4 streams], then RMS scales [4][4]
 
 // What hc_up's warps hand the block's sum over the streams: per (stream, batch row, index) σ(gate logit) and the
 // normalised value.
@@ -287,6 +295,132 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2) hc_down_kernel(DownParams 
   }
 }
 
+// hc_down for 3–4 rows: a thread-block cluster per (stream, set of kSlicedTiles tiles) whose blocks each take a slice
+// of the stream's column groups for every tile of the set (a warp per tile). At 3–4 rows a block that staged its
+// whole stream would read 60–80 KB of it from L2 (hc_down_kernel); a slice is an eighth of that. The cluster adds the
+// slices' sums of squares and products through distributed shared memory in rank order (deterministic) and writes the
+// stream's scaled partial products in hc_down_kernel's scratch format.
+template <int B>
+__global__ void __launch_bounds__(kSlicedTiles * 32) hc_down_sliced_kernel(DownParams p) {
+  extern __shared__ uint4 shared[];
+  __shared__ float partials[kSlicedTiles][64];  // [warp][r·32 + lane]: lane (g, t)'s sum for row g + 8r, batch t
+  __shared__ float squares[B];
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int rank = int(cluster.block_rank()), slices = int(cluster.num_blocks());
+  const int s = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int h = p.hidden, groups = h / kQuantGroup / slices;  // groups of the slice
+  const int first_group = s * (h / kQuantGroup) + rank * groups, first_col = first_group * kQuantGroup;
+  // Shared memory: 1 + g of the slice, the fragments and group terms, then the items' sums of squares
+  // [b][group][column].
+  float* weight = reinterpret_cast<float*>(shared);
+  uint4* fragments = reinterpret_cast<uint4*>(weight + groups * kQuantGroup);
+  float2* group_terms = reinterpret_cast<float2*>(fragments + size_t(groups) * 16 * B);
+  float* item_squares = reinterpret_cast<float*>(group_terms + size_t(groups) * B);
+
+  // This warp's tile: Wd's tiles, then Wi's (one tile of S rows).
+  const int tiles = p.down_tiles + (p.inject.codes ? 1 : 0), tile = blockIdx.z * kSlicedTiles + warp;
+  const bool has_rows = tile < tiles, is_inject = has_rows && tile >= p.down_tiles;
+  const GemvMatrix m = is_inject ? p.inject : p.down;
+  const TileRows rows = tile_rows(m, is_inject ? 0 : tile * kTileRows, first_group, g, t);
+  const AffineWidth width = slice_affine_width(m, first_group, groups);
+  TileLoads loads;
+  load_tile(loads, rows, width, 0, has_rows ? groups : 0, t);
+  // 1 + g of the slice into shared memory before the wait (a weight; shared memory is the block's own).
+  for (int q = threadIdx.x; q < groups * kQuantGroup / 4; q += blockDim.x) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(p.norm + first_col) + q);
+    reinterpret_cast<float4*>(weight)[q] = make_float4(1.0f + v.x, 1.0f + v.y, 1.0f + v.z, 1.0f + v.w);
+  }
+  __syncthreads();  // before the wait: the staging reads other threads' factors
+  wait_for_producers();
+  allow_dependents();
+
+  // The pending write's inject logits: loaded here, their gates computed where they are used, so that the staging's
+  // loads go out without waiting for these.
+  float logit[B];
+#pragma unroll
+  for (int b = 0; b < B; ++b) logit[b] = p.pending_inject ? p.pending_inject[b * p.streams + s] : 0.0f;
+  const auto gate_of = [&](int b) {
+    return p.pending_inject ? 2.0f * sigmoid(pick(logit, b) / float(p.streams)) : 0.0f;
+  };
+  // The slice's activations R + pending write times 1 + g, and per item its sum of squares of R + pending write. What
+  // the kernels before wrote is read with coherent loads (the compiler may move a non-coherent one across the wait).
+  stage_computed_activations<4, B>(
+      groups,
+      [&](int b, int group, int column, float(&x)[16]) {
+        const int col = group * kQuantGroup + 16 * column;  // in the slice
+        const float4* stack = reinterpret_cast<const float4*>(p.stack + size_t(b) * p.streams * h + first_col + col);
+        const float4* pending_y =
+            p.pending_y ? reinterpret_cast<const float4*>(p.pending_y + size_t(b) * h + (first_col - s * h) + col)
+                        : nullptr;
+        float4 r[4], y[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          r[i] = __ldcg(stack + i);
+          y[i] = p.pending_y ? __ldcg(pending_y + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+        const float gate = gate_of(b);
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float4 v = make_float4(fmaf(gate, y[i].x, r[i].x), fmaf(gate, y[i].y, r[i].y),
+                                       fmaf(gate, y[i].z, r[i].z), fmaf(gate, y[i].w, r[i].w));
+          sum += dot4(v);
+          const float4 w = reinterpret_cast<const float4*>(weight + col)[i];
+          x[4 * i] = v.x * w.x, x[4 * i + 1] = v.y * w.y, x[4 * i + 2] = v.z * w.z, x[4 * i + 3] = v.w * w.w;
+        }
+        item_squares[(b * groups + group) * 4 + column] = sum;
+      },
+      fragments, group_terms);
+  __syncthreads();
+  // Batch row b's sum of squares over the slice, by warp b: its lanes add strided items, then a fixed butterfly.
+  for (int b = warp; b < B; b += kSlicedTiles) {
+    float sum = 0.0f;
+    for (int i = lane; i < groups * 4; i += 32) sum += item_squares[b * groups * 4 + i];
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (lane == 0) squares[b] = sum;
+  }
+  float acc[2] = {};
+  if (has_rows) tile_sum<B>(loads, rows, width, 0, groups, groups, fragments, group_terms, acc);
+  partials[warp][lane] = acc[0];
+  partials[warp][32 + lane] = acc[1];
+  cluster.sync();
+
+  // The stream's RMS scales, and the cluster's sums, each output added over the slices in rank order by one thread of
+  // the cluster.
+  float scale[B];
+#pragma unroll
+  for (int b = 0; b < B; ++b) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kMaxCluster; ++k)
+      if (k < slices) sum += cluster.map_shared_rank(squares, k)[b];
+    scale[b] = rms_scale(sum, h, p.eps);
+  }
+  float* out = partials_of(p.scratch);
+  const int outputs = kSlicedTiles * kTileRows * B;  // (warp, row in tile, batch row)
+  for (int i = rank * int(blockDim.x) + threadIdx.x; i < outputs; i += slices * int(blockDim.x)) {
+    const int b = i % B, row_in_tile = (i / B) % kTileRows, w = i / (B * kTileRows);
+    const int at = blockIdx.z * kSlicedTiles + w;
+    const int row = at < p.down_tiles ? at * kTileRows + row_in_tile : p.down.rows + row_in_tile;
+    if (at >= tiles || (at < p.down_tiles ? row >= p.down.rows : row >= p.outputs)) continue;
+    const int slot = w * 64 + (row_in_tile / 8) * 32 + (row_in_tile % 8) * 4 + b;
+    float parts[kMaxCluster];
+#pragma unroll
+    for (int k = 0; k < kMaxCluster; ++k) parts[k] = k < slices ? cluster.map_shared_rank(&partials[0][0], k)[slot] : 0;
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kMaxCluster; ++k) sum += parts[k];
+    out[(size_t(s) * kMaxGemvRows + b) * p.stride + row] = sum * pick(scale, b);
+  }
+  if (rank == 0 && blockIdx.z == 0 && threadIdx.x < B) {
+    const int b = threadIdx.x;
+    scales_of(p.scratch)[b * kMaxStreams + s] = pick(scale, b);
+    gates_of(p.scratch)[b * kMaxStreams + s] = gate_of(b);
+  }
+  cluster.sync();  // no block leaves while another reads its shared memory
+}
+
 // u = silu(Σ_c partials / S) (the streams' partial products added in stream order) for every batch row and rank
 // index, four values a thread, into u [B][rank] of shared memory, every load of a pass in flight together.
 template <int B>
@@ -427,6 +561,23 @@ size_t up_shared_bytes(int rank, int batch) {
   return size_t(batch) * rank * sizeof(float) + quant_shared_bytes(rank / kQuantGroup, batch);
 }
 
+// Slices of a stream's column groups for hc_down_sliced_kernel: the most (up to a portable cluster) that divide them
+// evenly.
+int stream_slices(int hidden) {
+  const int groups = hidden / kQuantGroup;
+  for (int slices = kMaxCluster; slices > 1; --slices)
+    if (groups % slices == 0) return slices;
+  return 1;
+}
+
+// hc_down_sliced_kernel's dynamic shared memory: 1 + g of a slice, the slice's fragments and its items' sums of
+// squares.
+size_t sliced_shared_bytes(int hidden, int batch) {
+  const int groups = hidden / kQuantGroup / stream_slices(hidden);
+  return size_t(groups) * kQuantGroup * sizeof(float) + quant_shared_bytes(groups, batch) +
+         size_t(batch) * groups * 4 * sizeof(float);
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 template <int B>
@@ -448,14 +599,22 @@ cudaError_t launch(const HcFusedRead& w, float* stack, bool pending, const float
                         outputs,
                         partial_stride(outputs),
                         w.eps};
-  // Once for all: only a permission (occupancy follows each launch's own size), so it never changes between the
-  // launches of a captured graph.
-  static const cudaError_t opted_in =
-      cudaFuncSetAttribute(hc_down_kernel<B>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxDownShared));
-  if (opted_in != cudaSuccess) return opted_in;
-  const dim3 grid(unsigned(down_tiles + (has_inject ? 1 : 0)), unsigned(w.streams));
-  const cudaError_t error =
-      launch_dependent(hc_down_kernel<B>, grid, dim3(kDownWarps * 32), down_shared_bytes(w.hidden, B), stream, down);
+  const int tiles = down_tiles + (has_inject ? 1 : 0);
+  cudaError_t error = cudaSuccess;
+  if constexpr (B <= kBlockDownRows) {
+    // Once for all: only a permission (occupancy follows each launch's own size), so it never changes between the
+    // launches of a captured graph.
+    static const cudaError_t opted_in =
+        cudaFuncSetAttribute(hc_down_kernel<B>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxDownShared));
+    if (opted_in != cudaSuccess) return opted_in;
+    error = launch_dependent(hc_down_kernel<B>, dim3(unsigned(tiles), unsigned(w.streams)), dim3(kDownWarps * 32),
+                             down_shared_bytes(w.hidden, B), stream, down);
+  } else {
+    const unsigned slices = unsigned(stream_slices(w.hidden));
+    const dim3 grid(slices, unsigned(w.streams), unsigned((tiles + kSlicedTiles - 1) / kSlicedTiles));
+    error = launch_clustered(hc_down_sliced_kernel<B>, grid, dim3(kSlicedTiles * 32), sliced_shared_bytes(w.hidden, B),
+                             stream, dim3(slices, 1, 1), true, down);
+  }
   if (error != cudaSuccess) return error;
 
   const UpParams up{q4_matrix(w.mix_up),
@@ -483,10 +642,12 @@ bool hc_fused_read_fits(const DeviceMatrix& mix_down, const DeviceMatrix& mix_up
   const bool shapes = streams >= 1 && streams <= kMaxStreams && hidden % kQuantGroup == 0 &&
                       mix_down.cols == streams * hidden && mix_up.rows == streams * hidden && mix_up.cols == rank &&
                       (!inject || (inject->cols == streams * hidden && inject->rows <= kTileRows));
-  // What one hc_up block stages (rank columns) must fit the default 48 KB, what one hc_down block stages (a stream)
-  // the shared memory it opts into.
-  const bool fits = up_shared_bytes(rank, kMaxGemvRows) + sizeof(UpTerms) <= 48 * 1024 &&
-                    down_shared_bytes(hidden, kMaxGemvRows) <= kMaxDownShared;
+  // What one hc_up block stages (rank columns) must fit the default 48 KB, what one hc_down_kernel block stages (a
+  // stream) the shared memory it opts into, what one hc_down_sliced_kernel block stages (a slice) the default.
+  const bool fits =
+      up_shared_bytes(rank, kMaxGemvRows) + sizeof(UpTerms) <= 48 * 1024 &&
+      down_shared_bytes(hidden, kBlockDownRows) <= kMaxDownShared &&
+      sliced_shared_bytes(hidden, kMaxGemvRows) + sizeof(float) * (kSlicedTiles * 64 + kMaxGemvRows) <= 48 * 1024;
   return rows >= 1 && rows <= kMaxGemvRows && shapes && fits && aligned16(norm) && q4_readable(mix_down) &&
          q4_readable(mix_up) && (!inject || q4_readable(*inject));
 }
