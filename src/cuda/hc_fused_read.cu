@@ -297,9 +297,9 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2) hc_down_kernel(DownParams 
 
 // hc_down for 3–4 rows: a thread-block cluster per (stream, set of kSlicedTiles tiles) whose blocks each take a slice
 // of the stream's column groups for every tile of the set (a warp per tile). At 3–4 rows a block that staged its
-// whole stream would read 60–80 KB of it from L2 (hc_down_kernel); a slice is an eighth of that. The cluster adds the
-// slices' sums of squares and products through distributed shared memory in rank order (deterministic) and writes the
-// stream's scaled partial products in hc_down_kernel's scratch format.
+// whole stream would read 60–80 KB of it from L2 (hc_down_kernel); a slice is up to an eighth of that (Flash-Next: an
+// eighth). The cluster adds the slices' sums of squares and products through distributed shared memory in rank order
+// (deterministic) and writes the stream's scaled partial products in hc_down_kernel's scratch format.
 template <int B>
 __global__ void __launch_bounds__(kSlicedTiles * 32) hc_down_sliced_kernel(DownParams p) {
   extern __shared__ uint4 shared[];
