@@ -4,6 +4,7 @@
 #include <numeric>
 #include <type_traits>
 
+#include "cuda/device_math.cuh"
 #include "cuda/gemv.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/quant_mma.cuh"
@@ -83,6 +84,23 @@ __device__ inline BlockWork block_work(const GemvMatrix& single, const GemvMatri
   return {matrices[matrix], int(blockIdx.x) - start};
 }
 
+// The block's activations of m: m.x, or silu(m.x)·m.x_up (GemvMatrix::x_up), into mma fragments.
+template <int Bits, int B>
+__device__ void stage_matrix_activations(const GemvMatrix& m, int groups, uint4* fragments, float2* group_terms) {
+  if (!m.x_up) return stage_activations<Bits, B>(m, groups, fragments, group_terms);
+  const auto swiglu = [&](int b, int group, int t, float(&x)[16]) {
+    load_activations(m, b, group, t, x);
+    const float4* up = reinterpret_cast<const float4*>(m.x_up + size_t(b) * m.cols + group * kQuantGroup + 16 * t);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float4 v = __ldg(up + i);
+      x[4 * i] = silu(x[4 * i]) * v.x, x[4 * i + 1] = silu(x[4 * i + 1]) * v.y;
+      x[4 * i + 2] = silu(x[4 * i + 2]) * v.z, x[4 * i + 3] = silu(x[4 * i + 3]) * v.w;
+    }
+  };
+  stage_computed_activations<Bits, B>(groups, swiglu, fragments, group_terms);
+}
+
 // Block (row block, matrix): warp w works on tile w % split.tiles and column slice w / split.tiles. Each warp leaves
 // its partial sums in shared memory; then each output adds those of its tile's warps in slice order.
 template <int Bits, int B>
@@ -114,7 +132,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   allow_dependents();
   uint4* fragments = shared;
   float2* group_terms = reinterpret_cast<float2*>(fragments + size_t(groups) * 16 * B);
-  stage_activations<Bits, B>(m, groups, fragments, group_terms);
+  stage_matrix_activations<Bits, B>(m, groups, fragments, group_terms);
   __syncthreads();
   float acc[2] = {};
   if (has_rows) tile_products<Bits, B>(current, codes, affine, width, begin, end, groups, fragments, group_terms, acc);
@@ -178,14 +196,100 @@ cudaError_t gemv_quant(const GemvMatrix& single, const GemvMatrix* matrices, con
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// Expert launches (gemv_q4_experts): descriptors written in the pass, and often more tiles than one wave of warps (a
+// 4-row verify step's 40 experts: 3200 gate/up tiles and 6560 down tiles against 2112 resident warps), which
+// quant_split then cuts into several waves of short blocks, each paying a block launch, the activation staging after
+// its wait, the partial-sum exchange and a tail. Here a block of kMaxTiles warps, one slice (whole rows) each, walks
+// `rounds` runs of kMaxTiles consecutive tiles in turn: it stages its activations once, its warps never wait for each
+// other after that, and one wave of such blocks covers the launch. Each output is one warp's sum over the groups in
+// order, as with one slice in gemv_quant_kernel.
+
+// A warp's next tile into L2 while it works on the current one: the first `lines` 128-byte lines of each of its 16
+// code rows and the start of its scale and bias rows (lane: row lane % 16; lanes 0–15 the even lines and the scales,
+// 16–31 the odd lines and the biases), so that the next run's loads wait for L2, not for memory. The prefetches hold
+// no registers: they keep more bytes in flight than the warp's own loads can.
+__device__ inline void prefetch_tile(const GemvMatrix& m, int tile_row, int row_words, int groups, int lines) {
+  if (tile_row >= m.rows) return;
+  constexpr int kLineWords = 128 / sizeof(uint32_t);
+  const int lane = threadIdx.x % 32, row = min(tile_row + lane % 16, m.rows - 1);
+  const int row_lines = min(lines, (row_words + kLineWords - 1) / kLineWords);
+  const uint32_t* codes = m.codes + size_t(row) * row_words;
+  for (int line = lane / 16; line < row_lines; line += 2)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(codes + line * kLineWords));
+  asm volatile("prefetch.global.L2 [%0];" ::"l"((lane < 16 ? m.scales : m.biases) + size_t(row) * groups));
+}
+
+template <int Bits, int B>
+__global__ void __launch_bounds__(kMaxTiles * 32, 2)
+    gemv_quant_rounds_kernel(const GemvMatrix* matrices, int rounds, int prefetch_lines) {
+  extern __shared__ uint4 shared[];
+  wait_for_producers();  // the descriptors are the previous kernel's
+  const GemvMatrix m = matrices[blockIdx.y];
+  const int first_row = int(blockIdx.x) * rounds * kMaxTiles * kTileRows;
+  if (first_row >= m.rows) return;  // the whole block is past this matrix's rows (rows = 0: an empty descriptor)
+  allow_dependents();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int groups = m.cols / kQuantGroup, row_words = m.cols / 32 * Bits;
+  const AffineWidth width = affine_width(m, groups);
+  const int run_rows = kMaxTiles * kTileRows;
+  prefetch_tile(m, first_row + warp * kTileRows, row_words, groups, prefetch_lines);
+  uint4* fragments = shared;
+  float2* group_terms = reinterpret_cast<float2*>(fragments + size_t(groups) * 16 * B);
+  stage_matrix_activations<Bits, B>(m, groups, fragments, group_terms);
+  __syncthreads();
+  for (int round = 0; round < rounds; ++round) {
+    const int warp_row = first_row + round * run_rows + warp * kTileRows;
+    if (warp_row >= m.rows) break;
+    if (round + 1 < rounds) prefetch_tile(m, warp_row + run_rows, row_words, groups, prefetch_lines);
+    // Rows past the end re-read the last row; their results are never stored.
+    const int row0 = min(warp_row + g, m.rows - 1), row1 = min(row0 + 8, m.rows - 1);
+    const uint32_t* const codes[2] = {m.codes + size_t(row0) * row_words, m.codes + size_t(row1) * row_words};
+    const __nv_bfloat16* affine = (t & 2 ? m.biases : m.scales) + size_t(t & 1 ? row1 : row0) * groups;
+    WarpLoads current;
+    load_group_block<Bits>(current, codes, affine, 0, groups, width, t);
+    float acc[2] = {};
+    tile_products<Bits, B>(current, codes, affine, width, 0, groups, groups, fragments, group_terms, acc);
+    if (t >= B) continue;
+    if (warp_row + g < m.rows) m.y[size_t(t) * m.rows + warp_row + g] = acc[0];
+    if (warp_row + g + 8 < m.rows) m.y[size_t(t) * m.rows + warp_row + g + 8] = acc[1];
+  }
+}
+
+// Lines of each code row of a warp's next tile that gemv_quant_rounds_kernel prefetches: the two its first two loads
+// of 4 groups read (H200, 3-draft step: 8.66 ms with 2, 9.00 ms with the whole row, whose prefetches crowd out the
+// current tile's loads; bench/results/2026-11-30-h200-moe-verify-s6.json).
+constexpr int kExpertPrefetchLines = 2;
+
+template <int Bits, int B>
+cudaError_t launch_rounds(const GemvMatrix* matrices, dim3 grid, int max_cols, int rounds, cudaStream_t stream) {
+  const size_t shared = quant_shared_bytes(max_cols / kQuantGroup, B);
+  if (shared > kMaxDynamicShared) return cudaErrorInvalidValue;
+  static const cudaError_t opted_in = cudaFuncSetAttribute(
+      gemv_quant_rounds_kernel<Bits, B>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxDynamicShared));
+  if (opted_in != cudaSuccess) return opted_in;
+  return launch_dependent(gemv_quant_rounds_kernel<Bits, B>, grid, dim3(kMaxTiles * 32), shared, stream, matrices,
+                          rounds, kExpertPrefetchLines);
+}
+
+// The rounds of an expert launch: 1 (gemv_quant's split) while its tiles fit one wave of warps, else the fewest for
+// which its blocks of kMaxTiles warps fit one wave (two blocks a multiprocessor, or fewer where the staged activations
+// fill its shared memory).
+int expert_rounds(int count, int tiles_per_matrix, int cols, int batch) {
+  if (int64_t(count) * tiles_per_matrix <= int64_t(kSms) * kQuantWarpsPerSm) return 1;
+  const size_t block_shared = quant_shared_bytes(cols / kQuantGroup, batch) + kReservedShared;
+  const int blocks_per_sm = std::max(1, std::min(kQuantWarpsPerSm / kMaxTiles, int(kSharedPerSm / block_shared)));
+  const int most = (tiles_per_matrix + kMaxTiles - 1) / kMaxTiles;
+  for (int rounds = 1; rounds < most; ++rounds) {
+    const int blocks = (tiles_per_matrix + rounds * kMaxTiles - 1) / (rounds * kMaxTiles);
+    if (int64_t(count) * blocks <= int64_t(kSms) * blocks_per_sm) return rounds;
+  }
+  return most;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // Dense (BF16, F32): each row is split among split.splits warps (16-byte weight loads, fp32 FMA), whose sums are
 // added in warp order; a block holds split.tiles rows. One warp per row already runs at the copy bandwidth when there
 // are enough rows.
-
-__device__ inline float warp_sum(float v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
 
 template <typename T>
 __device__ inline const T* dense_rows(const GemvMatrix& m) {
@@ -315,6 +419,20 @@ cudaError_t gemv_q4(const GemvMatrix* matrices, int count, int max_rows, int max
                     GemvDescriptors descriptors) {
   return gemv_quant<4>(GemvMatrix{}, matrices, nullptr, count, max_rows, max_cols, batch, kChosenSplit,
                        launch_plan(descriptors), stream);
+}
+
+int gemv_expert_rounds(int count, int max_rows, int max_cols, int batch) {
+  return expert_rounds(count, tiles_of(max_rows), max_cols, batch);
+}
+
+cudaError_t gemv_q4_experts(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch,
+                            cudaStream_t stream) {
+  if (count <= 0 || max_rows <= 0 || max_cols <= 0 || max_cols % kQuantGroup != 0) return cudaErrorInvalidValue;
+  const int tiles = tiles_of(max_rows), rounds = expert_rounds(count, tiles, max_cols, batch);
+  if (rounds == 1) return gemv_q4(matrices, count, max_rows, max_cols, batch, stream);
+  const dim3 grid(unsigned((tiles + rounds * kMaxTiles - 1) / (rounds * kMaxTiles)), unsigned(count));
+  return with_batch(
+      batch, [&](auto b) { return launch_rounds<4, decltype(b)::value>(matrices, grid, max_cols, rounds, stream); });
 }
 
 cudaError_t gemv_q4_fixed(const GemvMatrix* matrices, const int* matrix_rows, int count, int max_rows, int max_cols,

@@ -26,6 +26,9 @@ struct GemvMatrix {
   int rows = 0, cols = 0;
   const float* x = nullptr;  // [batch, cols] activations for this matrix
   float* y = nullptr;        // [batch, rows] results
+  // Quantized formats only: when set, the activations are silu(x)·x_up ([batch, cols] too), SwiGLU computed while the
+  // block stages them (the MoE experts' down products), the same fp32 value the separate SwiGLU kernel writes.
+  const float* x_up = nullptr;
 };
 
 // How a launch divides its work, chosen from the shape and batch alone (so results never depend on the device or on
@@ -62,6 +65,14 @@ cudaError_t gemv_bf16(const GemvMatrix* matrices, int count, int max_rows, int m
 // tallest), with the work split chosen from all the heights together (a GDN layer's in_qkv, in_z, in_b and in_a).
 cudaError_t gemv_q4_fixed(const GemvMatrix* matrices, const int* matrix_rows, int count, int max_rows, int max_cols,
                           int batch, cudaStream_t stream);
+
+// Q4 matrices whose descriptors are written in the pass (the MoE experts'): as gemv_q4 while their tiles fit one wave
+// of warps; past that, blocks that each stage their activations once and sum gemv_expert_rounds(...) runs of tiles in
+// turn, whole rows a warp (same sums as gemv_q4 with one slice).
+cudaError_t gemv_q4_experts(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch,
+                            cudaStream_t stream);
+// Those runs a block of gemv_q4_experts sums (1: gemv_q4's kernel and split).
+int gemv_expert_rounds(int count, int max_rows, int max_cols, int batch);
 
 // One matrix (cuda::linear's formats), its descriptor passed by value as a kernel parameter.
 cudaError_t gemv_q4(const GemvMatrix& matrix, int batch, cudaStream_t stream);

@@ -111,6 +111,19 @@ __device__ void route_row(const RouteShape& s, const float* logits, int* ids, fl
   }
 }
 
+// Before the wait: the expert descriptor arrays (fixed for the sequence) into L2, so that the slots' descriptor
+// reads after the routing hit there.
+__device__ void prefetch_expert_tables(const DeviceMatrix* gate, const DeviceMatrix* up, const DeviceMatrix* down,
+                                       int experts) {
+  constexpr int kLine = 128;
+  const int lines = int((size_t(experts) * sizeof(DeviceMatrix) + kLine - 1) / kLine);
+  for (int i = int(threadIdx.x); i < 3 * lines; i += int(blockDim.x)) {
+    const DeviceMatrix* table = i < lines ? gate : i < 2 * lines ? up : down;
+    const char* line = reinterpret_cast<const char*>(table) + size_t(i % lines) * kLine;
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+  }
+}
+
 // After routing (ids_copy holds every row's picks): slots for the distinct experts in first-come order, then the
 // descriptors of their products (see ExpertPlan).
 __device__ void write_plan(const RouteShape& s, int rows, const int* selected, const ExpertPlan& plan) {
@@ -139,6 +152,7 @@ __device__ void write_plan(const RouteShape& s, int rows, const int* selected, c
       gate = gemv_matrix(plan.gate[e], plan.x, plan.gate_out + j * gate_block);
       up = gemv_matrix(plan.up[e], plan.x, plan.up_out + j * gate_block);
       down = gemv_matrix(plan.down[e], plan.gate_out + j * gate_block, plan.down_out + j * down_block);
+      if (plan.swiglu_in_down) down.x_up = plan.up_out + j * gate_block;
     }
     plan.gate_up[2 * j] = gate;
     plan.gate_up[2 * j + 1] = up;
@@ -150,6 +164,7 @@ __device__ void write_plan(const RouteShape& s, int rows, const int* selected, c
 template <bool Plan, int PerLane>
 __global__ void __launch_bounds__(kRouteWarps * 32)
     route_kernel(RouteShape s, const float* logits, int rows, int* ids, float* weights, ExpertPlan plan) {
+  if constexpr (Plan) prefetch_expert_tables(plan.gate, plan.up, plan.down, s.experts);
   wait_for_producers();
   allow_dependents();
   __shared__ int selected[kRouteWarps * kMaxMoeTopK];
@@ -296,19 +311,6 @@ __device__ void write_slot_matrices(const ExpertSlots& slots, int slot, int expe
   slots.matrices[3 * slot + 2] = down;
 }
 
-// Before the wait: the expert descriptor arrays (fixed for the sequence) into L2, so that the slots' descriptor
-// reads after the routing hit there.
-__device__ void prefetch_expert_tables(const ExpertSlots& slots, int experts) {
-  if (!slots.matrices) return;
-  constexpr int kLine = 128;
-  const int lines = int((size_t(experts) * sizeof(DeviceMatrix) + kLine - 1) / kLine);
-  for (int i = int(threadIdx.x); i < 3 * lines; i += int(blockDim.x)) {
-    const DeviceMatrix* table = i < lines ? slots.gate : i < 2 * lines ? slots.up : slots.down;
-    const char* line = reinterpret_cast<const char*>(table) + size_t(i % lines) * kLine;
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
-  }
-}
-
 // Routing, then the step's distinct experts in parallel: selection i (row i / top_k) opens a slot when no earlier row
 // picked its expert (a row's own picks are distinct), and its slot is the number of openers before it — the
 // first-come order of write_plan, from ballots. Each opener gathers every row's weight of its expert and writes its
@@ -318,7 +320,7 @@ __device__ void prefetch_expert_tables(const ExpertSlots& slots, int experts) {
 template <int PerThread>
 __global__ void __launch_bounds__(kSlotsThreads)
     route_slots_kernel(RouteShape s, const float* logits, int rows, int* ids, float* weights, ExpertSlots slots) {
-  prefetch_expert_tables(slots, s.experts);
+  if (slots.matrices) prefetch_expert_tables(slots.gate, slots.up, slots.down, s.experts);
   wait_for_producers();
   allow_dependents();
   __shared__ int selected[kMaxGemvRows * kMaxMoeTopK];

@@ -44,7 +44,8 @@ void moe_route(const RouteShape& shape, const float* logits, int rows, int* ids,
 // What a decode step's routing also writes so that the experts' products run without the host: the distinct experts
 // of all rows (first-come order) become slots j; for each, descriptors of gate and up (x = the block's input, all
 // rows; y = gate_out/up_out + j·rows·inner) at gate_up[2j], [2j + 1], and of down (x = gate_out slot j after SwiGLU,
-// y = down_out + j·rows·hidden) at down[j]. Descriptors of slots past the distinct count have rows = 0 (no work).
+// y = down_out + j·rows·hidden) at down[j], with x_up = up_out slot j when swiglu_in_down (the down kernel stages
+// silu(gate)·up itself). Descriptors of slots past the distinct count have rows = 0 (no work).
 // shared_down, when its rows > 0, is written at down[rows·top_k]. slot_of[s] is the slot of selection s (row
 // s / top_k); slot_of[rows·top_k] the number of distinct experts.
 struct ExpertPlan {
@@ -55,6 +56,7 @@ struct ExpertPlan {
   GemvMatrix *gate_up = nullptr, *down_products = nullptr;  // [2·rows·top_k], [rows·top_k + 1]
   GemvMatrix shared_down;
   int* slot_of = nullptr;  // [rows·top_k + 1]
+  bool swiglu_in_down = false;
 };
 
 // moe_route for 1–4 rows (one block), then the plan above.

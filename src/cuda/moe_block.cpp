@@ -79,8 +79,9 @@ void decode_fused(const DeviceMoe& w, const MoeShape& shape, const MoeDecodePlan
 
 void run_gemv(WeightFormat format, const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch,
               cudaStream_t stream) {
-  const cudaError_t status = format == WeightFormat::Q4 ? gemv_q4(matrices, count, max_rows, max_cols, batch, stream)
-                                                        : gemv_bf16(matrices, count, max_rows, max_cols, batch, stream);
+  const cudaError_t status = format == WeightFormat::Q4
+                                 ? gemv_q4_experts(matrices, count, max_rows, max_cols, batch, stream)
+                                 : gemv_bf16(matrices, count, max_rows, max_cols, batch, stream);
   cuda_check(status, "MoE products");
 }
 
@@ -115,6 +116,7 @@ MoeDecodePlan plan_moe_decode(const DeviceMoe& w, const MoeShape& shape, const M
         make_product_group(buffers.input, {{w.router, buffers.router}, {w.shared_gate, buffers.shared_scale}});
   }
   plan.shared_down_joins = w.shared.down.format == w.down_format && gemv_reads(w.shared.down);
+  plan.swiglu_in_down = w.down_format == WeightFormat::Q4;
   plan.inputs = make_product_group(buffers.input, {{w.router, buffers.router},
                                                    {w.shared.gate, buffers.shared_gate},
                                                    {w.shared.up, buffers.shared_up},
@@ -141,12 +143,20 @@ void moe_decode(const DeviceMoe& w, const MoeShape& shape, const MoeDecodePlan& 
   experts.gate_up = buffers.descriptors;
   experts.down_products = buffers.descriptors + 2 * slots;
   experts.slot_of = buffers.slot_of;
-  if (plan.shared_down_joins) experts.shared_down = gemv_matrix(w.shared.down, buffers.shared_gate, buffers.output);
+  experts.swiglu_in_down = plan.swiglu_in_down;
+  if (plan.shared_down_joins) {
+    experts.shared_down = gemv_matrix(w.shared.down, buffers.shared_gate, buffers.output);
+    if (plan.swiglu_in_down) experts.shared_down.x_up = buffers.shared_up;
+  }
   moe_route_and_plan(shape.route, buffers.router, rows, buffers.route_ids, buffers.route_weights, experts, stream);
 
   run_gemv(w.gate_up_format, experts.gate_up, 2 * selections, shape.inner, shape.hidden, rows, stream);
-  swiglu_slots(buffers.expert_gate, buffers.expert_up, int64_t(rows) * shape.inner, buffers.slot_of, selections,
-               buffers.shared_gate, buffers.shared_up, int64_t(rows) * shape.shared_inner, stream);
+  const int64_t shared_values = int64_t(rows) * shape.shared_inner;
+  if (!plan.swiglu_in_down)
+    swiglu_slots(buffers.expert_gate, buffers.expert_up, int64_t(rows) * shape.inner, buffers.slot_of, selections,
+                 buffers.shared_gate, buffers.shared_up, shared_values, stream);
+  else if (!plan.shared_down_joins)  // the shared expert's down runs through linear(), which reads plain activations
+    swiglu(buffers.shared_gate, buffers.shared_up, shared_values, stream);
   if (plan.shared_down_joins) {
     run_gemv(w.down_format, experts.down_products, selections + 1, shape.hidden,
              std::max(shape.inner, shape.shared_inner), rows, stream);

@@ -4,8 +4,10 @@
 //      weight format, their descriptors written once per sequence;
 //   2. softmax, top-k and the step's expert plan (moe.cuh): each distinct expert among the rows' picks gets a slot
 //      and the descriptors of its products, written on the device;
-//   3. gate and up of every distinct expert, each read once for all rows: one GEMV launch;
-//   4. SwiGLU of those and of the shared expert: one launch;
+//   3. gate and up of every distinct expert, each read once for all rows: one GEMV launch (gemv_q4_experts for Q4:
+//      a 4-row step's 3200 tiles in one wave of blocks that stage the activations once);
+//   4. SwiGLU of those and of the shared expert: one launch, none when down is Q4 (its kernel stages silu(gate)·up,
+//      GemvMatrix::x_up);
 //   5. down of every distinct expert and of the shared expert: one GEMV launch;
 //   6. the combine: y = σ(shared gate)·shared + Σ routing weight·expert, only over each row's own picks.
 // When every expert matrix and the shared expert are Q4 (Flash-Next), passes of up to fused_max_rows rows take four
@@ -57,6 +59,7 @@ size_t moe_slot_weight_count(int top_k);
 struct MoeDecodePlan {
   bool decodes = false;            // every expert matrix is Q4 or BF16 in the GEMV kernels' layout
   bool shared_down_joins = false;  // the shared expert's down runs in the experts' down launch
+  bool swiglu_in_down = false;     // Q4 down: its kernel stages silu(gate)·up (no SwiGLU launch for the experts)
   bool fused = false;              // every expert and the shared expert Q4: expert_decode.cuh's kernels read them
   // The most rows a pass may have to take the fused launches (VAVILOV_MOE_FUSED_ROWS overrides it for measurements).
   // Measured on the H200 (docs/CUDA.md): faster than the six launches at 1 row, slower at 2–4.

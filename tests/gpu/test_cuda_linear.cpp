@@ -207,5 +207,71 @@ TEST(CudaLinear, GroupedQ4MatchesDoublePrecision) {
   }
 }
 
+// gemv_q4_experts (the MoE experts' launches): past one wave of tiles its blocks sum several runs of tiles each
+// (gemv_expert_rounds > 1), else gemv_q4's kernel; in both, matrices with x_up take silu(x)·x_up as activations. The
+// launch holds a matrix whose height is no multiple of a run (2500 rows), one with an odd number of groups and an
+// empty descriptor (rows 0, no outputs) as the MoE routing writes for unused slots.
+TEST(CudaLinear, ExpertLaunchesMatchDoublePrecision) {
+  constexpr int kMatrices = 16, kMaxRows = 2560, kMaxCols = 192;
+  std::mt19937 rng(8);
+  std::normal_distribution<float> normal;
+  std::vector<std::unique_ptr<TestMatrix>> matrices;
+  std::vector<Case> cases;
+  for (int i = 0; i + 1 < kMatrices; ++i) {
+    cases.push_back({cuda::WeightFormat::Q4, i == 3 ? 2500 : kMaxRows, i == 5 ? kMaxCols : 128});
+    matrices.push_back(std::make_unique<TestMatrix>(cases.back(), rng));
+  }
+  for (int batch = 1; batch <= 4; ++batch) {
+    std::vector<std::vector<float>> activations;  // what each product multiplies: x, or silu(x)·up
+    std::vector<cuda::GemvMatrix> descriptors;
+    std::vector<void*> buffers;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const Case& c = cases[i];
+      std::vector<float> x(size_t(batch) * size_t(c.cols)), up(x.size());
+      for (float& v : x) v = normal(rng);
+      for (float& v : up) v = normal(rng);
+      cuda::GemvMatrix m;
+      m.codes = static_cast<const uint32_t*>(matrices[i]->device.data);
+      m.scales = reinterpret_cast<const __nv_bfloat16*>(matrices[i]->device.scales);
+      m.biases = reinterpret_cast<const __nv_bfloat16*>(matrices[i]->device.biases);
+      m.rows = c.rows;
+      m.cols = c.cols;
+      m.x = device_copy(x);
+      buffers.push_back(const_cast<float*>(m.x));
+      std::vector<float>& a = activations.emplace_back(x);
+      if (i % 2 == 1) {
+        m.x_up = device_copy(up);
+        buffers.push_back(const_cast<float*>(m.x_up));
+        for (size_t k = 0; k < a.size(); ++k)
+          a[k] = float(double(x[k]) / (1.0 + std::exp(-double(x[k]))) * double(up[k]));
+      }
+      float* y = nullptr;
+      ASSERT_EQ(cudaMalloc(&y, size_t(batch) * c.rows * sizeof(float)), cudaSuccess);
+      m.y = y;
+      buffers.push_back(y);
+      descriptors.push_back(m);
+    }
+    descriptors.push_back(cuda::GemvMatrix{});  // an empty slot
+    cuda::GemvMatrix* device = device_copy(descriptors);
+    ASSERT_GT(cuda::gemv_expert_rounds(kMatrices, kMaxRows, kMaxCols, batch), 1) << "the premise: several runs";
+    ASSERT_EQ(cuda::gemv_q4_experts(device, kMatrices, kMaxRows, kMaxCols, batch, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (size_t i = 0; i < cases.size(); ++i)
+      expect_product(matrices[i]->exact, cases[i].rows, cases[i].cols, activations[i], batch,
+                     download(descriptors[i].y, size_t(batch) * cases[i].rows), "expert launch, runs");
+    // The first four alone fit one wave: gemv_q4's kernel, outputs poisoned first.
+    ASSERT_EQ(cuda::gemv_expert_rounds(4, kMaxRows, kMaxCols, batch), 1);
+    for (size_t i = 0; i < 4; ++i)
+      ASSERT_EQ(cudaMemset(descriptors[i].y, 0xff, size_t(batch) * cases[i].rows * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cuda::gemv_q4_experts(device, 4, kMaxRows, kMaxCols, batch, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (size_t i = 0; i < 4; ++i)
+      expect_product(matrices[i]->exact, cases[i].rows, cases[i].cols, activations[i], batch,
+                     download(descriptors[i].y, size_t(batch) * cases[i].rows), "expert launch, one wave");
+    cudaFree(device);
+    for (void* p : buffers) cudaFree(p);
+  }
+}
+
 }  // namespace
 }  // namespace vavilov

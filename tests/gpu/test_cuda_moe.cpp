@@ -121,12 +121,16 @@ const Formats kAllQ4{WeightFormat::Q4, WeightFormat::Q4, WeightFormat::Q4, Weigh
 const Formats kAllBf16{WeightFormat::BF16, WeightFormat::BF16, WeightFormat::BF16, WeightFormat::BF16};
 // The router in its own GEMV launch, the shared expert through linear(), down in another format than gate and up.
 const Formats kMixed{WeightFormat::BF16, WeightFormat::F32, WeightFormat::Q4, WeightFormat::BF16};
+// Q4 down (SwiGLU staged by its kernel) after BF16 gate and up, with the shared expert through linear() (its SwiGLU
+// a launch of its own).
+const Formats kQ4Down{WeightFormat::BF16, WeightFormat::F32, WeightFormat::BF16, WeightFormat::Q4};
 
 std::string formats_name(const ::testing::TestParamInfo<Formats>& info) {
-  return info.index == 0 ? "all_q4" : info.index == 1 ? "all_bf16" : "mixed";
+  static const char* const names[] = {"all_q4", "all_bf16", "mixed", "q4_down"};
+  return names[info.index];
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, CudaMoeDecode, ::testing::Values(kAllQ4, kAllBf16, kMixed), formats_name);
+INSTANTIATE_TEST_SUITE_P(Formats, CudaMoeDecode, ::testing::Values(kAllQ4, kAllBf16, kMixed, kQ4Down), formats_name);
 
 TEST(CudaMoeDecodePlan, F32ExpertsTakeTheGeneralPath) {
   std::mt19937 rng(3);
