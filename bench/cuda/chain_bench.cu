@@ -267,6 +267,24 @@ Result run(size_t phase_bytes, int phases, int blocks, int repeats) {
   return result;
 }
 
+// Per-phase time of a captured chain: the mean of 5 replays after a warm-up; destroys `exec`.
+double replay_us(cudaGraphExec_t exec, cudaStream_t stream, int phases) {
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  CHECK(cudaGraphLaunch(exec, stream));
+  CHECK(cudaEventRecord(start, stream));
+  constexpr int kRepeats = 5;
+  for (int r = 0; r < kRepeats; ++r) CHECK(cudaGraphLaunch(exec, stream));
+  CHECK(cudaEventRecord(stop, stream));
+  CHECK(cudaEventSynchronize(stop));
+  const double us = elapsed_ms(start, stop) * 1e3 / kRepeats / phases;
+  CHECK(cudaEventDestroy(start));
+  CHECK(cudaEventDestroy(stop));
+  CHECK(cudaGraphExecDestroy(exec));
+  return us;
+}
+
 // The early-load chain alone at one shape: per-phase time with `Unroll` loads in flight a thread and `blocks` blocks
 // (memory-level parallelism against the fixed cost of a launch).
 template <int Unroll>
@@ -281,17 +299,7 @@ double early_chain_us(size_t phase_bytes, int phases, int blocks) {
     CHECK(launch_dependent(phase_kernel<Unroll>, dim3(blocks), dim3(kThreads), 0, stream, c, p, true));
   CHECK(cudaStreamEndCapture(stream, &graph));
   CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
-  CHECK(cudaGraphLaunch(exec, stream));
-  CHECK(cudaEventRecord(start, stream));
-  constexpr int kRepeats = 5;
-  for (int r = 0; r < kRepeats; ++r) CHECK(cudaGraphLaunch(exec, stream));
-  CHECK(cudaEventRecord(stop, stream));
-  CHECK(cudaEventSynchronize(stop));
-  const double us = elapsed_ms(start, stop) * 1e3 / kRepeats / phases;
-  CHECK(cudaGraphExecDestroy(exec));
+  const double us = replay_us(exec, stream, phases);
   CHECK(cudaGraphDestroy(graph));
   CHECK(cudaStreamDestroy(stream));
   free_chain(c);
@@ -325,17 +333,7 @@ double prefetched_chain_us(size_t phase_bytes, int phases, int blocks, int ahead
   if (ahead >= 0) CHECK(cudaStreamWaitEvent(stream, join));
   CHECK(cudaStreamEndCapture(stream, &graph));
   CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
-  CHECK(cudaGraphLaunch(exec, stream));
-  CHECK(cudaEventRecord(start, stream));
-  constexpr int kRepeats = 5;
-  for (int r = 0; r < kRepeats; ++r) CHECK(cudaGraphLaunch(exec, stream));
-  CHECK(cudaEventRecord(stop, stream));
-  CHECK(cudaEventSynchronize(stop));
-  const double us = elapsed_ms(start, stop) * 1e3 / kRepeats / phases;
-  CHECK(cudaGraphExecDestroy(exec));
+  const double us = replay_us(exec, stream, phases);
   CHECK(cudaGraphDestroy(graph));
   CHECK(cudaStreamDestroy(stream));
   CHECK(cudaStreamDestroy(side));
