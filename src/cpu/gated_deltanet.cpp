@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "core/threads.h"
@@ -83,12 +84,22 @@ void rank_one_update_and_read(const float* k, const float* delta, const float* q
   for (int b = 0; b < B; ++b) _mm256_storeu_ps(out + j0 + 8 * b, acc[b]);
 }
 
+// Calls columns(B, j0) over dv's columns in runs of B·8 (B = 4, then 2, then 1), B as a std::integral_constant;
+// returns where the runs end (the scalar tail starts).
+template <typename Columns>
+int64_t vector_columns(int64_t dv, Columns columns) {
+  int64_t j = 0;
+  for (; j + 32 <= dv; j += 32) columns(std::integral_constant<int, 4>{}, j);
+  for (; j + 16 <= dv; j += 16) columns(std::integral_constant<int, 2>{}, j);
+  for (; j + 8 <= dv; j += 8) columns(std::integral_constant<int, 1>{}, j);
+  return j;
+}
+
 void decay_and_transpose_product(const float* previous, float decay, const float* k, int64_t dk, int64_t dv,
                                  float* next, float* delta) {
-  int64_t j = 0;
-  for (; j + 32 <= dv; j += 32) decay_and_transpose_product<4>(previous, decay, k, dk, dv, j, next, delta);
-  for (; j + 16 <= dv; j += 16) decay_and_transpose_product<2>(previous, decay, k, dk, dv, j, next, delta);
-  for (; j + 8 <= dv; j += 8) decay_and_transpose_product<1>(previous, decay, k, dk, dv, j, next, delta);
+  int64_t j = vector_columns(dv, [&](auto b, int64_t j0) {
+    decay_and_transpose_product<decltype(b)::value>(previous, decay, k, dk, dv, j0, next, delta);
+  });
   for (; j < dv; ++j) {
     float sum = 0.0f;
     for (int64_t i = 0; i < dk; ++i) {
@@ -101,10 +112,9 @@ void decay_and_transpose_product(const float* previous, float decay, const float
 
 void rank_one_update_and_read(const float* k, const float* delta, const float* q, int64_t dk, int64_t dv, float* next,
                               float* out) {
-  int64_t j = 0;
-  for (; j + 32 <= dv; j += 32) rank_one_update_and_read<4>(k, delta, q, dk, dv, j, next, out);
-  for (; j + 16 <= dv; j += 16) rank_one_update_and_read<2>(k, delta, q, dk, dv, j, next, out);
-  for (; j + 8 <= dv; j += 8) rank_one_update_and_read<1>(k, delta, q, dk, dv, j, next, out);
+  int64_t j = vector_columns(dv, [&](auto b, int64_t j0) {
+    rank_one_update_and_read<decltype(b)::value>(k, delta, q, dk, dv, j0, next, out);
+  });
   for (; j < dv; ++j) {
     float sum = 0.0f;
     for (int64_t i = 0; i < dk; ++i) {
