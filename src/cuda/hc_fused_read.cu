@@ -159,20 +159,21 @@ __device__ inline float dot4(float4 v) { return fmaf(v.x, v.x, fmaf(v.y, v.y, fm
 
 // Stream s of every batch row with the pending write applied, times 1 + g (the factors in `weight`), into values
 // [B][H] of shared memory, four values a thread at a time, every load of a pass in flight together; squares[b] gets
-// this thread's sum of squares of row b's R + pending write.
+// this thread's sum of squares of row b's R + pending write, gate[b] the pending write's gate of row b (0: none).
+//
+// The first pass's loads are issued before the pending write's gates are even loaded: the gates are loop-invariant,
+// and with their load and division ahead of the loop (as the compiler hoists them) the stack's loads waited for the
+// inject logit's round trip to L2 and the division — two dependent round trips after the wait instead of one.
 template <int B>
-__device__ void stage_stream(const DownParams& p, int s, const float* weight, float* values, float (&squares)[B]) {
+__device__ void stage_stream(const DownParams& p, int s, const float* weight, float* values, float (&squares)[B],
+                             float (&gate)[B]) {
   constexpr int kBatch = B == 1 ? 3 : 5;  // float4s a thread loads at once: Flash-Next's 640·B in one pass up to B = 2
   // float4 offsets below: int arithmetic, one wide add a load. What the kernels before wrote is read with coherent
   // loads: the compiler may move a non-coherent (__ldg) one across the wait.
   const int quads = p.hidden / 4, items = B * quads;
   const float4* stack = reinterpret_cast<const float4*>(p.stack) + s * quads;
   const float4* pending_y = reinterpret_cast<const float4*>(p.pending_y);
-  float logit[B];
-#pragma unroll
-  for (int b = 0; b < B; ++b) logit[b] = p.pending_inject ? p.pending_inject[b * p.streams + s] : 0.0f;
-  for (int base = int(threadIdx.x); base < items; base += kBatch * int(blockDim.x)) {
-    float4 r[kBatch], y[kBatch];
+  const auto load_pass = [&](int base, float4(&r)[kBatch], float4(&y)[kBatch]) {
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) {
       const int i = base + k * int(blockDim.x), b = row_of<B>(i, quads), q = i - b * quads;
@@ -181,9 +182,8 @@ __device__ void stage_stream(const DownParams& p, int s, const float* weight, fl
       r[k] = __ldcg(stack + b * p.streams * quads + q);
       if (pending_y) y[k] = __ldcg(pending_y + i);
     }
-    float gate[B];  // computed after the loads went out: they do not wait for it
-#pragma unroll
-    for (int b = 0; b < B; ++b) gate[b] = p.pending_inject ? 2.0f * sigmoid(logit[b] / float(p.streams)) : 0.0f;
+  };
+  const auto store_pass = [&](int base, const float4(&r)[kBatch], const float4(&y)[kBatch], const float(&gate)[B]) {
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) {
       const int i = base + k * int(blockDim.x), b = row_of<B>(i, quads), q = i - b * quads;
@@ -198,6 +198,20 @@ __device__ void stage_stream(const DownParams& p, int s, const float* weight, fl
       const float4 w = reinterpret_cast<const float4*>(weight)[q];
       reinterpret_cast<float4*>(values)[i] = make_float4(v.x * w.x, v.y * w.y, v.z * w.z, v.w * w.w);
     }
+  };
+  float4 r[kBatch], y[kBatch];
+  load_pass(int(threadIdx.x), r, y);
+  // After the first pass's loads in program order, so that they do not wait for the gates; every logit loaded
+  // before the first division (a division's slow path is a call, which the loads would not be moved across).
+  float logit[B];
+#pragma unroll
+  for (int b = 0; b < B; ++b) logit[b] = p.pending_inject ? __ldcg(p.pending_inject + b * p.streams + s) : 0.0f;
+#pragma unroll
+  for (int b = 0; b < B; ++b) gate[b] = p.pending_inject ? 2.0f * sigmoid(logit[b] / float(p.streams)) : 0.0f;
+  store_pass(int(threadIdx.x), r, y, gate);
+  for (int base = int(threadIdx.x) + kBatch * int(blockDim.x); base < items; base += kBatch * int(blockDim.x)) {
+    load_pass(base, r, y);
+    store_pass(base, r, y, gate);
   }
 }
 
@@ -246,8 +260,8 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2) hc_down_kernel(DownParams 
   wait_for_producers();
   allow_dependents();
 
-  float squares[B] = {};
-  stage_stream<B>(p, s, weight, values, squares);
+  float squares[B] = {}, gate[B];
+  stage_stream<B>(p, s, weight, values, squares, gate);
 #pragma unroll
   for (int b = 0; b < B; ++b) {
 #pragma unroll
@@ -287,11 +301,10 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2) hc_down_kernel(DownParams 
     for (int w = 0; w < kDownWarps; ++w) sum += partials[w][slot];
     out[(size_t(s) * kMaxGemvRows + b) * p.stride + first_row + row_in_tile] = sum * pick(scale, b);
   }
-  if (tile == 0 && threadIdx.x < B) {
+  if (tile == 0 && threadIdx.x < B) {  // the gates from the staging's registers: no load at the block's tail
     const int b = threadIdx.x;
-    const float logit = p.pending_inject ? p.pending_inject[b * p.streams + s] : 0.0f;
     scales_of(p.scratch)[b * kMaxStreams + s] = pick(scale, b);
-    gates_of(p.scratch)[b * kMaxStreams + s] = p.pending_inject ? 2.0f * sigmoid(logit / float(p.streams)) : 0.0f;
+    gates_of(p.scratch)[b * kMaxStreams + s] = pick(gate, b);
   }
 }
 
@@ -388,13 +401,22 @@ __global__ void __launch_bounds__(kSlicedTiles * 32) hc_down_sliced_kernel(DownP
 
   // The stream's RMS scales, and the cluster's sums, each output added over the slices in rank order by one thread of
   // the cluster.
+  // Every slice's sums are loaded before the first scale is computed: a scale's division has a slow path (a call) that
+  // the loads of the next batch row would otherwise wait behind, one round trip to the cluster's shared memory each.
+  float slice_squares[B][kMaxCluster];
+#pragma unroll
+  for (int k = 0; k < kMaxCluster; ++k) {
+    const float* remote = k < slices ? cluster.map_shared_rank(squares, k) : nullptr;
+#pragma unroll
+    for (int b = 0; b < B; ++b) slice_squares[b][k] = remote ? remote[b] : 0.0f;
+  }
   float scale[B];
 #pragma unroll
   for (int b = 0; b < B; ++b) {
     float sum = 0.0f;
 #pragma unroll
     for (int k = 0; k < kMaxCluster; ++k)
-      if (k < slices) sum += cluster.map_shared_rank(squares, k)[b];
+      if (k < slices) sum += slice_squares[b][k];
     scale[b] = rms_scale(sum, h, p.eps);
   }
   float* out = partials_of(p.scratch);
