@@ -21,6 +21,7 @@
 // pending write to stream c's indices of the stack and normalises and gates them; the block sums the streams' terms
 // through shared memory in stream order (deterministic) into the block input.
 #include <cooperative_groups.h>
+#include <cuda_pipeline.h>
 
 #include "cuda/device_math.cuh"
 #include "cuda/hyper_connection.cuh"
@@ -157,7 +158,8 @@ __device__ inline int row_of(int i, int per_row) {
 
 __device__ inline float dot4(float4 v) { return fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, v.w * v.w))); }
 
-// Stream s of every batch row with the pending write applied, times 1 + g (the factors in `weight`), into values
+// Stream s of every batch row with the pending write applied, times 1 + g (g in `norm`, shared memory whose cp.async
+// copies this waits for), into values
 // [B][H] of shared memory, four values a thread at a time, every load of a pass in flight together; squares[b] gets
 // this thread's sum of squares of row b's R + pending write, gate[b] the pending write's gate of row b (0: none).
 //
@@ -165,7 +167,7 @@ __device__ inline float dot4(float4 v) { return fmaf(v.x, v.x, fmaf(v.y, v.y, fm
 // and with their load and division ahead of the loop (as the compiler hoists them) the stack's loads waited for the
 // inject logit's round trip to L2 and the division — two dependent round trips after the wait instead of one.
 template <int B>
-__device__ void stage_stream(const DownParams& p, int s, const float* weight, float* values, float (&squares)[B],
+__device__ void stage_stream(const DownParams& p, int s, const float* norm, float* values, float (&squares)[B],
                              float (&gate)[B]) {
   constexpr int kBatch = B == 1 ? 3 : 5;  // float4s a thread loads at once: Flash-Next's 640·B in one pass up to B = 2
   // float4 offsets below: int arithmetic, one wide add a load. What the kernels before wrote is read with coherent
@@ -195,17 +197,21 @@ __device__ void stage_stream(const DownParams& p, int s, const float* weight, fl
 #pragma unroll
       for (int c = 0; c < B; ++c)
         if (c == b) squares[c] += sum;
-      const float4 w = reinterpret_cast<const float4*>(weight)[q];
-      reinterpret_cast<float4*>(values)[i] = make_float4(v.x * w.x, v.y * w.y, v.z * w.z, v.w * w.w);
+      const float4 g = reinterpret_cast<const float4*>(norm)[q];
+      reinterpret_cast<float4*>(values)[i] =
+          make_float4(v.x * (1.0f + g.x), v.y * (1.0f + g.y), v.z * (1.0f + g.z), v.w * (1.0f + g.w));
     }
   };
   float4 r[kBatch], y[kBatch];
   load_pass(int(threadIdx.x), r, y);
   // After the first pass's loads in program order, so that they do not wait for the gates; every logit loaded
-  // before the first division (a division's slow path is a call, which the loads would not be moved across).
+  // before the first division (a division's slow path is a call, which the loads would not be moved across) and
+  // before the barrier below.
   float logit[B];
 #pragma unroll
   for (int b = 0; b < B; ++b) logit[b] = p.pending_inject ? __ldcg(p.pending_inject + b * p.streams + s) : 0.0f;
+  __pipeline_wait_prior(0);  // the norm's copies (hc_down_kernel), with this thread's loads in flight
+  __syncthreads();           // other threads' copies
 #pragma unroll
   for (int b = 0; b < B; ++b) gate[b] = p.pending_inject ? 2.0f * sigmoid(logit[b] / float(p.streams)) : 0.0f;
   store_pass(int(threadIdx.x), r, y, gate);
@@ -224,9 +230,9 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2) hc_down_kernel(DownParams 
   const int tile = blockIdx.x, s = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4,
             t = lane % 4;
   const int h = p.hidden, groups = h / kQuantGroup;
-  // Shared memory: 1 + g of the stream [H], the staged values [B][H], then the fragments and group terms.
-  float* weight = reinterpret_cast<float*>(shared);
-  float* values = weight + h;
+  // Shared memory: g of the stream [H], the staged values [B][H], then the fragments and group terms.
+  float* norm_weight = reinterpret_cast<float*>(shared);
+  float* values = norm_weight + h;
   uint4* fragments = reinterpret_cast<uint4*>(values + size_t(B) * h);
   float2* group_terms = reinterpret_cast<float2*>(fragments + size_t(groups) * 16 * B);
 
@@ -238,30 +244,20 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2) hc_down_kernel(DownParams 
   const AffineWidth width = slice_affine_width(m, s * groups + begin, end - begin);
   TileLoads loads;
   load_tile(loads, rows, width, begin, end, t);
-  // The norm is a weight too: 1 + g into shared memory while the kernel before finishes (shared memory is the block's
-  // own; launch.cuh's rule is about what other kernels see).
-  constexpr int kNormBatch = 4;  // float4s a thread loads at once: Flash-Next's 640 in one pass
+  // The norm is a weight too: g of the stream copied into shared memory with cp.async while the kernel before finishes
+  // (shared memory is the block's own; launch.cuh's rule is about what other kernels see). The staging waits for the
+  // copies only once its own loads are out, so a block that starts late (its SM still held by the kernel before) does
+  // not put the norm's trip to memory ahead of the stack's.
   const float4* norm = reinterpret_cast<const float4*>(p.norm + size_t(s) * h);
-  for (int base = int(threadIdx.x); base < h / 4; base += kNormBatch * int(blockDim.x)) {
-    float4 v[kNormBatch];
-#pragma unroll
-    for (int k = 0; k < kNormBatch; ++k) {
-      const int q = base + k * int(blockDim.x);
-      v[k] = q < h / 4 ? __ldg(norm + q) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-#pragma unroll
-    for (int k = 0; k < kNormBatch; ++k) {
-      const int q = base + k * int(blockDim.x);
-      if (q < h / 4)
-        reinterpret_cast<float4*>(weight)[q] = make_float4(1.0f + v[k].x, 1.0f + v[k].y, 1.0f + v[k].z, 1.0f + v[k].w);
-    }
-  }
-  __syncthreads();  // before the wait: the staging reads other threads' factors
+  for (int q = threadIdx.x; q < h / 4; q += blockDim.x)
+    __pipeline_memcpy_async(reinterpret_cast<float4*>(norm_weight) + q, norm + q, sizeof(float4));
+  __pipeline_commit();
+  __syncthreads();  // keeps the weight loads above ahead of the wait (it waits for none of them)
   wait_for_producers();
   allow_dependents();
 
   float squares[B] = {}, gate[B];
-  stage_stream<B>(p, s, weight, values, squares, gate);
+  stage_stream<B>(p, s, norm_weight, values, squares, gate);
 #pragma unroll
   for (int b = 0; b < B; ++b) {
 #pragma unroll
