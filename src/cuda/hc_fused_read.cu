@@ -7,7 +7,10 @@
 //
 // Both kernels are dependent launches whose weights (and the norm g) are loaded before griddepcontrol.wait, so what
 // counts is the path after it: each kernel makes one round trip to L2 for what the kernel before wrote, and then works
-// only in registers and shared memory (block barriers, no cluster barrier, no second global round trip).
+// only in registers and shared memory (block barriers, no cluster barrier, no second global round trip). Keeping it
+// one round trip takes care with what the compiler hoists or sinks (the SASS was read for each kernel): loads that
+// another load's result must not delay are written ahead of it, and the arithmetic after the wait uses the hardware's
+// reciprocal (read_sigmoid and friends) rather than IEEE division, whose slow-path calls the loads are not moved across.
 //
 // hc_down_kernel: a block per (16-row tile of Wd, or Wi's one tile; stream), whose 8 warps each take a run of the
 // stream's column groups of the tile. The block stages its whole stream (R + pending write, times 1 + g), so it knows
@@ -158,17 +161,26 @@ __device__ inline int row_of(int i, int per_row) {
 
 __device__ inline float dot4(float4 v) { return fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, v.w * v.w))); }
 
+// The read's arithmetic after the wait divides by the hardware's reciprocal (within 2 ulp) instead of an IEEE division,
+// whose range check and slow-path call sit on the kernels' critical paths (and keep the scheduler from moving loads
+// across them); divisions by S become products with 1/S, computed before the wait (exact for S a power of two).
+__device__ inline float read_sigmoid(float x) { return __fdividef(1.0f, 1.0f + expf(-x)); }
+__device__ inline float read_silu(float x) { return __fdividef(x, 1.0f + expf(-x)); }
+__device__ inline float read_rms_scale(float sum_of_squares, float inverse_width, float eps) {
+  return rsqrtf(fmaf(sum_of_squares, inverse_width, eps));
+}
+
 // Stream s of every batch row with the pending write applied, times 1 + g (g in `norm`, shared memory whose cp.async
-// copies this waits for), into values
-// [B][H] of shared memory, four values a thread at a time, every load of a pass in flight together; squares[b] gets
-// this thread's sum of squares of row b's R + pending write, gate[b] the pending write's gate of row b (0: none).
+// copies this waits for), into values [B][H] of shared memory, four values a thread at a time, every load of a pass in
+// flight together; squares[b] gets this thread's sum of squares of row b's R + pending write, gate[b] the pending
+// write's gate of row b (0: none).
 //
 // The first pass's loads are issued before the pending write's gates are even loaded: the gates are loop-invariant,
 // and with their load and division ahead of the loop (as the compiler hoists them) the stack's loads waited for the
 // inject logit's round trip to L2 and the division — two dependent round trips after the wait instead of one.
 template <int B>
-__device__ void stage_stream(const DownParams& p, int s, const float* norm, float* values, float (&squares)[B],
-                             float (&gate)[B]) {
+__device__ void stage_stream(const DownParams& p, int s, float inverse_streams, const float* norm, float* values,
+                             float (&squares)[B], float (&gate)[B]) {
   constexpr int kBatch = B == 1 ? 3 : 5;  // float4s a thread loads at once: Flash-Next's 640·B in one pass up to B = 2
   // float4 offsets below: int arithmetic, one wide add a load. What the kernels before wrote is read with coherent
   // loads: the compiler may move a non-coherent (__ldg) one across the wait.
@@ -213,7 +225,7 @@ __device__ void stage_stream(const DownParams& p, int s, const float* norm, floa
   __pipeline_wait_prior(0);  // the norm's copies (hc_down_kernel), with this thread's loads in flight
   __syncthreads();           // other threads' copies
 #pragma unroll
-  for (int b = 0; b < B; ++b) gate[b] = p.pending_inject ? 2.0f * sigmoid(logit[b] / float(p.streams)) : 0.0f;
+  for (int b = 0; b < B; ++b) gate[b] = p.pending_inject ? 2.0f * read_sigmoid(logit[b] * inverse_streams) : 0.0f;
   store_pass(int(threadIdx.x), r, y, gate);
   for (int base = int(threadIdx.x) + kBatch * int(blockDim.x); base < items; base += kBatch * int(blockDim.x)) {
     load_pass(base, r, y);
@@ -252,12 +264,13 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2) hc_down_kernel(DownParams 
   for (int q = threadIdx.x; q < h / 4; q += blockDim.x)
     __pipeline_memcpy_async(reinterpret_cast<float4*>(norm_weight) + q, norm + q, sizeof(float4));
   __pipeline_commit();
+  const float inverse_streams = 1.0f / float(p.streams), inverse_width = 1.0f / float(h);
   __syncthreads();  // keeps the weight loads above ahead of the wait (it waits for none of them)
   wait_for_producers();
   allow_dependents();
 
   float squares[B] = {}, gate[B];
-  stage_stream<B>(p, s, norm_weight, values, squares, gate);
+  stage_stream<B>(p, s, inverse_streams, norm_weight, values, squares, gate);
 #pragma unroll
   for (int b = 0; b < B; ++b) {
 #pragma unroll
@@ -280,7 +293,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2) hc_down_kernel(DownParams 
     float sum = 0.0f;
 #pragma unroll
     for (int w = 0; w < kDownWarps; ++w) sum += warp_squares[w][b];
-    scale[b] = rms_scale(sum, h, p.eps);
+    scale[b] = read_rms_scale(sum, inverse_width, p.eps);
   }
   __syncthreads();
 
@@ -339,6 +352,7 @@ __global__ void __launch_bounds__(kSlicedTiles * 32) hc_down_sliced_kernel(DownP
     const float4 v = __ldg(reinterpret_cast<const float4*>(p.norm + first_col) + q);
     reinterpret_cast<float4*>(weight)[q] = make_float4(1.0f + v.x, 1.0f + v.y, 1.0f + v.z, 1.0f + v.w);
   }
+  const float inverse_streams = 1.0f / float(p.streams), inverse_width = 1.0f / float(h);
   __syncthreads();  // before the wait: the staging reads other threads' factors
   wait_for_producers();
   allow_dependents();
@@ -349,7 +363,7 @@ __global__ void __launch_bounds__(kSlicedTiles * 32) hc_down_sliced_kernel(DownP
 #pragma unroll
   for (int b = 0; b < B; ++b) logit[b] = p.pending_inject ? p.pending_inject[b * p.streams + s] : 0.0f;
   const auto gate_of = [&](int b) {
-    return p.pending_inject ? 2.0f * sigmoid(pick(logit, b) / float(p.streams)) : 0.0f;
+    return p.pending_inject ? 2.0f * read_sigmoid(pick(logit, b) * inverse_streams) : 0.0f;
   };
   // The slice's activations R + pending write times 1 + g, and per item its sum of squares of R + pending write. What
   // the kernels before wrote is read with coherent loads (the compiler may move a non-coherent one across the wait).
@@ -413,7 +427,7 @@ __global__ void __launch_bounds__(kSlicedTiles * 32) hc_down_sliced_kernel(DownP
 #pragma unroll
     for (int k = 0; k < kMaxCluster; ++k)
       if (k < slices) sum += slice_squares[b][k];
-    scale[b] = rms_scale(sum, h, p.eps);
+    scale[b] = read_rms_scale(sum, inverse_width, p.eps);
   }
   float* out = partials_of(p.scratch);
   const int outputs = kSlicedTiles * kTileRows * B;  // (warp, row in tile, batch row)
@@ -442,7 +456,7 @@ __global__ void __launch_bounds__(kSlicedTiles * 32) hc_down_sliced_kernel(DownP
 // u = silu(Σ_c partials / S) (the streams' partial products added in stream order) for every batch row and rank
 // index, four values a thread, into u [B][rank] of shared memory, every load of a pass in flight together.
 template <int B>
-__device__ void compute_low(const UpParams& p, float* u) {
+__device__ void compute_low(const UpParams& p, float inverse_streams, float* u) {
   constexpr int kBatch = B == 1 ? 1 : 3;  // float4s of a pass: Flash-Next's 80·B on 128 threads in one pass
   const int quads = p.rank / 4, items = B * quads, row_quads = p.stride / 4;  // float4 offsets: int arithmetic
   const float4* partials = reinterpret_cast<const float4*>(partials_of(p.scratch));
@@ -464,8 +478,9 @@ __device__ void compute_low(const UpParams& p, float* u) {
 #pragma unroll
       for (int c = 0; c < kMaxStreams; ++c)
         if (c < p.streams) sum.x += part[k][c].x, sum.y += part[k][c].y, sum.z += part[k][c].z, sum.w += part[k][c].w;
-      const float n = float(p.streams);
-      reinterpret_cast<float4*>(u)[i] = make_float4(silu(sum.x / n), silu(sum.y / n), silu(sum.z / n), silu(sum.w / n));
+      reinterpret_cast<float4*>(u)[i] =
+          make_float4(read_silu(sum.x * inverse_streams), read_silu(sum.y * inverse_streams),
+                      read_silu(sum.z * inverse_streams), read_silu(sum.w * inverse_streams));
     }
   }
 }
@@ -492,6 +507,7 @@ __global__ void __launch_bounds__(kMaxStreams * 32) hc_up_kernel(UpParams p) {
   const bool injects = blockIdx.x == 0 && int(threadIdx.x) < B * p.inject_rows;
   const int inject_row = row_of<B>(threadIdx.x, p.inject_rows);
   const int inject_at = inject_row * p.stride + p.rank + int(threadIdx.x) - inject_row * p.inject_rows;
+  const float inverse_streams = 1.0f / float(p.streams);
   wait_for_producers();
   allow_dependents();
   extern __shared__ uint4 shared[];
@@ -519,7 +535,7 @@ __global__ void __launch_bounds__(kMaxStreams * 32) hc_up_kernel(UpParams p) {
   float* u = reinterpret_cast<float*>(shared);
   uint4* fragments = reinterpret_cast<uint4*>(u + size_t(B) * p.rank);
   float2* group_terms = reinterpret_cast<float2*>(fragments + size_t(groups) * 16 * B);
-  compute_low<B>(p, u);
+  compute_low<B>(p, inverse_streams, u);
   __syncthreads();
   stage_computed_activations<4, B>(
       groups, [&](int b, int group, int column, float(&x)[16]) { load_staged(u, p.rank, b, group, column, x); },
@@ -539,7 +555,7 @@ __global__ void __launch_bounds__(kMaxStreams * 32) hc_up_kernel(UpParams p) {
     for (int r = 0; r < 2; ++r) {
       const float v = fmaf(gate, y[r], stack[r]);
       if (p.pending_y) p.stack[stack_at + 8 * r] = v;
-      terms[c][t][g + 8 * r] = make_float2(sigmoid(acc[r]), v * scale * (1.0f + norm_weight[c][g + 8 * r]));
+      terms[c][t][g + 8 * r] = make_float2(read_sigmoid(acc[r]), v * scale * (1.0f + norm_weight[c][g + 8 * r]));
     }
   __syncthreads();
   // The gated sum over the streams, in stream order, one thread per (batch row, index).
@@ -547,7 +563,7 @@ __global__ void __launch_bounds__(kMaxStreams * 32) hc_up_kernel(UpParams p) {
     const int b = item / kTileRows, i = item % kTileRows;
     float sum = 0.0f;
     for (int k = 0; k < p.streams; ++k) sum = fmaf(terms[k][b][i].x, terms[k][b][i].y, sum);
-    p.input[size_t(b) * h + first + i] = sum / float(p.streams);
+    p.input[size_t(b) * h + first + i] = sum * inverse_streams;
   }
 }
 
