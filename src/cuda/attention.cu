@@ -8,7 +8,6 @@ namespace vavilov::cuda {
 
 namespace {
 
-constexpr int kMaxIndexDim = 1024;  // check_supported (device_model.cpp) holds configs to it
 constexpr int kInputThreads = 128;
 
 // out = RoPE(zero-centred RMSNorm(x) with weight) at `position`, over `width` values (the first rotary_dim rotate);
@@ -32,8 +31,27 @@ __device__ void norm_rope(const float* x, int width, const float* weight, float 
   }
 }
 
+// The mean of the `ratio` raw index keys of block b into `pooled` (shared, dim values): positions from the pass's first
+// row on from the pass's index-key projections (the copy job of the same launch writes them into the cache), earlier
+// ones from the cache.
+__device__ void pool_index_keys(const AttentionShape& s, const AttentionInputs& in, const float* cached_index_keys,
+                                int64_t first, int64_t b, float* pooled) {
+  const int dim = s.index_dim;
+  const size_t projection_row = size_t(s.index_heads + 1) * dim;
+  for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+    float sum = 0.0f;
+    for (int i = 0; i < s.ratio; ++i) {
+      const int64_t p = b * s.ratio + i;
+      sum += p >= first ? in.index_qk[size_t(p - first) * projection_row + size_t(s.index_heads) * dim + d]
+                        : cached_index_keys[size_t(p) * dim + d];
+    }
+    pooled[d] = sum / float(s.ratio);
+  }
+}
+
 // Block (job, row): jobs [0, heads) the queries, then the keys, then the index queries, then one that copies the
-// value and the index key.
+// value and the index key, then one that pools the block keys of the block the row completes (if it does one): the
+// mean of its `ratio` raw index keys, zero-centred RMSNorm, RoPE at the block's first position.
 __global__ void __launch_bounds__(kInputThreads)
     attention_inputs_kernel(AttentionShape s, AttentionInputs in, const int64_t* first_position, float* queries,
                             float* index_queries, AttentionCaches caches) {
@@ -41,7 +59,7 @@ __global__ void __launch_bounds__(kInputThreads)
   allow_dependents();
   extern __shared__ float normed[];
   const int job = blockIdx.x, r = blockIdx.y, hd = s.head_dim, ihd = s.index_dim;
-  const int64_t position = *first_position + r;
+  const int64_t first = *first_position, position = first + r;
   const size_t index_row = size_t(r) * (s.index_heads + 1) * ihd;
   if (job < s.heads) {
     norm_rope(in.q + (size_t(r) * s.heads + job) * 2 * hd, hd, in.q_norm, in.eps, in.inv_freq, in.rotary_dim, position,
@@ -54,44 +72,16 @@ __global__ void __launch_bounds__(kInputThreads)
     const int h = job - s.heads - s.kv_heads;
     norm_rope(in.index_qk + index_row + size_t(h) * ihd, ihd, in.index_q_norm, in.eps, in.inv_freq, in.rotary_dim,
               position, normed, index_queries + (size_t(r) * s.index_heads + h) * ihd);
-  } else {
+  } else if (job == s.heads + s.kv_heads + s.index_heads) {
     const size_t kv = size_t(s.kv_heads) * hd;
     for (size_t i = threadIdx.x; i < kv; i += blockDim.x) caches.values[size_t(position) * kv + i] = in.v[r * kv + i];
     for (int i = threadIdx.x; i < ihd; i += blockDim.x)
       caches.index_keys[size_t(position) * ihd + i] = in.index_qk[index_row + size_t(s.index_heads) * ihd + i];
-  }
-}
-
-__global__ void pool_block_keys_kernel(const float* index_keys, const int64_t* first_position, int rows, int ratio,
-                                       int dim, const float* norm_weight, float eps, const float* inv_freq,
-                                       int rotary_dim, float* block_keys) {
-  wait_for_producers();
-  allow_dependents();
-  __shared__ float normed[kMaxIndexDim];
-  const int64_t first = *first_position, b = first / ratio + blockIdx.x;
-  if (b >= (first + rows) / ratio) return;  // the whole block: only blocks completed by this pass
-  float sum = 0.0f;
-  for (int d = threadIdx.x; d < dim; d += blockDim.x) {
-    float pooled = 0.0f;
-    for (int i = 0; i < ratio; ++i) pooled += index_keys[(size_t(b) * ratio + i) * dim + d];
-    pooled /= float(ratio);
-    normed[d] = pooled;
-    sum += pooled * pooled;
-  }
-  const float scale = rms_scale(block_sum(sum), dim, eps);
-  for (int d = threadIdx.x; d < dim; d += blockDim.x) normed[d] = normed[d] * scale * (1.0f + norm_weight[d]);
-  __syncthreads();
-  const int half = rotary_dim / 2;
-  float* out = block_keys + size_t(b) * dim;
-  for (int d = threadIdx.x; d < dim; d += blockDim.x) {
-    if (d >= rotary_dim) {
-      out[d] = normed[d];
-      continue;
-    }
-    const int i = d % half;
-    const float angle = inv_freq[i] * float(b * ratio);
-    const float c = cosf(angle), s = sinf(angle);
-    out[d] = d < half ? normed[d] * c - normed[d + half] * s : normed[d] * c + normed[d - half] * s;
+  } else if ((position + 1) % s.ratio == 0) {
+    const int64_t b = position / s.ratio;
+    pool_index_keys(s, in, caches.index_keys, first, b, normed);  // each thread normalises the values it pooled
+    norm_rope(normed, ihd, in.index_k_norm, in.eps, in.inv_freq, in.rotary_dim, b * s.ratio, normed,
+              caches.block_keys + size_t(b) * ihd);
   }
 }
 
@@ -114,36 +104,75 @@ __global__ void qsa_scores_kernel(AttentionShape s, const float* index_queries, 
   if (lane == 0) scores[size_t(r) * stride_blocks + b] = score / sqrtf(float(s.index_dim));
 }
 
-__global__ void qsa_rank_kernel(AttentionShape s, const int64_t* first_position, int stride_blocks, const float* scores,
-                                uint8_t* selected) {
+// Block (candidates, row): selected[r, b] = whether fewer than keep_blocks of the row's blocks rank above block b
+// (a higher score, or an equal one at a lower index). Lane l of every warp takes candidate 32·blockIdx.x + l and warp w
+// counts the blocks above it in the w-th part of the row, kRankTiles tiles of 32 scores (one a lane, shared by
+// shuffles) loaded at once; the block adds the parts. Before, a thread a candidate walked the whole row one load after
+// another: O(blocks) dependent loads a thread.
+constexpr int kRankWarps = 8;
+constexpr int kRankTiles = 8;  // tiles of 32 scores a warp loads at once
+
+__global__ void __launch_bounds__(kRankWarps * 32)
+    qsa_rank_kernel(AttentionShape s, const int64_t* first_position, int stride_blocks, const float* scores,
+                    uint8_t* selected) {
   wait_for_producers();
   allow_dependents();
-  const int r = blockIdx.y, b = blockIdx.x * blockDim.x + threadIdx.x;
+  __shared__ int above[kRankWarps][32];
+  const int r = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32, b = blockIdx.x * 32 + lane;
   const int64_t blocks = (*first_position + r + 1) / s.ratio;
-  if (b >= blocks) return;
+  if (int64_t(blockIdx.x) * 32 >= blocks) return;
+  uint8_t* chosen = selected + size_t(r) * stride_blocks;
   if (blocks <= s.keep_blocks) {
-    selected[size_t(r) * stride_blocks + b] = 1;
+    if (warp == 0 && b < blocks) chosen[b] = 1;
     return;
   }
   const float* row = scores + size_t(r) * stride_blocks;
-  const float mine = row[b];
+  const float mine = b < blocks ? row[b] : 0.0f;
+  const int tiles = int((blocks + 31) / 32), first_tile = tiles * warp / kRankWarps;
+  const int end_tile = tiles * (warp + 1) / kRankWarps;
+  int count = 0;
+  for (int t0 = first_tile; t0 < end_tile; t0 += kRankTiles) {
+    float other[kRankTiles];  // kRankTiles loads in flight
+#pragma unroll
+    for (int k = 0; k < kRankTiles; ++k) {
+      const int64_t o = int64_t(t0 + k) * 32 + lane;
+      other[k] = t0 + k < end_tile && o < blocks ? row[o] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kRankTiles; ++k) {
+      if (t0 + k >= end_tile) break;  // the whole warp
+      const int t = t0 + k, valid = int(min(int64_t(32), blocks - int64_t(t) * 32));
+      for (int j = 0; j < valid; ++j) {
+        const float v = __shfl_sync(0xffffffffu, other[k], j);
+        count += v > mine || (v == mine && t * 32 + j < b);
+      }
+    }
+  }
+  above[warp][lane] = count;
+  __syncthreads();
+  if (warp != 0 || b >= blocks) return;
   int rank = 0;
-  for (int other = 0; other < blocks; ++other) rank += row[other] > mine || (row[other] == mine && other < b);
-  selected[size_t(r) * stride_blocks + b] = rank < s.keep_blocks;
+  for (int w = 0; w < kRankWarps; ++w) rank += above[w][lane];
+  chosen[b] = rank < s.keep_blocks;
 }
 
 // Attention of each (row, head) over its chosen positions, split over the positions (flash-decoding): block (chunk c,
 // row r, head set) takes kHeads query heads that share one kv head, and its warp w the positions p ≡ 8c + w (mod
-// 8·chunks). A warp keeps a running softmax (peak, sum, weighted values) per head, with the key and value rows of
-// kAttendUnroll positions in flight; the block merges its warps' partials through shared memory and writes one partial
-// a head; the last block of the (row, head set) to finish merges the chunks' partials in chunk order (deterministic),
-// normalises and gates. Chunks past the row's context exit at once. Before, a captured step launched a block per 64
-// positions of the cache capacity to score and one block a head to weigh the values, each warp walking its positions
-// one dependent load after another: 25 µs a layer at a context of 64 on an H200, 9.1 ms a decode step at 8192.
+// 8·used), where `used` is the number of chunks the row's context fills (one per chunk_positions positions, at most
+// the launch's chunks; the rest exit at once). A warp keeps a running softmax (peak, sum, weighted values) per head
+// over its chosen positions, with the key and value rows of kAttendUnroll of them in flight; the block merges its
+// warps' partials through shared memory. A row with one used chunk writes its output from there; else each block writes
+// one partial a head and the last block of the (row, head set) to finish merges the chunks' partials in chunk order
+// (deterministic), normalises and gates. Before its wait a block asks L2 for the key and value rows of its warps' first
+// positions when its row keeps every block and those positions precede the chunk of rows (so no kernel of the pass
+// writes them). Before, a captured step launched a block per 64 positions of the cache capacity to score and one block
+// a head to weigh the values, each warp walking its positions one dependent load after another: 25 µs a layer at a
+// context of 64 on an H200, 9.1 ms a decode step at 8192.
 constexpr int kAttendWarps = 8;
 constexpr int kAttendThreads = kAttendWarps * 32;
 constexpr int kMaxLaneColumns = kMaxAttentionHeadDim / 32;  // columns lane + 32i of a head, i < kMaxLaneColumns
 constexpr int kAttendUnroll = 2;                            // positions a warp loads before it uses them
+constexpr int kPrefetchPositions = 8;                       // positions a warp asks L2 for before its wait
 constexpr int kAttendChunkPositions = 256;                  // positions a chunk of the launch span covers
 constexpr int kMaxAttendSlots = 128;                        // rows × chunks of one launch (bounds the partials)
 constexpr int kMergeUnroll = 4;                             // chunks' values a thread loads at once in the merge
@@ -168,54 +197,131 @@ struct RowSpan {
   }
 };
 
-// One warp's running softmaxes and weighted values over positions first, first + stride, …
+// Positions of one warp: first, first + stride, …
+struct WarpPositions {
+  int64_t first, stride;
+};
+
+__device__ inline void prefetch_l2(const void* address) { asm volatile("prefetch.global.L2 [%0];" ::"l"(address)); }
+
+// Asks L2 for the key and value rows (kv head `kv`) of the warp's first kPrefetchPositions positions before `settled`.
+__device__ void prefetch_rows(const AttentionShape& s, const float* keys, const float* values, int kv,
+                              const WarpPositions& at, int64_t settled) {
+  const int lines = (s.head_dim * int(sizeof(float)) + 127) / 128;  // 128-byte lines of a row
+  for (int i = threadIdx.x % 32; i < kPrefetchPositions * 2 * lines; i += 32) {
+    const int64_t p = at.first + i / (2 * lines) * at.stride;
+    if (p >= settled) continue;
+    const float* row = (i / lines % 2 ? values : keys) + (size_t(p) * s.kv_heads + kv) * s.head_dim;
+    prefetch_l2(reinterpret_cast<const char*>(row) + (i % lines) * 128);
+  }
+}
+
+// One warp's running softmaxes and weighted values over its chosen positions, in ascending order: the warp reads the
+// choice of 32 of its positions at once (a lane each) and then loads the key and value rows of kAttendUnroll chosen
+// ones at a time, so that unchosen positions cost no round trip.
 template <int kHeads>
 __device__ void attend_positions(const AttentionShape& s, const float (&q)[kHeads][kMaxAttentionHeadDim],
-                                 const float* keys, const float* values, int kv, const RowSpan& row, int64_t first,
-                                 int64_t stride, RunningSoftmax (&run)[kHeads], float (&acc)[kHeads][kMaxLaneColumns]) {
+                                 const float* keys, const float* values, int kv, const RowSpan& row,
+                                 const WarpPositions& at, RunningSoftmax (&run)[kHeads],
+                                 float (&acc)[kHeads][kMaxLaneColumns]) {
   const int hd = s.head_dim, lane = threadIdx.x % 32;
   const float inv_sqrt_hd = 1.0f / sqrtf(float(hd));
-  for (int64_t p0 = first; p0 < row.visible; p0 += kAttendUnroll * stride) {
-    float key[kAttendUnroll][kMaxLaneColumns], value[kAttendUnroll][kMaxLaneColumns];
-    bool chosen[kAttendUnroll];
+  for (int64_t base = at.first; base < row.visible; base += 32 * at.stride) {
+    unsigned pending = __ballot_sync(0xffffffffu, row.chosen(base + lane * at.stride, s.ratio));
+    while (pending != 0) {  // the same on every lane
+      float key[kAttendUnroll][kMaxLaneColumns], value[kAttendUnroll][kMaxLaneColumns];
+      bool taken[kAttendUnroll];
 #pragma unroll
-    for (int u = 0; u < kAttendUnroll; ++u) {
-      const int64_t p = p0 + u * stride;
-      chosen[u] = row.chosen(p, s.ratio);
-      const size_t at = (size_t(p) * s.kv_heads + kv) * hd + lane;
+      for (int u = 0; u < kAttendUnroll; ++u) {
+        taken[u] = pending != 0;
+        const int64_t p = base + (taken[u] ? __ffs(int(pending)) - 1 : 0) * at.stride;
+        pending &= pending - 1;
+        const size_t at_row = (size_t(p) * s.kv_heads + kv) * hd + lane;
 #pragma unroll
-      for (int i = 0; i < kMaxLaneColumns; ++i) {
-        const bool in = chosen[u] && lane + 32 * i < hd;
-        key[u][i] = in ? keys[at + 32 * i] : 0.0f;
-        value[u][i] = in ? values[at + 32 * i] : 0.0f;
+        for (int i = 0; i < kMaxLaneColumns; ++i) {
+          const bool in = taken[u] && lane + 32 * i < hd;
+          key[u][i] = in ? keys[at_row + 32 * i] : 0.0f;
+          value[u][i] = in ? values[at_row + 32 * i] : 0.0f;
+        }
       }
-    }
 #pragma unroll
-    for (int u = 0; u < kAttendUnroll; ++u) {
-      if (!chosen[u]) continue;  // the whole warp: one position
+      for (int u = 0; u < kAttendUnroll; ++u) {
+        if (!taken[u]) break;  // the whole warp
 #pragma unroll
-      for (int g = 0; g < kHeads; ++g) {
-        float dot = 0.0f;
+        for (int g = 0; g < kHeads; ++g) {
+          float dot = 0.0f;
 #pragma unroll
-        for (int i = 0; i < kMaxLaneColumns; ++i)
-          if (lane + 32 * i < hd) dot += q[g][lane + 32 * i] * key[u][i];
-        const float score = warp_sum(dot) * inv_sqrt_hd, peak = fmaxf(run[g].peak, score);
-        const float rescale = merge_scale(run[g].peak, peak), weight = expf(score - peak);
-        run[g] = {peak, run[g].sum * rescale + weight};
+          for (int i = 0; i < kMaxLaneColumns; ++i)
+            if (lane + 32 * i < hd) dot += q[g][lane + 32 * i] * key[u][i];
+          const float score = warp_sum(dot) * inv_sqrt_hd, peak = fmaxf(run[g].peak, score);
+          const float rescale = merge_scale(run[g].peak, peak), weight = expf(score - peak);
+          run[g] = {peak, run[g].sum * rescale + weight};
 #pragma unroll
-        for (int i = 0; i < kMaxLaneColumns; ++i) acc[g][i] = acc[g][i] * rescale + weight * value[u][i];
+          for (int i = 0; i < kMaxLaneColumns; ++i) acc[g][i] = acc[g][i] * rescale + weight * value[u][i];
+        }
       }
     }
   }
 }
 
+// Chunks of a row that hold its positions: one per `chunk_positions` positions of its context, at most `chunks`.
+__device__ inline int used_chunks(int64_t visible, int chunks, int chunk_positions) {
+  return int(min(int64_t(chunks), (visible + chunk_positions - 1) / chunk_positions));
+}
+
+// The last block's merge of the `used` chunks' partials of its (row, head set) into the gated output: every value of
+// a batch of kMergeUnroll chunks in flight together, the first batch with the chunks' stats.
+template <int kHeads>
+__device__ void merge_chunks(const AttentionShape& s, const AttendScratch& scratch, size_t first_slot, int used,
+                             const float (&gate)[kHeads], float2 (&chunk_stats)[kMaxAttendSlots][kHeads], float* out) {
+  const int hd = s.head_dim, d = threadIdx.x;
+  auto load = [&](int k0, float(&part)[kMergeUnroll][kHeads]) {
+#pragma unroll
+    for (int u = 0; u < kMergeUnroll; ++u)
+#pragma unroll
+      for (int g = 0; g < kHeads; ++g)
+        part[u][g] =
+            k0 + u < used && d < hd ? __ldcg(&scratch.values[((first_slot + k0 + u) * kHeads + g) * hd + d]) : 0.0f;
+  };
+  float part[kMergeUnroll][kHeads];
+  load(0, part);
+  for (int i = threadIdx.x; i < used * kHeads; i += kAttendThreads)
+    chunk_stats[i / kHeads][i % kHeads] = __ldcg(&scratch.stats[first_slot * kHeads + i]);
+  __syncthreads();
+  float peak[kHeads], sum[kHeads], merged[kHeads];
+#pragma unroll
+  for (int g = 0; g < kHeads; ++g) {
+    peak[g] = -INFINITY, sum[g] = 0.0f, merged[g] = 0.0f;
+    for (int k = 0; k < used; ++k) peak[g] = fmaxf(peak[g], chunk_stats[k][g].x);
+  }
+  for (int k0 = 0; k0 < used; k0 += kMergeUnroll) {
+    float next[kMergeUnroll][kHeads];
+    load(k0 + kMergeUnroll, next);
+#pragma unroll
+    for (int u = 0; u < kMergeUnroll; ++u) {
+      if (k0 + u >= used) break;
+#pragma unroll
+      for (int g = 0; g < kHeads; ++g) {
+        const float scale = merge_scale(chunk_stats[k0 + u][g].x, peak[g]);
+        sum[g] += chunk_stats[k0 + u][g].y * scale;
+        merged[g] += part[u][g] * scale;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kMergeUnroll; ++u)
+#pragma unroll
+      for (int g = 0; g < kHeads; ++g) part[u][g] = next[u][g];
+  }
+#pragma unroll
+  for (int g = 0; g < kHeads; ++g)
+    if (d < hd) out[g * hd + d] = merged[g] / sum[g] * sigmoid(gate[g]);
+}
+
 template <int kHeads>
 __global__ void __launch_bounds__(kAttendThreads)
     attend_kernel(AttentionShape s, const float* queries, const float* q_gate, const float* keys, const float* values,
-                  const uint8_t* selected, const int64_t* first_position, int stride_blocks, int chunks,
-                  AttendScratch scratch, float* out) {
-  wait_for_producers();
-  allow_dependents();
+                  const uint8_t* selected, const int64_t* first_position, const int64_t* settled_position,
+                  int stride_blocks, int chunks, int chunk_positions, AttendScratch scratch, float* out) {
   __shared__ float q[kHeads][kMaxAttentionHeadDim];
   __shared__ RunningSoftmax warp_stats[kAttendWarps][kHeads];
   __shared__ float warp_values[kAttendWarps][kHeads][kMaxAttentionHeadDim];
@@ -223,18 +329,27 @@ __global__ void __launch_bounds__(kAttendThreads)
   __shared__ bool last;
   const int sets = s.heads / kHeads, set = blockIdx.y, r = set / sets, h0 = set % sets * kHeads;
   const int hd = s.head_dim, warp = threadIdx.x / 32, lane = threadIdx.x % 32, c = blockIdx.x, d = threadIdx.x;
-  for (int i = threadIdx.x; i < kHeads * hd; i += kAttendThreads)  // in flight with the position's load
-    q[i / hd][i % hd] = queries[(size_t(r) * s.heads + h0) * hd + i];
+  const int kv = h0 / (s.heads / s.kv_heads);
+  // The positions are uploaded before the pass (no kernel of it writes them).
   const int64_t visible = *first_position + r + 1, complete = visible / s.ratio * s.ratio;
-  const int used = int(min(int64_t(chunks), (visible + kAttendWarps - 1) / kAttendWarps));  // chunks with positions
+  const bool all_chosen = complete / s.ratio <= s.keep_blocks;
+  const int used = used_chunks(visible, chunks, chunk_positions);
+  const WarpPositions at{int64_t(c) * kAttendWarps + warp, int64_t(used) * kAttendWarps};
+  if (c < used && all_chosen) prefetch_rows(s, keys, values, kv, at, *settled_position);
+  wait_for_producers();
+  allow_dependents();
   if (c >= used) return;
+  const size_t rh0 = size_t(r) * s.heads + h0;
+  for (int i = threadIdx.x; i < kHeads * hd; i += kAttendThreads) q[i / hd][i % hd] = queries[rh0 * hd + i];
+  float gate[kHeads];  // in flight with the positions, for whichever block writes the output
+#pragma unroll
+  for (int g = 0; g < kHeads; ++g) gate[g] = d < hd ? q_gate[(rh0 + g) * 2 * hd + d] : 0.0f;
   __syncthreads();
 
-  const RowSpan row{visible, complete, complete / s.ratio <= s.keep_blocks, selected + size_t(r) * stride_blocks};
+  const RowSpan row{visible, complete, all_chosen, selected + size_t(r) * stride_blocks};
   RunningSoftmax run[kHeads];
   float acc[kHeads][kMaxLaneColumns] = {};
-  attend_positions<kHeads>(s, q, keys, values, h0 / (s.heads / s.kv_heads), row, int64_t(c) * kAttendWarps + warp,
-                           int64_t(chunks) * kAttendWarps, run, acc);
+  attend_positions<kHeads>(s, q, keys, values, kv, row, at, run, acc);
 
   // The block's partial: its warps' merged in warp order, a thread per column.
 #pragma unroll
@@ -256,9 +371,14 @@ __global__ void __launch_bounds__(kAttendThreads)
       sum += warp_stats[w][g].sum * scale;
       if (d < hd) merged += warp_values[w][g][d] * scale;
     }
+    if (used == 1) {
+      if (d < hd) out[(rh0 + g) * hd + d] = merged / sum * sigmoid(gate[g]);
+      continue;
+    }
     if (d < hd) scratch.values[((first_slot + c) * kHeads + g) * hd + d] = merged;
     if (d == 0) scratch.stats[(first_slot + c) * kHeads + g] = make_float2(peak, sum);
   }
+  if (used == 1) return;
 
   // The last of the used chunks' blocks to get here merges their partials.
   __threadfence();
@@ -267,31 +387,7 @@ __global__ void __launch_bounds__(kAttendThreads)
   __syncthreads();
   if (!last) return;
   __threadfence();
-  for (int i = threadIdx.x; i < used * kHeads; i += kAttendThreads)
-    chunk_stats[i / kHeads][i % kHeads] = __ldcg(&scratch.stats[first_slot * kHeads + i]);
-  __syncthreads();
-#pragma unroll
-  for (int g = 0; g < kHeads; ++g) {
-    float peak = -INFINITY;
-    for (int k = 0; k < used; ++k) peak = fmaxf(peak, chunk_stats[k][g].x);
-    float sum = 0.0f, merged = 0.0f;
-    for (int k0 = 0; k0 < used; k0 += kMergeUnroll) {
-      float part[kMergeUnroll];
-#pragma unroll
-      for (int u = 0; u < kMergeUnroll; ++u)
-        part[u] =
-            k0 + u < used && d < hd ? __ldcg(&scratch.values[((first_slot + k0 + u) * kHeads + g) * hd + d]) : 0.0f;
-#pragma unroll
-      for (int u = 0; u < kMergeUnroll; ++u) {
-        if (k0 + u >= used) break;
-        const float scale = merge_scale(chunk_stats[k0 + u][g].x, peak);
-        sum += chunk_stats[k0 + u][g].y * scale;
-        merged += part[u] * scale;
-      }
-    }
-    const size_t rh = size_t(r) * s.heads + h0 + g;
-    if (d < hd) out[rh * hd + d] = merged / sum * sigmoid(q_gate[rh * 2 * hd + d]);
-  }
+  merge_chunks<kHeads>(s, scratch, first_slot, used, gate, chunk_stats, out + rh0 * hd);
   if (threadIdx.x == 0) scratch.arrivals[set] = 0;  // ready for the next launch
 }
 
@@ -312,29 +408,21 @@ int attend_chunks(int rows, int launch_tokens) {
 void attention_inputs(const AttentionShape& s, const AttentionInputs& in, int rows, const int64_t* first_position,
                       float* queries, float* index_queries, const AttentionCaches& caches, cudaStream_t stream) {
   if (rows == 0) return;
-  const dim3 grid(unsigned(s.heads + s.kv_heads + s.index_heads + 1), unsigned(rows));
+  const dim3 grid(unsigned(s.heads + s.kv_heads + s.index_heads + 2), unsigned(rows));
   const size_t shared = size_t(std::max(s.head_dim, s.index_dim)) * sizeof(float);
   launch_dependent(attention_inputs_kernel, grid, kInputThreads, shared, stream, s, in, first_position, queries,
                    index_queries, caches);
-}
-
-void pool_block_keys(const AttentionShape& s, int rows, const int64_t* first_position, const float* norm_weight,
-                     float eps, const float* inv_freq, int rotary_dim, const AttentionCaches& caches,
-                     cudaStream_t stream) {
-  if (rows == 0) return;
-  launch_dependent(pool_block_keys_kernel, rows / s.ratio + 1, 128, 0, stream, caches.index_keys, first_position, rows,
-                   s.ratio, s.index_dim, norm_weight, eps, inv_freq, rotary_dim, caches.block_keys);
 }
 
 void qsa_select(const AttentionShape& s, const float* index_queries, const float* block_keys, int rows,
                 const int64_t* first_position, const AttentionBounds& bounds, float* scores, uint8_t* selected,
                 cudaStream_t stream) {
   const int launch_blocks = bounds.launch_tokens / s.ratio, stride = bounds.stride_blocks(s.ratio);
-  if (rows == 0 || launch_blocks == 0) return;
+  if (rows == 0 || launch_blocks <= s.keep_blocks) return;  // every row keeps all of its blocks
   launch_dependent(qsa_scores_kernel, dim3((launch_blocks + 7) / 8, rows), 256, 0, stream, s, index_queries, block_keys,
                    first_position, stride, scores);
-  launch_dependent(qsa_rank_kernel, dim3((launch_blocks + 255) / 256, rows), 256, 0, stream, s, first_position, stride,
-                   scores, selected);
+  launch_dependent(qsa_rank_kernel, dim3((launch_blocks + 31) / 32, rows), kRankWarps * 32, 0, stream, s,
+                   first_position, stride, scores, selected);
 }
 
 size_t attend_value_floats(const AttentionShape& s, int max_rows) {
@@ -347,14 +435,20 @@ size_t attend_arrival_count(const AttentionShape& s, int max_rows) { return size
 
 void sparse_attention(const AttentionShape& s, const float* queries, const float* q_gate, const float* keys,
                       const float* values, const uint8_t* selected, int rows, const int64_t* first_position,
-                      const AttentionBounds& bounds, const AttendScratch& scratch, float* out, cudaStream_t stream) {
+                      const int64_t* settled_position, const AttentionBounds& bounds, const AttendScratch& scratch,
+                      float* out, cudaStream_t stream) {
   if (rows == 0) return;
   const int heads = attend_heads(s), chunks = attend_chunks(rows, bounds.launch_tokens);
   const dim3 grid(unsigned(chunks), unsigned(rows * (s.heads / heads)));
   const int stride = bounds.stride_blocks(s.ratio);
+  // Positions a row's chunk takes at least. One row has only heads / 4 head sets: at a short context splitting it
+  // gains nothing (equal on an H200 at 64 positions), and at a long one fuller chunks fit one wave of blocks (two a
+  // multiprocessor): 192 blocks in place of 384 at 8192 positions, 41.5 → 30.0 µs. Several rows fill the GPU by
+  // splitting even short contexts (4 rows at 64 positions: 11.5 µs at a position a warp, 13.7 at 256 a chunk).
+  const int chunk_positions = rows == 1 ? kAttendChunkPositions : kAttendWarps;
   auto launch = [&](auto kernel) {
     launch_dependent(kernel, grid, kAttendThreads, 0, stream, s, queries, q_gate, keys, values, selected,
-                     first_position, stride, chunks, scratch, out);
+                     first_position, settled_position, stride, chunks, chunk_positions, scratch, out);
   };
   if (heads == 4)
     launch(attend_kernel<4>);

@@ -1,6 +1,6 @@
 #pragma once
-// Sparse (QSA) attention on the GPU (src/cpu/attention.cpp): the layer's inputs normalised, rotated and written into
-// the caches in one launch, block keys pooled from the index keys, per-row block selection by the indexer, gated
+// Sparse (QSA) attention on the GPU (src/cpu/sparse_attention.cpp): the layer's inputs normalised, rotated and written
+// into the caches and the completed blocks' keys pooled in one launch, per-row block selection by the indexer, gated
 // attention over the selected tokens. The position of the pass's first row is read from device memory and every grid
 // is sized by a bound the host passes (the cache capacity in a captured step), so one CUDA graph serves every
 // position up to that bound.
@@ -20,7 +20,7 @@ struct AttentionInputs {
   const float* q;         // [rows, heads, 2·head_dim]: each head's query, then its gate
   const float *k, *v;     // [rows, kv_heads·head_dim]
   const float* index_qk;  // [rows, (index_heads + 1)·index_dim]: the index queries, then the index key
-  const float *q_norm, *k_norm, *index_q_norm;
+  const float *q_norm, *k_norm, *index_q_norm, *index_k_norm;
   const float* inv_freq;  // RoPE [rotary_dim / 2]
   int rotary_dim;
   float eps;
@@ -35,15 +35,10 @@ struct AttentionCaches {
 
 // Row r at position *first_position + r: queries [rows, heads, head_dim] and index_queries [rows, index_heads,
 // index_dim] = RoPE(zero-centred RMSNorm(·)); the key likewise, the value and the raw index key stored into the caches
-// at the row's position.
+// at the row's position; and the pooled key of each block the pass's rows complete: the mean of its `ratio` raw index
+// keys (earlier positions' from the cache), RMSNorm with index_k_norm, RoPE at the block's first position.
 void attention_inputs(const AttentionShape& shape, const AttentionInputs& in, int rows, const int64_t* first_position,
                       float* queries, float* index_queries, const AttentionCaches& caches, cudaStream_t stream);
-
-// Pooled block keys of the blocks that the pass's rows complete: mean of `ratio` raw index keys, zero-centred
-// RMSNorm, RoPE at the block's first position.
-void pool_block_keys(const AttentionShape& shape, int rows, const int64_t* first_position, const float* norm_weight,
-                     float eps, const float* inv_freq, int rotary_dim, const AttentionCaches& caches,
-                     cudaStream_t stream);
 
 // Grid bound and scratch strides of a pass: every row sees fewer than launch_tokens positions (launch_tokens ≤
 // max_tokens); scratch rows hold max_tokens / ratio + 1 block scores.
@@ -53,7 +48,9 @@ struct AttentionBounds {
 };
 
 // For each row: selected[r, b] = 1 for the blocks its indexer keeps (all when there are at most keep_blocks; else
-// the top keep_blocks by score, ties to the lower index). scores: scratch [rows, stride_blocks].
+// the top keep_blocks by score, ties to the lower index). scores: scratch [rows, stride_blocks]. Launches nothing when
+// the bound leaves no row more than keep_blocks complete blocks (launch_tokens / ratio ≤ keep_blocks): sparse_attention
+// does not read `selected` then.
 void qsa_select(const AttentionShape& shape, const float* index_queries, const float* block_keys, int rows,
                 const int64_t* first_position, const AttentionBounds& bounds, float* scores, uint8_t* selected,
                 cudaStream_t stream);
@@ -72,10 +69,13 @@ size_t attend_arrival_count(const AttentionShape& shape, int max_rows);
 
 // Gated attention of every row over its selected tokens (selected [rows, stride_blocks] is read only for rows with more
 // than keep_blocks complete blocks, as qsa_select selects all of them otherwise); queries [rows, heads, hd], gates at
-// q_gate + (r·heads + h)·2hd, out [rows, heads·hd]. Head dims up to kMaxAttentionHeadDim.
+// q_gate + (r·heads + h)·2hd, out [rows, heads·hd]. No kernel of the pass writes the keys and values of positions
+// before *settled_position (the first position of the pass's chunk of rows; ≤ *first_position), so the kernel may ask
+// for them before its producers are done. Head dims up to kMaxAttentionHeadDim.
 inline constexpr int kMaxAttentionHeadDim = 256;
 void sparse_attention(const AttentionShape& shape, const float* queries, const float* q_gate, const float* keys,
                       const float* values, const uint8_t* selected, int rows, const int64_t* first_position,
-                      const AttentionBounds& bounds, const AttendScratch& scratch, float* out, cudaStream_t stream);
+                      const int64_t* settled_position, const AttentionBounds& bounds, const AttendScratch& scratch,
+                      float* out, cudaStream_t stream);
 
 }  // namespace vavilov::cuda

@@ -643,11 +643,9 @@ void CudaSequence::attention(const DeviceAttention& w, LayerState& state, int64_
   const AttentionCaches caches{ptr<float>(cache.keys), ptr<float>(cache.values), ptr<float>(cache.index_keys),
                                ptr<float>(cache.block_keys)};
   run_products(state.mixer_inputs, rows, stream_);  // q, k, v, index_qk
-  const AttentionInputs in{work_.q,  work_.k,        work_.v,          work_.index_qk, w.q_norm,
-                           w.k_norm, w.index_q_norm, model_->inv_freq, c_.rotary_dim,  c_.rms_norm_eps};
+  const AttentionInputs in{work_.q,        work_.k,        work_.v,          work_.index_qk, w.q_norm,       w.k_norm,
+                           w.index_q_norm, w.index_k_norm, model_->inv_freq, c_.rotary_dim,  c_.rms_norm_eps};
   attention_inputs(shape, in, rows, work_.position, work_.queries, work_.index_queries, caches, stream_);
-  pool_block_keys(shape, rows, work_.position, w.index_k_norm, c_.rms_norm_eps, model_->inv_freq, c_.rotary_dim, caches,
-                  stream_);
   // Every row's keys are in the cache by now; rows attend (causally) in passes of kAttentionRows to bound the scratch,
   // pass j's first position staged at work_.position[j]. A captured pass serves every position up to the capacity,
   // so its grids span it; a longer (eager) pass's span its own end.
@@ -661,7 +659,7 @@ void CudaSequence::attention(const DeviceAttention& w, LayerState& state, int64_
     qsa_select(shape, work_.index_queries + size_t(pass) * index_width, caches.block_keys, count, at, bounds,
                work_.block_scores, work_.selected, stream_);
     sparse_attention(shape, work_.queries + size_t(pass) * heads * hd, work_.q + hd + size_t(pass) * heads * 2 * hd,
-                     caches.keys, caches.values, work_.selected, count, at, bounds, work_.attend,
+                     caches.keys, caches.values, work_.selected, count, at, work_.position, bounds, work_.attend,
                      work_.attended + size_t(pass) * heads * hd, stream_);
   }
   linear(w.o, work_.attended, rows, work_.output, stream_);

@@ -3,8 +3,11 @@
 // q·k/√d over the positions a row may see that its indexer chose (all while the row has at most keep_blocks complete
 // blocks, else the selected ones and every position of the trailing incomplete block),
 // the weighted sum of the values, times σ(gate). Shapes: Flash-Next's (24 heads over 2 kv heads of 256) at the decode
-// step's short context under a captured step's wide launch bound, at 5000 positions with a random block selection
-// (32 chunks), a prefill pass of 64 rows (2 chunks), and the tiny fixtures' head groups of 3 and 2 (head dims 8, 32).
+// step's short context under a captured step's wide launch bound (one chunk: a row of a 1-row pass takes one per 256
+// positions of its context), 1 row at 4701 positions (19 chunks), 4 rows at 5000 positions with a random block
+// selection (32 chunks: rows of several-row passes split down to a position a warp), a prefill pass of 64 rows (2
+// chunks), a bound of one chunk (the block writes the output without the cross-chunk merge), and the tiny fixtures'
+// head groups of 3 and 2 (head dims 8, 32).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -111,7 +114,7 @@ std::vector<std::vector<float>> run(const Case& c, const Inputs& in, int launche
   float* out = memory.zeros<float>(size_t(c.rows) * s.heads * s.head_dim);
   std::vector<std::vector<float>> outputs;
   for (int i = 0; i < launches; ++i) {
-    cuda::sparse_attention(s, queries, gates + s.head_dim, keys, values, selected, c.rows, first,
+    cuda::sparse_attention(s, queries, gates + s.head_dim, keys, values, selected, c.rows, first, first,
                            cuda::AttentionBounds{c.launch_tokens, in.max_tokens}, scratch, out, nullptr);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     outputs.push_back(test::download(out, size_t(c.rows) * s.heads * s.head_dim));
@@ -147,8 +150,17 @@ TEST(CudaAttention, VerifyRowsAtLongContextWithBlockSelection) {
   expect_matches_reference({kFlashNext, 4, 4996, 8192, 0.25}, "4 rows at 5000 positions, a quarter of blocks");
 }
 
+TEST(CudaAttention, DecodeRowAtLongContextOverChunks) {
+  expect_matches_reference({kFlashNext, 1, 4700, 8192, 0.25}, "1 row at 4701 positions (19 chunks of 256)");
+}
+
 TEST(CudaAttention, PrefillPassOfSixtyFourRows) {
   expect_matches_reference({kFlashNext, 64, 1000, 1064, 0.5}, "64 rows from position 1000");
+}
+
+TEST(CudaAttention, OneChunkWritesTheOutputItself) {
+  expect_matches_reference({kFlashNext, 2, 150, 256, 1.0}, "2 rows at 151 positions, bound 256 (one chunk)");
+  expect_matches_reference({{6, 2, 8, 4, 16, 4, 2}, 3, 40, 200, 0.5}, "one chunk with block selection");
 }
 
 TEST(CudaAttention, TinyHeadGroups) {
