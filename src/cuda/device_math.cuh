@@ -10,6 +10,16 @@ __device__ inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ inline float silu(float x) { return x / (1.0f + expf(-x)); }
 __device__ inline float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
+// For a kernel's critical path after its wait: the hardware's reciprocal (within 2 ulp) instead of IEEE division or
+// square root, whose range checks and slow-path calls lengthen the path and keep the scheduler from moving loads across
+// them (bench/results/2026-12-01-h200-hc-read-s7.json). 1 / (1 + e^-x) tends to 0 correctly where e^-x overflows.
+__device__ inline float fast_sigmoid(float x) { return __fdividef(1.0f, 1.0f + expf(-x)); }
+__device__ inline float fast_silu(float x) { return __fdividef(x, 1.0f + expf(-x)); }
+// 1 / sqrt(mean + eps) for an RMS norm, from a sum of squares and 1 / width.
+__device__ inline float rms_scale(float sum_of_squares, float inverse_width, float eps) {
+  return rsqrtf(fmaf(sum_of_squares, inverse_width, eps));
+}
+
 __device__ inline float warp_sum(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;

@@ -101,7 +101,8 @@ __device__ inline RowScales row_scales(const float (&norms)[kKeyWarps][3], int d
   float sums[3] = {};
   for (int w = 0; w < kKeyWarps; ++w)
     for (int n = 0; n < 3; ++n) sums[n] += norms[w][n];
-  const float rq = 1.0f / sqrtf(sums[0] + 1e-6f) * (1.0f / sqrtf(float(dk))), rk = 1.0f / sqrtf(sums[1] + 1e-6f);
+  // rsqrtf rather than IEEE 1/sqrt: these are on every row's serial path (device_math.cuh's rms_scale says why).
+  const float rq = rsqrtf(sums[0] + 1e-6f) * rsqrtf(float(dk)), rk = rsqrtf(sums[1] + 1e-6f);
   return {rq, rk, sums[2] * rq * rk};
 }
 
@@ -393,7 +394,7 @@ __global__ void __launch_bounds__(DecodeLayout<kColumns>::kThreads, DecodeLayout
       const float o = outputs[warp][lane + 32 * n];  // zero past dv
       sum += o * o;
     }
-    const float scale = 1.0f / sqrtf(warp_sum(sum) / float(s.dv) + in.eps);
+    const float scale = rms_scale(warp_sum(sum), 1.0f / float(s.dv), in.eps);
     float* row_out = out + (size_t(warp) * s.heads + head) * s.dv;
 #pragma unroll
     for (int n = 0; n < kColumns / 32; ++n) {

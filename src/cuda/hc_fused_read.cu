@@ -10,7 +10,8 @@
 // only in registers and shared memory (block barriers, no cluster barrier, no second global round trip). Keeping it
 // one round trip takes care with what the compiler hoists or sinks (the SASS was read for each kernel): loads that
 // another load's result must not delay are written ahead of it, and the arithmetic after the wait uses the hardware's
-// reciprocal (read_sigmoid and friends) rather than IEEE division, whose slow-path calls the loads are not moved across.
+// reciprocal (device_math.cuh's fast_sigmoid and friends) rather than IEEE division, whose slow-path calls the loads
+// are not moved across.
 //
 // hc_down_kernel: a block per (16-row tile of Wd, or Wi's one tile; stream), whose 8 warps each take a run of the
 // stream's column groups of the tile. The block stages its whole stream (R + pending write, times 1 + g), so it knows
@@ -161,14 +162,8 @@ __device__ inline int row_of(int i, int per_row) {
 
 __device__ inline float dot4(float4 v) { return fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, v.w * v.w))); }
 
-// The read's arithmetic after the wait divides by the hardware's reciprocal (within 2 ulp) instead of an IEEE division,
-// whose range check and slow-path call sit on the kernels' critical paths (and keep the scheduler from moving loads
-// across them); divisions by S become products with 1/S, computed before the wait (exact for S a power of two).
-__device__ inline float read_sigmoid(float x) { return __fdividef(1.0f, 1.0f + expf(-x)); }
-__device__ inline float read_silu(float x) { return __fdividef(x, 1.0f + expf(-x)); }
-__device__ inline float read_rms_scale(float sum_of_squares, float inverse_width, float eps) {
-  return rsqrtf(fmaf(sum_of_squares, inverse_width, eps));
-}
+// The read's arithmetic after the wait uses device_math.cuh's fast_sigmoid, fast_silu and rms_scale; divisions by S
+// become products with 1/S, computed before the wait (exact for S a power of two).
 
 // Stream s of every batch row with the pending write applied, times 1 + g (g in `norm`, shared memory whose cp.async
 // copies this waits for), into values [B][H] of shared memory, four values a thread at a time, every load of a pass in
@@ -225,7 +220,7 @@ __device__ void stage_stream(const DownParams& p, int s, float inverse_streams, 
   __pipeline_wait_prior(0);  // the norm's copies (hc_down_kernel), with this thread's loads in flight
   __syncthreads();           // other threads' copies
 #pragma unroll
-  for (int b = 0; b < B; ++b) gate[b] = p.pending_inject ? 2.0f * read_sigmoid(logit[b] * inverse_streams) : 0.0f;
+  for (int b = 0; b < B; ++b) gate[b] = p.pending_inject ? 2.0f * fast_sigmoid(logit[b] * inverse_streams) : 0.0f;
   store_pass(int(threadIdx.x), r, y, gate);
   for (int base = int(threadIdx.x) + kBatch * int(blockDim.x); base < items; base += kBatch * int(blockDim.x)) {
     load_pass(base, r, y);
@@ -293,7 +288,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2) hc_down_kernel(DownParams 
     float sum = 0.0f;
 #pragma unroll
     for (int w = 0; w < kDownWarps; ++w) sum += warp_squares[w][b];
-    scale[b] = read_rms_scale(sum, inverse_width, p.eps);
+    scale[b] = rms_scale(sum, inverse_width, p.eps);
   }
   __syncthreads();
 
@@ -363,7 +358,7 @@ __global__ void __launch_bounds__(kSlicedTiles * 32) hc_down_sliced_kernel(DownP
 #pragma unroll
   for (int b = 0; b < B; ++b) logit[b] = p.pending_inject ? p.pending_inject[b * p.streams + s] : 0.0f;
   const auto gate_of = [&](int b) {
-    return p.pending_inject ? 2.0f * read_sigmoid(pick(logit, b) * inverse_streams) : 0.0f;
+    return p.pending_inject ? 2.0f * fast_sigmoid(pick(logit, b) * inverse_streams) : 0.0f;
   };
   // The slice's activations R + pending write times 1 + g, and per item its sum of squares of R + pending write. What
   // the kernels before wrote is read with coherent loads (the compiler may move a non-coherent one across the wait).
@@ -427,7 +422,7 @@ __global__ void __launch_bounds__(kSlicedTiles * 32) hc_down_sliced_kernel(DownP
 #pragma unroll
     for (int k = 0; k < kMaxCluster; ++k)
       if (k < slices) sum += slice_squares[b][k];
-    scale[b] = read_rms_scale(sum, inverse_width, p.eps);
+    scale[b] = rms_scale(sum, inverse_width, p.eps);
   }
   float* out = partials_of(p.scratch);
   const int outputs = kSlicedTiles * kTileRows * B;  // (warp, row in tile, batch row)
@@ -479,8 +474,8 @@ __device__ void compute_low(const UpParams& p, float inverse_streams, float* u) 
       for (int c = 0; c < kMaxStreams; ++c)
         if (c < p.streams) sum.x += part[k][c].x, sum.y += part[k][c].y, sum.z += part[k][c].z, sum.w += part[k][c].w;
       reinterpret_cast<float4*>(u)[i] =
-          make_float4(read_silu(sum.x * inverse_streams), read_silu(sum.y * inverse_streams),
-                      read_silu(sum.z * inverse_streams), read_silu(sum.w * inverse_streams));
+          make_float4(fast_silu(sum.x * inverse_streams), fast_silu(sum.y * inverse_streams),
+                      fast_silu(sum.z * inverse_streams), fast_silu(sum.w * inverse_streams));
     }
   }
 }
@@ -555,7 +550,7 @@ __global__ void __launch_bounds__(kMaxStreams * 32) hc_up_kernel(UpParams p) {
     for (int r = 0; r < 2; ++r) {
       const float v = fmaf(gate, y[r], stack[r]);
       if (p.pending_y) p.stack[stack_at + 8 * r] = v;
-      terms[c][t][g + 8 * r] = make_float2(read_sigmoid(acc[r]), v * scale * (1.0f + norm_weight[c][g + 8 * r]));
+      terms[c][t][g + 8 * r] = make_float2(fast_sigmoid(acc[r]), v * scale * (1.0f + norm_weight[c][g + 8 * r]));
     }
   __syncthreads();
   // The gated sum over the streams, in stream order, one thread per (batch row, index).
