@@ -254,15 +254,47 @@ __device__ inline TileRows tile_rows(const GemvMatrix& m, int warp_row, int row_
           (t & 2 ? m.biases : m.scales) + size_t(t & 1 ? row1 : row0) * groups};
 }
 
-// The descriptor first (after the wait when the kernel before wrote it, else before), then each warp's first tile:
-// its first weight loads and the L2 prefetch of that tile's next lines and of the next round's tile, all before the
-// wait when the descriptors allow it (the weights never depend on the previous kernel), then the staging.
+// What a gemv_quant_rounds_kernel launch sums (rounds), prefetches (prefetch_tile's lines, tile_products' units) and
+// may read before its wait: its descriptors (GemvDescriptors), and settled_x when every matrix reads those activations
+// ([batch, settled_cols]) and they were written two launches back or earlier (launch.cuh's two-deep rule: the MoE
+// block's input, for gate/up): then the block stages them before the wait, while the routing still runs.
+struct RoundsLaunch {
+  int rounds = 1, prefetch_lines = 0, prefetch_units = 0;
+  GemvDescriptors descriptors = GemvDescriptors::written_in_pass;
+  const float* settled_x = nullptr;
+  int settled_cols = 0;
+};
+
+// settled_x's activations (RoundsLaunch), staged by the whole block before the wait: read through L2 (__ldcg), the
+// same fp32 values as stage_activations.
+template <int Bits, int B>
+__device__ void stage_settled_activations(const RoundsLaunch& launch, uint4* fragments) {
+  const int groups = launch.settled_cols / kQuantGroup;
+  float2* group_terms = reinterpret_cast<float2*>(fragments + size_t(groups) * 16 * B);
+  const auto load = [&](int b, int group, int t, float(&x)[16]) {
+    const float4* source = reinterpret_cast<const float4*>(launch.settled_x + size_t(b) * launch.settled_cols +
+                                                           group * kQuantGroup + 16 * t);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float4 v = __ldcg(source + i);
+      x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
+    }
+  };
+  stage_computed_activations<Bits, B>(groups, load, fragments, group_terms);
+}
+
+// The settled activations (if any) and the descriptor first (after the wait when the kernel before wrote it, else
+// before), then each warp's first tile: its first weight loads and the L2 prefetch of that tile's next lines and of
+// the next round's tile, all before the wait when the descriptors allow it (the weights never depend on the previous
+// kernel), then the staging of the activations that are not settled.
 template <int Bits, int B>
 __global__ void __launch_bounds__(kMaxTiles * 32, 2)
-    gemv_quant_rounds_kernel(const GemvMatrix* matrices, int rounds, int prefetch_lines, int prefetch_units,
-                             GemvDescriptors descriptors) {
+    gemv_quant_rounds_kernel(const GemvMatrix* matrices, RoundsLaunch launch) {
   extern __shared__ uint4 shared[];
-  const GemvMatrix m = read_descriptor(matrices + blockIdx.y, descriptors);
+  uint4* fragments = shared;
+  if (launch.settled_x) stage_settled_activations<Bits, B>(launch, fragments);
+  const GemvMatrix m = read_descriptor(matrices + blockIdx.y, launch.descriptors);
+  const int rounds = launch.rounds, prefetch_lines = launch.prefetch_lines;
   const int first_row = int(blockIdx.x) * rounds * kMaxTiles * kTileRows;
   // The whole block is past this matrix's rows (rows = 0: an empty descriptor); a second wait returns at once.
   if (first_row >= m.rows) return wait_for_producers();
@@ -278,9 +310,8 @@ __global__ void __launch_bounds__(kMaxTiles * 32, 2)
   if (rounds > 1) prefetch_tile(m, warp_row + run_rows, row_words, groups, prefetch_lines);
   wait_for_producers();
   allow_dependents();
-  uint4* fragments = shared;
   float2* group_terms = reinterpret_cast<float2*>(fragments + size_t(groups) * 16 * B);
-  stage_matrix_activations<Bits, B>(m, groups, fragments, group_terms);
+  if (!launch.settled_x) stage_matrix_activations<Bits, B>(m, groups, fragments, group_terms);
   __syncthreads();
   for (int round = 0; round < rounds; ++round, warp_row += run_rows) {
     if (warp_row >= m.rows) break;
@@ -291,7 +322,7 @@ __global__ void __launch_bounds__(kMaxTiles * 32, 2)
     }
     float acc[2] = {};
     tile_products<Bits, B>(current, tile.codes, tile.affine, width, 0, groups, groups, fragments, group_terms, acc,
-                           prefetch_units);
+                           launch.prefetch_units);
     if (t >= B) continue;
     if (warp_row + g < m.rows) m.y[size_t(t) * m.rows + warp_row + g] = acc[0];
     if (warp_row + g + 8 < m.rows) m.y[size_t(t) * m.rows + warp_row + g + 8] = acc[1];
@@ -317,7 +348,7 @@ int expert_prefetch_units() {
 }
 
 template <int Bits, int B>
-cudaError_t launch_rounds(const GemvMatrix* matrices, dim3 grid, int max_cols, int rounds, GemvDescriptors descriptors,
+cudaError_t launch_rounds(const GemvMatrix* matrices, dim3 grid, int max_cols, const RoundsLaunch& launch,
                           cudaStream_t stream) {
   const size_t shared = quant_shared_bytes(max_cols / kQuantGroup, B);
   if (shared > kMaxDynamicShared) return cudaErrorInvalidValue;
@@ -325,7 +356,7 @@ cudaError_t launch_rounds(const GemvMatrix* matrices, dim3 grid, int max_cols, i
       gemv_quant_rounds_kernel<Bits, B>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxDynamicShared));
   if (opted_in != cudaSuccess) return opted_in;
   return launch_dependent(gemv_quant_rounds_kernel<Bits, B>, grid, dim3(kMaxTiles * 32), shared, stream, matrices,
-                          rounds, kExpertPrefetchLines, expert_prefetch_units(), descriptors);
+                          launch);
 }
 
 // The rounds of an expert launch: 1 (gemv_quant's split) while its tiles fit one wave of warps, else the fewest for
@@ -483,14 +514,15 @@ int gemv_expert_rounds(int count, int max_rows, int max_cols, int batch) {
 }
 
 cudaError_t gemv_q4_experts(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch,
-                            cudaStream_t stream, GemvDescriptors descriptors) {
+                            cudaStream_t stream, GemvDescriptors descriptors, const float* settled_x) {
   if (count <= 0 || max_rows <= 0 || max_cols <= 0 || max_cols % kQuantGroup != 0) return cudaErrorInvalidValue;
   const int tiles = tiles_of(max_rows), rounds = expert_rounds(count, tiles, max_cols, batch);
   if (rounds == 1) return gemv_q4(matrices, count, max_rows, max_cols, batch, stream, descriptors);
   const dim3 grid(unsigned((tiles + rounds * kMaxTiles - 1) / (rounds * kMaxTiles)), unsigned(count));
-  return with_batch(batch, [&](auto b) {
-    return launch_rounds<4, decltype(b)::value>(matrices, grid, max_cols, rounds, descriptors, stream);
-  });
+  RoundsLaunch launch{rounds, kExpertPrefetchLines, expert_prefetch_units(), descriptors};
+  if (settled_x) launch.settled_x = settled_x, launch.settled_cols = max_cols;
+  return with_batch(batch,
+                    [&](auto b) { return launch_rounds<4, decltype(b)::value>(matrices, grid, max_cols, launch, stream); });
 }
 
 cudaError_t gemv_q4_fixed(const GemvMatrix* matrices, const int* matrix_rows, int count, int max_rows, int max_cols,

@@ -43,6 +43,18 @@ int fused_max_rows() {
   return rows;
 }
 
+// Whether gate/up stages the block's input before its wait (VAVILOV_MOE_EARLY_STAGING=0 or 1 for A/B measurements).
+bool early_staging() {
+  static const bool early = [] {
+    const char* value = std::getenv("VAVILOV_MOE_EARLY_STAGING");
+    if (!value) return true;
+    const std::string text = value;
+    check(text == "0" || text == "1", "VAVILOV_MOE_EARLY_STAGING={}: expected 0 or 1", text);
+    return text == "1";
+  }();
+  return early;
+}
+
 ExpertDecode expert_decode_arguments(const DeviceMoe& w, const MoeShape& shape, const MoeBuffers& b) {
   ExpertDecode p;
   p.shared_gate = w.shared.gate;
@@ -77,11 +89,13 @@ void decode_fused(const DeviceMoe& w, const MoeShape& shape, const MoeDecodePlan
   cuda_check(expert_down(plan.experts, rows, stream), "MoE experts down");
 }
 
+// settled_x: every matrix's activations when the Q4 kernel may stage them before its wait (gemv_q4_experts).
 void run_gemv(WeightFormat format, const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch,
-              GemvDescriptors descriptors, cudaStream_t stream) {
-  const cudaError_t status = format == WeightFormat::Q4
-                                 ? gemv_q4_experts(matrices, count, max_rows, max_cols, batch, stream, descriptors)
-                                 : gemv_bf16(matrices, count, max_rows, max_cols, batch, stream, descriptors);
+              GemvDescriptors descriptors, cudaStream_t stream, const float* settled_x = nullptr) {
+  const cudaError_t status =
+      format == WeightFormat::Q4
+          ? gemv_q4_experts(matrices, count, max_rows, max_cols, batch, stream, descriptors, settled_x)
+          : gemv_bf16(matrices, count, max_rows, max_cols, batch, stream, descriptors);
   cuda_check(status, "MoE products");
 }
 
@@ -150,11 +164,13 @@ void moe_decode(const DeviceMoe& w, const MoeShape& shape, const MoeDecodePlan& 
   }
   moe_route_and_plan(shape.route, buffers.router, rows, buffers.route_ids, buffers.route_weights, experts, stream);
 
-  // gate/up reads the descriptors that the routing just wrote only after its wait; down's were written two or three
-  // launches back, and gate/up (and SwiGLU) let their dependents start only after their own waits, so down reads its
-  // descriptors and starts its weight loads before its wait (launch.cuh's two-deep rule).
+  // gate/up reads the descriptors that the routing just wrote only after its wait, but its input (the block's, written
+  // before the input products and the routing, which wait before they let their dependents start) may be staged
+  // before it; down's descriptors were written two or three launches back, and gate/up (and SwiGLU) let their
+  // dependents start only after their own waits, so down reads them and starts its weight loads before its wait
+  // (launch.cuh's two-deep rule).
   run_gemv(w.gate_up_format, experts.gate_up, 2 * selections, shape.inner, shape.hidden, rows,
-           GemvDescriptors::written_in_pass, stream);
+           GemvDescriptors::written_in_pass, stream, early_staging() ? buffers.input : nullptr);
   const int64_t shared_values = int64_t(rows) * shape.shared_inner;
   if (!plan.swiglu_in_down)
     swiglu_slots(buffers.expert_gate, buffers.expert_up, int64_t(rows) * shape.inner, buffers.slot_of, selections,
