@@ -1,7 +1,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <numeric>
 #include <type_traits>
 
@@ -254,12 +253,12 @@ __device__ inline TileRows tile_rows(const GemvMatrix& m, int warp_row, int row_
           (t & 2 ? m.biases : m.scales) + size_t(t & 1 ? row1 : row0) * groups};
 }
 
-// What a gemv_quant_rounds_kernel launch sums (rounds), prefetches (prefetch_tile's lines, tile_products' units) and
-// may read before its wait: its descriptors (GemvDescriptors), and settled_x when every matrix reads those activations
+// What a gemv_quant_rounds_kernel launch sums (rounds), prefetches (prefetch_tile's lines) and may read before its
+// wait: its descriptors (GemvDescriptors), and settled_x when every matrix reads those activations
 // ([batch, settled_cols]) and they were written two launches back or earlier (launch.cuh's two-deep rule: the MoE
 // block's input, for gate/up): then the block stages them before the wait, while the routing still runs.
 struct RoundsLaunch {
-  int rounds = 1, prefetch_lines = 0, prefetch_units = 0;
+  int rounds = 1, prefetch_lines = 0;
   GemvDescriptors descriptors = GemvDescriptors::written_in_pass;
   const float* settled_x = nullptr;
   int settled_cols = 0;
@@ -321,8 +320,7 @@ __global__ void __launch_bounds__(kMaxTiles * 32, 2)
       load_group_block<Bits>(current, tile.codes, tile.affine, 0, groups, width, t);
     }
     float acc[2] = {};
-    tile_products<Bits, B>(current, tile.codes, tile.affine, width, 0, groups, groups, fragments, group_terms, acc,
-                           launch.prefetch_units);
+    tile_products<Bits, B>(current, tile.codes, tile.affine, width, 0, groups, groups, fragments, group_terms, acc);
     if (t >= B) continue;
     if (warp_row + g < m.rows) m.y[size_t(t) * m.rows + warp_row + g] = acc[0];
     if (warp_row + g + 8 < m.rows) m.y[size_t(t) * m.rows + warp_row + g + 8] = acc[1];
@@ -333,19 +331,6 @@ __global__ void __launch_bounds__(kMaxTiles * 32, 2)
 // of 4 groups read (H200, 3-draft step: 8.66 ms with 2, 9.00 ms with the whole row, whose prefetches crowd out the
 // current tile's loads; bench/results/2026-11-30-h200-moe-verify-s6.json).
 constexpr int kExpertPrefetchLines = 2;
-
-// Units of 4 groups ahead within a tile whose code lines gemv_quant_rounds_kernel's warps prefetch into L2
-// (tile_products; 0: none), VAVILOV_EXPERT_PREFETCH_UNITS=0…8 for A/B measurements.
-int expert_prefetch_units() {
-  static const int units = [] {
-    constexpr int kDefault = 2;
-    const char* value = std::getenv("VAVILOV_EXPERT_PREFETCH_UNITS");
-    if (!value) return kDefault;
-    const int parsed = std::atoi(value);
-    return parsed >= 0 && parsed <= 8 ? parsed : kDefault;
-  }();
-  return units;
-}
 
 template <int Bits, int B>
 cudaError_t launch_rounds(const GemvMatrix* matrices, dim3 grid, int max_cols, const RoundsLaunch& launch,
@@ -519,10 +504,10 @@ cudaError_t gemv_q4_experts(const GemvMatrix* matrices, int count, int max_rows,
   const int tiles = tiles_of(max_rows), rounds = expert_rounds(count, tiles, max_cols, batch);
   if (rounds == 1) return gemv_q4(matrices, count, max_rows, max_cols, batch, stream, descriptors);
   const dim3 grid(unsigned((tiles + rounds * kMaxTiles - 1) / (rounds * kMaxTiles)), unsigned(count));
-  RoundsLaunch launch{rounds, kExpertPrefetchLines, expert_prefetch_units(), descriptors};
+  RoundsLaunch launch{rounds, kExpertPrefetchLines, descriptors};
   if (settled_x) launch.settled_x = settled_x, launch.settled_cols = max_cols;
-  return with_batch(batch,
-                    [&](auto b) { return launch_rounds<4, decltype(b)::value>(matrices, grid, max_cols, launch, stream); });
+  return with_batch(
+      batch, [&](auto b) { return launch_rounds<4, decltype(b)::value>(matrices, grid, max_cols, launch, stream); });
 }
 
 cudaError_t gemv_q4_fixed(const GemvMatrix* matrices, const int* matrix_rows, int count, int max_rows, int max_cols,

@@ -138,7 +138,7 @@ __device__ void write_plan(const RouteShape& s, int rows, const int* selected, c
   const int expert = i < selections ? selected[i] : 0;
   if (i < selections) atomicMin(first_pick + expert, i);
   __syncthreads();
-  const int first = i < selections ? first_pick[expert] : selections;
+  const int first = i < selections ? first_pick[expert] : -1;  // -1: no selection
   const unsigned mask = __ballot_sync(kFullMask, first == i);
   if (i % 32 == 0) opens[i / 32] = mask;
   __syncthreads();
@@ -414,30 +414,17 @@ __global__ void moe_combine_kernel(float* y, const float* shared_gate, const flo
   y[i] = value;
 }
 
-// The row's slots and weights are the routing's, written at least two launches back (the expert launches in between
-// wait before they let their dependents start: launch.cuh's two-deep rule), so they are read before the wait, from L2,
-// and only the expert outputs and y after it.
 __global__ void moe_combine_slots_kernel(float* y, const float* shared_gate, const float* weights, const int* slot_of,
                                          const float* expert_out, int rows, int top_k, int hidden) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const bool active = i < int64_t(rows) * hidden;
-  const int64_t r = active ? i / hidden : 0, d = i % hidden;
-  int slot[kMaxMoeTopK];
-  float weight[kMaxMoeTopK];
-#pragma unroll
-  for (int j = 0; j < kMaxMoeTopK; ++j) {
-    if (j >= top_k || !active) break;
-    slot[j] = __ldcg(slot_of + r * top_k + j);
-    weight[j] = __ldcg(weights + r * top_k + j);
-  }
   wait_for_producers();
   allow_dependents();
-  if (!active) return;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(rows) * hidden) return;
+  const int64_t r = i / hidden, d = i % hidden;
   float value = y[i] * sigmoid(shared_gate[r]);
-#pragma unroll
-  for (int j = 0; j < kMaxMoeTopK; ++j) {
-    if (j >= top_k) break;
-    value += weight[j] * expert_out[(int64_t(slot[j]) * rows + r) * hidden + d];
+  for (int j = 0; j < top_k; ++j) {
+    const int64_t slot = slot_of[r * top_k + j];
+    value += weights[r * top_k + j] * expert_out[(slot * rows + r) * hidden + d];
   }
   y[i] = value;
 }

@@ -93,10 +93,7 @@ void swiglu_slots(float* expert_gate, const float* expert_up, int64_t block, con
 void moe_combine(float* y, const float* shared_gate, const float* weights, const float* expert_out, int rows, int top_k,
                  int hidden, cudaStream_t stream);
 
-// The same with the experts' outputs per distinct slot: expert_out[(slot_of[r·k + j]·rows + r)·hidden + :]. A dependent
-// launch that reads slot_of and weights before its wait: they must have been written at least two launches back, each
-// launch in between waiting before it lets its dependents start (launch.cuh's two-deep rule; moe_decode: the routing,
-// then gate/up and down).
+// The same with the experts' outputs per distinct slot: expert_out[(slot_of[r·k + j]·rows + r)·hidden + :].
 void moe_combine_slots(float* y, const float* shared_gate, const float* weights, const int* slot_of,
                        const float* expert_out, int rows, int top_k, int hidden, cudaStream_t stream);
 

@@ -43,18 +43,6 @@ int fused_max_rows() {
   return rows;
 }
 
-// Whether gate/up stages the block's input before its wait (VAVILOV_MOE_EARLY_STAGING=0 or 1 for A/B measurements).
-bool early_staging() {
-  static const bool early = [] {
-    const char* value = std::getenv("VAVILOV_MOE_EARLY_STAGING");
-    if (!value) return true;
-    const std::string text = value;
-    check(text == "0" || text == "1", "VAVILOV_MOE_EARLY_STAGING={}: expected 0 or 1", text);
-    return text == "1";
-  }();
-  return early;
-}
-
 ExpertDecode expert_decode_arguments(const DeviceMoe& w, const MoeShape& shape, const MoeBuffers& b) {
   ExpertDecode p;
   p.shared_gate = w.shared.gate;
@@ -170,7 +158,7 @@ void moe_decode(const DeviceMoe& w, const MoeShape& shape, const MoeDecodePlan& 
   // dependents start only after their own waits, so down reads them and starts its weight loads before its wait
   // (launch.cuh's two-deep rule).
   run_gemv(w.gate_up_format, experts.gate_up, 2 * selections, shape.inner, shape.hidden, rows,
-           GemvDescriptors::written_in_pass, stream, early_staging() ? buffers.input : nullptr);
+           GemvDescriptors::written_in_pass, stream, buffers.input);
   const int64_t shared_values = int64_t(rows) * shape.shared_inner;
   if (!plan.swiglu_in_down)
     swiglu_slots(buffers.expert_gate, buffers.expert_up, int64_t(rows) * shape.inner, buffers.slot_of, selections,

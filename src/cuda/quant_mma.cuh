@@ -266,20 +266,12 @@ __device__ inline int slice_start(int k, int slices, int groups) {
 }
 
 // Σ over groups [begin, end) of one warp's tile: acc[r] = row g + 8r's product with batch row t (lane (g, t), t < B).
-// With prefetch_units = P ≥ 2, each step also asks L2 for the code lines of the unit P ahead (lanes t = 0, 1: its first
-// group in rows g, g + 8; t = 2, 3: its last, where a unit crosses a line), so that about P + 1 units of the warp's
-// tile are in flight while its registers hold two (current and next).
 template <int Bits, int B>
 __device__ inline void tile_products(WarpLoads& current, const uint32_t* const (&codes)[2], const __nv_bfloat16* affine,
                                      AffineWidth width, int begin, int end, int groups, const uint4* fragments,
-                                     const float2* group_terms, float (&acc)[2], int prefetch_units = 0) {
+                                     const float2* group_terms, float (&acc)[2]) {
   const int lane = threadIdx.x % 32, t = lane % 4;
   for (int first = begin; first < end; first += kUnroll) {
-    if (prefetch_units > 1) {
-      const int ahead = first + prefetch_units * kUnroll + (t & 2 ? kUnroll - 1 : 0);
-      const uint32_t* row = t & 1 ? codes[1] : codes[0];
-      if (ahead < end) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + size_t(ahead) * 2 * Bits));
-    }
     WarpLoads next;
     load_group_block<Bits>(next, codes, affine, first + kUnroll, end, width, t);
     uint32_t scale_bias[4];  // bf16 pairs of two groups: scale row g, scale row g + 8, bias g, bias g + 8

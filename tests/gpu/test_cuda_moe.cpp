@@ -167,12 +167,13 @@ cuda::DeviceMatrix random_q4(DeviceMemory& memory, int rows, int cols, std::mt19
 
 // The MoE block of a 2–4-row pass (the six launches; Flash-Next's widths, 40 Q4 experts, top 10, so that the expert
 // launches take gemv_quant_rounds_kernel) after a producer that writes the block's input late. The expert down launch
-// reads its descriptors, which the routing writes two launches back, before its wait: correct only because gate/up
-// lets its dependents start after its own wait. Descriptors and slots are zeroed first (rows = 0: no work), the
-// expert buffers and the output poisoned, so a read of either before the routing finished shows in the output.
+// reads its descriptors, which the routing writes two launches back, and gate/up stages the block's input, before
+// their waits: correct only because the launches in between let their dependents start after their own waits.
+// Descriptors and slots are zeroed first (rows = 0: no work), the input, the expert buffers and the output poisoned
+// (NaN), so a read of any of them before its writer finished shows in the output.
 TEST(CudaDependentLaunch, MoeBlockAfterLateInputMatchesFinishedInput) {
   constexpr int kHidden = 2560, kInner = 640, kSharedInner = 640, kExperts = 40, kTopK = 10;
-    std::mt19937 rng(23);
+  std::mt19937 rng(23);
   std::normal_distribution<float> normal;
   DeviceMemory memory;
   const auto q4 = [&](int rows, int cols) { return random_q4(memory, rows, cols, rng); };
@@ -220,12 +221,12 @@ TEST(CudaDependentLaunch, MoeBlockAfterLateInputMatchesFinishedInput) {
       test::run_after_late_producer(final_x, input, x_bytes, graph, [&](cudaStream_t stream) {
         cuda::moe_decode(moe, shape, plan, buffers, rows, stream);
       });
-      EXPECT_EQ(std::memcmp(test::download(buffers.output, outputs).data(), expected.data(), outputs * sizeof(float)), 0)
+      EXPECT_EQ(std::memcmp(test::download(buffers.output, outputs).data(), expected.data(), outputs * sizeof(float)),
+                0)
           << rows << " rows, graph " << graph;
     }
   }
 }
-
 
 // 512 experts, top 10 (Flash-Next's router) over logits on a 1/4 grid, so that many are exactly equal: equal logits
 // give bit-equal probabilities on both sides, and unequal ones differ by a factor e^(1/4), so the CPU's order
@@ -368,7 +369,8 @@ TEST_P(CudaMoeRoute, PlanNumbersDistinctExpertsFirstCome) {
     const std::vector<cuda::GemvMatrix> got = test::download(plan.gate_up, cuda::moe_descriptor_count(top_k));
     const size_t gate_block = size_t(pass_rows) * inner, down_block = size_t(pass_rows) * hidden;
     for (int j = 0; j < selections; ++j) {
-      const cuda::GemvMatrix &gate = got[2 * size_t(j)], &up = got[2 * size_t(j) + 1], &down = got[2 * slots + size_t(j)];
+      const cuda::GemvMatrix &gate = got[2 * size_t(j)], &up = got[2 * size_t(j) + 1],
+                             &down = got[2 * slots + size_t(j)];
       if (j >= count) {
         EXPECT_EQ(gate.rows, 0) << "slot " << j;
         EXPECT_EQ(up.rows, 0) << "slot " << j;
