@@ -54,20 +54,41 @@ struct TileCounts {
 GemvSplit quant_split(const TileCounts& tiles, int cols, int batch);
 
 // Dependent launches (launch.cuh): whether a grouped launch's descriptors may be read before the wait (fixed for the
-// sequence's life) or only after it (written by the kernel before, e.g. the MoE routing). A single matrix's descriptor
-// travels by value in the launch: nothing to wait for. flat_matrices > 0: the one-dimensional grid above (fixed
-// descriptors only); 0: a (row blocks, matrices) grid.
+// sequence's life, or written two launches back: GemvDescriptors) or only after it (written by the kernel before, e.g.
+// the MoE routing). A single matrix's descriptor travels by value in the launch: nothing to wait for. flat_matrices >
+// 0: the one-dimensional grid above (fixed descriptors only); 0: a (row blocks, matrices) grid.
 struct LaunchPlan {
-  bool fixed_descriptors = true;
+  GemvDescriptors descriptors = GemvDescriptors::fixed;
   int flat_matrices = 0;
   int block_end[kMaxFlatMatrices] = {};
 };
 
-LaunchPlan launch_plan(GemvDescriptors descriptors) { return {descriptors == GemvDescriptors::fixed}; }
+LaunchPlan launch_plan(GemvDescriptors descriptors) { return {descriptors}; }
 
 LaunchPlan single_matrix_plan() { return {}; }
 
-// This block's matrix and row block; a grouped launch's descriptor, when written in the pass, only after the wait.
+// A descriptor that a kernel of this pass wrote, read before the wait (GemvDescriptors::written_two_back): through L2
+// (ld.global.cg), never through the non-coherent or L1 paths, which may hold an earlier pass's bytes or be hoisted.
+__device__ inline GemvMatrix load_descriptor_from_l2(const GemvMatrix* source) {
+  static_assert(sizeof(GemvMatrix) % sizeof(unsigned long long) == 0 && alignof(GemvMatrix) >= 8);
+  constexpr int kWords = sizeof(GemvMatrix) / sizeof(unsigned long long);
+  unsigned long long words[kWords];
+  const unsigned long long* from = reinterpret_cast<const unsigned long long*>(source);
+#pragma unroll
+  for (int i = 0; i < kWords; ++i) words[i] = __ldcg(from + i);
+  GemvMatrix m;
+  memcpy(&m, words, sizeof(m));
+  return m;
+}
+
+// A grouped launch's descriptor; one that the kernel before wrote only after the wait.
+__device__ inline GemvMatrix read_descriptor(const GemvMatrix* source, GemvDescriptors descriptors) {
+  if (descriptors == GemvDescriptors::written_in_pass) wait_for_producers();
+  if (descriptors == GemvDescriptors::written_two_back) return load_descriptor_from_l2(source);
+  return *source;
+}
+
+// This block's matrix and row block.
 struct BlockWork {
   GemvMatrix m;
   int row_block = 0;
@@ -75,8 +96,7 @@ struct BlockWork {
 
 __device__ inline BlockWork block_work(const GemvMatrix& single, const GemvMatrix* matrices, const LaunchPlan& plan) {
   if (!matrices) return {single, int(blockIdx.x)};
-  if (!plan.fixed_descriptors) wait_for_producers();
-  if (plan.flat_matrices == 0) return {matrices[blockIdx.y], int(blockIdx.x)};
+  if (plan.flat_matrices == 0) return {read_descriptor(matrices + blockIdx.y, plan.descriptors), int(blockIdx.x)};
   int matrix = 0, start = 0;  // constant indices into the parameter (no copy to local memory)
 #pragma unroll
   for (int i = 0; i + 1 < kMaxFlatMatrices; ++i)
@@ -175,7 +195,7 @@ template <int Bits>
 cudaError_t gemv_quant(const GemvMatrix& single, const GemvMatrix* matrices, const int* matrix_rows, int count,
                        int max_rows, int max_cols, int batch, GemvSplit split, LaunchPlan plan, cudaStream_t stream) {
   if (count <= 0 || max_rows <= 0 || max_cols <= 0 || max_cols % kQuantGroup != 0) return cudaErrorInvalidValue;
-  const bool flat = matrix_rows && count <= kMaxFlatMatrices && plan.fixed_descriptors;
+  const bool flat = matrix_rows && count <= kMaxFlatMatrices && plan.descriptors == GemvDescriptors::fixed;
   int tiles[kMaxFlatMatrices] = {};
   for (int i = 0; flat && i < count; ++i) {
     if (matrix_rows[i] <= 0 || matrix_rows[i] > max_rows) return cudaErrorInvalidValue;
@@ -219,36 +239,88 @@ __device__ inline void prefetch_tile(const GemvMatrix& m, int tile_row, int row_
   asm volatile("prefetch.global.L2 [%0];" ::"l"((lane < 16 ? m.scales : m.biases) + size_t(row) * groups));
 }
 
+// The code rows and the scale/bias row that lane (g, t) reads for the tile at warp_row; rows past the end re-read the
+// last row (their results are never stored).
+struct TileRows {
+  const uint32_t* codes[2];
+  const __nv_bfloat16* affine;
+};
+
+__device__ inline TileRows tile_rows(const GemvMatrix& m, int warp_row, int row_words, int groups) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int row0 = min(warp_row + g, m.rows - 1), row1 = min(row0 + 8, m.rows - 1);
+  return {{m.codes + size_t(row0) * row_words, m.codes + size_t(row1) * row_words},
+          (t & 2 ? m.biases : m.scales) + size_t(t & 1 ? row1 : row0) * groups};
+}
+
+// What a gemv_quant_rounds_kernel launch sums (rounds), prefetches (prefetch_tile's lines) and may read before its
+// wait: its descriptors (GemvDescriptors), and settled_x when every matrix reads those activations
+// ([batch, settled_cols]) and they were written two launches back or earlier (launch.cuh's two-deep rule: the MoE
+// block's input, for gate/up): then the block stages them before the wait, while the routing still runs.
+struct RoundsLaunch {
+  int rounds = 1, prefetch_lines = 0;
+  GemvDescriptors descriptors = GemvDescriptors::written_in_pass;
+  const float* settled_x = nullptr;
+  int settled_cols = 0;
+};
+
+// settled_x's activations (RoundsLaunch), staged by the whole block before the wait: read through L2 (__ldcg), the
+// same fp32 values as stage_activations.
+template <int Bits, int B>
+__device__ void stage_settled_activations(const RoundsLaunch& launch, uint4* fragments) {
+  const int groups = launch.settled_cols / kQuantGroup;
+  float2* group_terms = reinterpret_cast<float2*>(fragments + size_t(groups) * 16 * B);
+  const auto load = [&](int b, int group, int t, float(&x)[16]) {
+    const float4* source = reinterpret_cast<const float4*>(launch.settled_x + size_t(b) * launch.settled_cols +
+                                                           group * kQuantGroup + 16 * t);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float4 v = __ldcg(source + i);
+      x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
+    }
+  };
+  stage_computed_activations<Bits, B>(groups, load, fragments, group_terms);
+}
+
+// The settled activations (if any) and the descriptor first (after the wait when the kernel before wrote it, else
+// before), then each warp's first tile: its first weight loads and the L2 prefetch of that tile's next lines and of
+// the next round's tile, all before the wait when the descriptors allow it (the weights never depend on the previous
+// kernel), then the staging of the activations that are not settled.
 template <int Bits, int B>
 __global__ void __launch_bounds__(kMaxTiles * 32, 2)
-    gemv_quant_rounds_kernel(const GemvMatrix* matrices, int rounds, int prefetch_lines) {
+    gemv_quant_rounds_kernel(const GemvMatrix* matrices, RoundsLaunch launch) {
   extern __shared__ uint4 shared[];
-  wait_for_producers();  // the descriptors are the previous kernel's
-  const GemvMatrix m = matrices[blockIdx.y];
+  uint4* fragments = shared;
+  if (launch.settled_x) stage_settled_activations<Bits, B>(launch, fragments);
+  const GemvMatrix m = read_descriptor(matrices + blockIdx.y, launch.descriptors);
+  const int rounds = launch.rounds, prefetch_lines = launch.prefetch_lines;
   const int first_row = int(blockIdx.x) * rounds * kMaxTiles * kTileRows;
-  if (first_row >= m.rows) return;  // the whole block is past this matrix's rows (rows = 0: an empty descriptor)
-  allow_dependents();
+  // The whole block is past this matrix's rows (rows = 0: an empty descriptor); a second wait returns at once.
+  if (first_row >= m.rows) return wait_for_producers();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int groups = m.cols / kQuantGroup, row_words = m.cols / 32 * Bits;
   const AffineWidth width = affine_width(m, groups);
   const int run_rows = kMaxTiles * kTileRows;
-  prefetch_tile(m, first_row + warp * kTileRows, row_words, groups, prefetch_lines);
-  uint4* fragments = shared;
+  int warp_row = first_row + warp * kTileRows;
+  TileRows tile = tile_rows(m, warp_row, row_words, groups);
+  WarpLoads current;
+  prefetch_tile(m, warp_row, row_words, groups, prefetch_lines);
+  load_group_block<Bits>(current, tile.codes, tile.affine, 0, warp_row < m.rows ? groups : 0, width, t);
+  if (rounds > 1) prefetch_tile(m, warp_row + run_rows, row_words, groups, prefetch_lines);
+  wait_for_producers();
+  allow_dependents();
   float2* group_terms = reinterpret_cast<float2*>(fragments + size_t(groups) * 16 * B);
-  stage_matrix_activations<Bits, B>(m, groups, fragments, group_terms);
+  if (!launch.settled_x) stage_matrix_activations<Bits, B>(m, groups, fragments, group_terms);
   __syncthreads();
-  for (int round = 0; round < rounds; ++round) {
-    const int warp_row = first_row + round * run_rows + warp * kTileRows;
+  for (int round = 0; round < rounds; ++round, warp_row += run_rows) {
     if (warp_row >= m.rows) break;
-    if (round + 1 < rounds) prefetch_tile(m, warp_row + run_rows, row_words, groups, prefetch_lines);
-    // Rows past the end re-read the last row; their results are never stored.
-    const int row0 = min(warp_row + g, m.rows - 1), row1 = min(row0 + 8, m.rows - 1);
-    const uint32_t* const codes[2] = {m.codes + size_t(row0) * row_words, m.codes + size_t(row1) * row_words};
-    const __nv_bfloat16* affine = (t & 2 ? m.biases : m.scales) + size_t(t & 1 ? row1 : row0) * groups;
-    WarpLoads current;
-    load_group_block<Bits>(current, codes, affine, 0, groups, width, t);
+    if (round > 0) {
+      if (round + 1 < rounds) prefetch_tile(m, warp_row + run_rows, row_words, groups, prefetch_lines);
+      tile = tile_rows(m, warp_row, row_words, groups);
+      load_group_block<Bits>(current, tile.codes, tile.affine, 0, groups, width, t);
+    }
     float acc[2] = {};
-    tile_products<Bits, B>(current, codes, affine, width, 0, groups, groups, fragments, group_terms, acc);
+    tile_products<Bits, B>(current, tile.codes, tile.affine, width, 0, groups, groups, fragments, group_terms, acc);
     if (t >= B) continue;
     if (warp_row + g < m.rows) m.y[size_t(t) * m.rows + warp_row + g] = acc[0];
     if (warp_row + g + 8 < m.rows) m.y[size_t(t) * m.rows + warp_row + g + 8] = acc[1];
@@ -261,14 +333,15 @@ __global__ void __launch_bounds__(kMaxTiles * 32, 2)
 constexpr int kExpertPrefetchLines = 2;
 
 template <int Bits, int B>
-cudaError_t launch_rounds(const GemvMatrix* matrices, dim3 grid, int max_cols, int rounds, cudaStream_t stream) {
+cudaError_t launch_rounds(const GemvMatrix* matrices, dim3 grid, int max_cols, const RoundsLaunch& launch,
+                          cudaStream_t stream) {
   const size_t shared = quant_shared_bytes(max_cols / kQuantGroup, B);
   if (shared > kMaxDynamicShared) return cudaErrorInvalidValue;
   static const cudaError_t opted_in = cudaFuncSetAttribute(
       gemv_quant_rounds_kernel<Bits, B>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxDynamicShared));
   if (opted_in != cudaSuccess) return opted_in;
   return launch_dependent(gemv_quant_rounds_kernel<Bits, B>, grid, dim3(kMaxTiles * 32), shared, stream, matrices,
-                          rounds, kExpertPrefetchLines);
+                          launch);
 }
 
 // The rounds of an expert launch: 1 (gemv_quant's split) while its tiles fit one wave of warps, else the fewest for
@@ -426,13 +499,15 @@ int gemv_expert_rounds(int count, int max_rows, int max_cols, int batch) {
 }
 
 cudaError_t gemv_q4_experts(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, GemvDescriptors descriptors, const float* settled_x) {
   if (count <= 0 || max_rows <= 0 || max_cols <= 0 || max_cols % kQuantGroup != 0) return cudaErrorInvalidValue;
   const int tiles = tiles_of(max_rows), rounds = expert_rounds(count, tiles, max_cols, batch);
-  if (rounds == 1) return gemv_q4(matrices, count, max_rows, max_cols, batch, stream);
+  if (rounds == 1) return gemv_q4(matrices, count, max_rows, max_cols, batch, stream, descriptors);
   const dim3 grid(unsigned((tiles + rounds * kMaxTiles - 1) / (rounds * kMaxTiles)), unsigned(count));
+  RoundsLaunch launch{rounds, kExpertPrefetchLines, descriptors};
+  if (settled_x) launch.settled_x = settled_x, launch.settled_cols = max_cols;
   return with_batch(
-      batch, [&](auto b) { return launch_rounds<4, decltype(b)::value>(matrices, grid, max_cols, rounds, stream); });
+      batch, [&](auto b) { return launch_rounds<4, decltype(b)::value>(matrices, grid, max_cols, launch, stream); });
 }
 
 cudaError_t gemv_q4_fixed(const GemvMatrix* matrices, const int* matrix_rows, int count, int max_rows, int max_cols,

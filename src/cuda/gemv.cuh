@@ -43,8 +43,11 @@ GemvSplit gemv_dense_split(int rows, int cols, int count);
 // Whether a grouped launch's descriptors are written by the kernels of a pass (the MoE block's routing writes its
 // experts') or stay fixed while the stream runs (written once, e.g. a sequence's product groups). The kernels are
 // dependent launches (launch.cuh) that read their weights before waiting for the previous kernel; fixed descriptors
-// may be read then too, the others only after the wait.
-enum class GemvDescriptors { written_in_pass, fixed };
+// may be read then too, the others only after the wait — except written_two_back: written in the pass by a kernel at
+// least two launches back, every launch in between waiting for its producers before it lets its dependents start
+// (launch.cuh's two-deep rule), so they are final when this launch starts and are read before the wait, from L2
+// (coherent loads; the MoE experts' down launch, whose descriptors the routing wrote before gate/up ran).
+enum class GemvDescriptors { written_in_pass, fixed, written_two_back };
 
 // Runs `count` matrices described by the device array `matrices`, each against `batch` (1–4) activation rows;
 // max_rows/max_cols bound them (grid and shared-memory size). All matrices of one call share the format.
@@ -68,9 +71,12 @@ cudaError_t gemv_q4_fixed(const GemvMatrix* matrices, const int* matrix_rows, in
 
 // Q4 matrices whose descriptors are written in the pass (the MoE experts'): as gemv_q4 while their tiles fit one wave
 // of warps; past that, blocks that each stage their activations once and sum gemv_expert_rounds(...) runs of tiles in
-// turn, whole rows a warp (same sums as gemv_q4 with one slice).
+// turn, whole rows a warp (same sums as gemv_q4 with one slice). settled_x: when every matrix's x is this array of
+// max_cols columns, written two launches back or earlier (launch.cuh's two-deep rule), so that those blocks may stage
+// it before their wait; nullptr: staged after it.
 cudaError_t gemv_q4_experts(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch,
-                            cudaStream_t stream);
+                            cudaStream_t stream, GemvDescriptors descriptors = GemvDescriptors::written_in_pass,
+                            const float* settled_x = nullptr);
 // Those runs a block of gemv_q4_experts sums (1: gemv_q4's kernel and split).
 int gemv_expert_rounds(int count, int max_rows, int max_cols, int batch);
 

@@ -124,41 +124,48 @@ __device__ void prefetch_expert_tables(const DeviceMatrix* gate, const DeviceMat
   }
 }
 
-// After routing (ids_copy holds every row's picks): slots for the distinct experts in first-come order, then the
-// descriptors of their products (see ExpertPlan).
+// After routing (`selected` holds every row's picks): slots for the distinct experts in first-come order, then the
+// descriptors of their products (see ExpertPlan), a thread a selection and no serial pass. Selection i opens a slot
+// when it is the first to pick its expert (the lowest selection index, by a shared atomicMin); an opener's slot is the
+// number of openers before it (ballots), and every selection takes the slot of its expert's opener.
+static_assert(kRouteWarps * 32 >= kMaxGemvRows * kMaxMoeTopK, "a thread a selection");
 __device__ void write_plan(const RouteShape& s, int rows, const int* selected, const ExpertPlan& plan) {
-  __shared__ short slot_of_expert[kMaxMoeExperts];
-  __shared__ int expert_of_slot[kMaxGemvRows * kMaxMoeTopK];
-  __shared__ int distinct;
-  const int selections = rows * s.top_k;
-  for (int e = int(threadIdx.x); e < s.experts; e += int(blockDim.x)) slot_of_expert[e] = -1;
+  __shared__ int first_pick[kMaxMoeExperts];  // per expert: the lowest selection that picked it
+  __shared__ unsigned opens[kRouteWarps];     // bit i % 32 of word i / 32: selection i opens a slot
+  const int i = int(threadIdx.x), selections = rows * s.top_k;
+  for (int e = i; e < s.experts; e += int(blockDim.x)) first_pick[e] = selections;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int count = 0;
-    for (int i = 0; i < selections; ++i) {
-      const int e = selected[i];
-      if (slot_of_expert[e] < 0) expert_of_slot[count] = e, slot_of_expert[e] = short(count++);
-      plan.slot_of[i] = slot_of_expert[e];
-    }
+  const int expert = i < selections ? selected[i] : 0;
+  if (i < selections) atomicMin(first_pick + expert, i);
+  __syncthreads();
+  const int first = i < selections ? first_pick[expert] : -1;  // -1: no selection
+  const unsigned mask = __ballot_sync(kFullMask, first == i);
+  if (i % 32 == 0) opens[i / 32] = mask;
+  __syncthreads();
+  const auto openers_before = [&](int selection) {
+    int n = __popc(opens[selection / 32] & ((1u << (selection % 32)) - 1u));
+    for (int w = 0; w < selection / 32; ++w) n += __popc(opens[w]);
+    return n;
+  };
+  int count = 0;
+  for (int w = 0; w < kRouteWarps; ++w) count += __popc(opens[w]);
+  if (i < selections) plan.slot_of[i] = openers_before(first);
+  if (i == 0) {
     plan.slot_of[selections] = count;
-    distinct = count;
+    if (plan.shared_down.rows > 0) plan.down_products[selections] = plan.shared_down;
   }
-  __syncthreads();
+  if (i >= count && i < selections) {  // slot i is empty: rows = 0, no work
+    plan.gate_up[2 * i] = plan.gate_up[2 * i + 1] = plan.down_products[i] = GemvMatrix{};
+  }
+  if (i >= selections || first != i) return;
+  const int slot = openers_before(i);
   const size_t gate_block = size_t(rows) * size_t(plan.inner), down_block = size_t(rows) * size_t(plan.hidden);
-  for (int j = int(threadIdx.x); j < selections; j += int(blockDim.x)) {
-    GemvMatrix gate, up, down;  // rows = 0: no work
-    if (j < distinct) {
-      const int e = expert_of_slot[j];
-      gate = gemv_matrix(plan.gate[e], plan.x, plan.gate_out + j * gate_block);
-      up = gemv_matrix(plan.up[e], plan.x, plan.up_out + j * gate_block);
-      down = gemv_matrix(plan.down[e], plan.gate_out + j * gate_block, plan.down_out + j * down_block);
-      if (plan.swiglu_in_down) down.x_up = plan.up_out + j * gate_block;
-    }
-    plan.gate_up[2 * j] = gate;
-    plan.gate_up[2 * j + 1] = up;
-    plan.down_products[j] = down;
-  }
-  if (threadIdx.x == 0 && plan.shared_down.rows > 0) plan.down_products[selections] = plan.shared_down;
+  float *gate_out = plan.gate_out + slot * gate_block, *up_out = plan.up_out + slot * gate_block;
+  GemvMatrix down = gemv_matrix(plan.down[expert], gate_out, plan.down_out + slot * down_block);
+  if (plan.swiglu_in_down) down.x_up = up_out;
+  plan.gate_up[2 * slot] = gemv_matrix(plan.gate[expert], plan.x, gate_out);
+  plan.gate_up[2 * slot + 1] = gemv_matrix(plan.up[expert], plan.x, up_out);
+  plan.down_products[slot] = down;
 }
 
 template <bool Plan, int PerLane>

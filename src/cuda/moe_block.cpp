@@ -77,11 +77,13 @@ void decode_fused(const DeviceMoe& w, const MoeShape& shape, const MoeDecodePlan
   cuda_check(expert_down(plan.experts, rows, stream), "MoE experts down");
 }
 
+// settled_x: every matrix's activations when the Q4 kernel may stage them before its wait (gemv_q4_experts).
 void run_gemv(WeightFormat format, const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch,
-              cudaStream_t stream) {
-  const cudaError_t status = format == WeightFormat::Q4
-                                 ? gemv_q4_experts(matrices, count, max_rows, max_cols, batch, stream)
-                                 : gemv_bf16(matrices, count, max_rows, max_cols, batch, stream);
+              GemvDescriptors descriptors, cudaStream_t stream, const float* settled_x = nullptr) {
+  const cudaError_t status =
+      format == WeightFormat::Q4
+          ? gemv_q4_experts(matrices, count, max_rows, max_cols, batch, stream, descriptors, settled_x)
+          : gemv_bf16(matrices, count, max_rows, max_cols, batch, stream, descriptors);
   cuda_check(status, "MoE products");
 }
 
@@ -150,7 +152,13 @@ void moe_decode(const DeviceMoe& w, const MoeShape& shape, const MoeDecodePlan& 
   }
   moe_route_and_plan(shape.route, buffers.router, rows, buffers.route_ids, buffers.route_weights, experts, stream);
 
-  run_gemv(w.gate_up_format, experts.gate_up, 2 * selections, shape.inner, shape.hidden, rows, stream);
+  // gate/up reads the descriptors that the routing just wrote only after its wait, but its input (the block's, written
+  // before the input products and the routing, which wait before they let their dependents start) may be staged
+  // before it; down's descriptors were written two or three launches back, and gate/up (and SwiGLU) let their
+  // dependents start only after their own waits, so down reads them and starts its weight loads before its wait
+  // (launch.cuh's two-deep rule).
+  run_gemv(w.gate_up_format, experts.gate_up, 2 * selections, shape.inner, shape.hidden, rows,
+           GemvDescriptors::written_in_pass, stream, buffers.input);
   const int64_t shared_values = int64_t(rows) * shape.shared_inner;
   if (!plan.swiglu_in_down)
     swiglu_slots(buffers.expert_gate, buffers.expert_up, int64_t(rows) * shape.inner, buffers.slot_of, selections,
@@ -159,9 +167,10 @@ void moe_decode(const DeviceMoe& w, const MoeShape& shape, const MoeDecodePlan& 
     swiglu(buffers.shared_gate, buffers.shared_up, shared_values, stream);
   if (plan.shared_down_joins) {
     run_gemv(w.down_format, experts.down_products, selections + 1, shape.hidden,
-             std::max(shape.inner, shape.shared_inner), rows, stream);
+             std::max(shape.inner, shape.shared_inner), rows, GemvDescriptors::written_two_back, stream);
   } else {
-    run_gemv(w.down_format, experts.down_products, selections, shape.hidden, shape.inner, rows, stream);
+    run_gemv(w.down_format, experts.down_products, selections, shape.hidden, shape.inner, rows,
+             GemvDescriptors::written_two_back, stream);
     linear(w.shared.down, buffers.shared_gate, rows, buffers.output, stream);
   }
   moe_combine_slots(buffers.output, buffers.shared_scale, buffers.route_weights, buffers.slot_of, buffers.expert_out,

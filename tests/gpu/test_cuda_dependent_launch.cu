@@ -2,7 +2,8 @@
 // still runs and read their weights then, but their activations, and descriptors written in the pass, only after the
 // wait. Here a producer kernel lets them start at once and writes their input only ~100 µs later; every product must
 // equal, bit for bit, the same call made on the finished input — eagerly and replayed from a captured graph. A kernel
-// that read its input before the wait would see the poison (NaN) left there.
+// that read its input before the wait would see the poison (NaN) left there. run_after_late_producer (late_producer.h)
+// lets .cpp tests do the same (test_cuda_moe.cpp: the MoE block).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -13,6 +14,7 @@
 
 #include "cuda/gemv.cuh"
 #include "cuda/linear.cuh"
+#include "late_producer.h"
 
 namespace vavilov {
 namespace {
@@ -130,6 +132,15 @@ void after_late_producer(const void* source, void* target, size_t bytes, bool gr
   }
   cudaStreamDestroy(stream);
 }
+
+}  // namespace
+
+void test::run_after_late_producer(const void* source, void* target, size_t bytes, bool graph,
+                                   const std::function<void(cudaStream_t)>& product) {
+  after_late_producer(source, target, bytes, graph, product);
+}
+
+namespace {
 
 TEST(CudaDependentLaunch, ProductsWaitForTheirInput) {
   using F = cuda::WeightFormat;

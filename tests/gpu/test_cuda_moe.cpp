@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <set>
@@ -13,6 +15,7 @@
 #include "core/dtype.h"
 #include "cuda/moe_block.h"
 #include "device_matrices.h"
+#include "late_producer.h"
 #include "moe_buffers.h"
 #include "moe_reference.h"
 
@@ -140,6 +143,91 @@ TEST(CudaMoeDecodePlan, F32ExpertsTakeTheGeneralPath) {
   EXPECT_FALSE(cuda::plan_moe_decode(moe.device, shape, make_buffers(memory)).decodes);
 }
 
+// A Q4 matrix of random codes, scales and biases (finite weights of order 0.1), without the host values: for tests
+// that compare the GPU with itself.
+cuda::DeviceMatrix random_q4(DeviceMemory& memory, int rows, int cols, std::mt19937& rng) {
+  std::uniform_int_distribution<uint32_t> word;
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  const size_t n = size_t(rows) * size_t(cols);
+  std::vector<uint32_t> codes(n / 8);
+  for (uint32_t& c : codes) c = word(rng);
+  std::vector<uint16_t> scales(n / 64), biases(n / 64);
+  for (uint16_t& v : scales) v = f32_to_bf16(0.01f * uniform(rng));
+  for (uint16_t& v : biases) v = f32_to_bf16(0.05f * uniform(rng));
+  cuda::DeviceMatrix m;
+  m.format = WeightFormat::Q4;
+  m.rows = rows;
+  m.cols = cols;
+  m.bits = 4;
+  m.data = memory.copy(codes);
+  m.scales = memory.copy(scales);
+  m.biases = memory.copy(biases);
+  return m;
+}
+
+// The MoE block of a 2–4-row pass (the six launches; Flash-Next's widths, 40 Q4 experts, top 10, so that the expert
+// launches take gemv_quant_rounds_kernel) after a producer that writes the block's input late. The expert down launch
+// reads its descriptors, which the routing writes two launches back, and gate/up stages the block's input, before
+// their waits: correct only because the launches in between let their dependents start after their own waits.
+// Descriptors and slots are zeroed first (rows = 0: no work), the input, the expert buffers and the output poisoned
+// (NaN), so a read of any of them before its writer finished shows in the output.
+TEST(CudaDependentLaunch, MoeBlockAfterLateInputMatchesFinishedInput) {
+  constexpr int kHidden = 2560, kInner = 640, kSharedInner = 640, kExperts = 40, kTopK = 10;
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal;
+  DeviceMemory memory;
+  const auto q4 = [&](int rows, int cols) { return random_q4(memory, rows, cols, rng); };
+  cuda::DeviceMoe moe;
+  moe.router = q4(kExperts, kHidden);
+  moe.shared_gate = q4(1, kHidden);
+  moe.shared = {q4(kSharedInner, kHidden), q4(kSharedInner, kHidden), q4(kHidden, kSharedInner)};
+  std::vector<cuda::DeviceMatrix> gate, up, down;
+  for (int e = 0; e < kExperts; ++e) {
+    gate.push_back(q4(kInner, kHidden));
+    up.push_back(q4(kInner, kHidden));
+    down.push_back(q4(kHidden, kInner));
+  }
+  moe.expert_gate = memory.copy(gate);
+  moe.expert_up = memory.copy(up);
+  moe.expert_down = memory.copy(down);
+  moe.gate_up_format = moe.down_format = WeightFormat::Q4;
+  const cuda::MoeShape shape{kHidden, kInner, kSharedInner, {kExperts, kTopK, true}};
+  const cuda::MoeBuffers buffers = test::make_moe_buffers(memory, shape, cuda::kMaxGemvRows);
+  const cuda::MoeDecodePlan plan = cuda::plan_moe_decode(moe, shape, buffers);
+  ASSERT_TRUE(plan.decodes);
+  ASSERT_EQ(plan.fused_max_rows, 1);  // 2–4 rows take the six launches
+  ASSERT_GT(cuda::gemv_expert_rounds(2 * 4 * kTopK, kInner, kHidden, 4), 1) << "the premise: the rounds kernel";
+  const size_t slot_rows = size_t(cuda::kMaxGemvRows) * kTopK * cuda::kMaxGemvRows;  // [slot, row] of the buffers
+  for (int rows = 2; rows <= cuda::kMaxGemvRows; ++rows) {
+    std::vector<float> x(size_t(rows) * kHidden);
+    for (float& v : x) v = normal(rng);
+    float* final_x = memory.copy(x);
+    float* input = const_cast<float*>(buffers.input);
+    const size_t x_bytes = x.size() * sizeof(float), outputs = x.size();
+    ASSERT_EQ(cudaMemcpy(input, final_x, x_bytes, cudaMemcpyDeviceToDevice), cudaSuccess);
+    cuda::moe_decode(moe, shape, plan, buffers, rows, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> expected = test::download(buffers.output, outputs);
+    for (bool graph : {false, true}) {
+      ASSERT_EQ(cudaMemset(input, 0xff, x_bytes), cudaSuccess);
+      ASSERT_EQ(cudaMemset(buffers.output, 0xff, outputs * sizeof(float)), cudaSuccess);
+      ASSERT_EQ(cudaMemset(buffers.descriptors, 0, cuda::moe_descriptor_count(kTopK) * sizeof(cuda::GemvMatrix)),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemset(buffers.slot_of, 0, cuda::moe_slot_count(kTopK) * sizeof(int)), cudaSuccess);
+      for (float* expert : {buffers.expert_gate, buffers.expert_up})
+        ASSERT_EQ(cudaMemset(expert, 0xff, slot_rows * kInner * sizeof(float)), cudaSuccess);
+      ASSERT_EQ(cudaMemset(buffers.expert_out, 0xff, slot_rows * kHidden * sizeof(float)), cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      test::run_after_late_producer(final_x, input, x_bytes, graph, [&](cudaStream_t stream) {
+        cuda::moe_decode(moe, shape, plan, buffers, rows, stream);
+      });
+      EXPECT_EQ(std::memcmp(test::download(buffers.output, outputs).data(), expected.data(), outputs * sizeof(float)),
+                0)
+          << rows << " rows, graph " << graph;
+    }
+  }
+}
+
 // 512 experts, top 10 (Flash-Next's router) over logits on a 1/4 grid, so that many are exactly equal: equal logits
 // give bit-equal probabilities on both sides, and unequal ones differ by a factor e^(1/4), so the CPU's order
 // (probability descending, then index ascending: src/cpu/moe.cpp's partial_sort) is the only right answer. Rows
@@ -202,6 +290,108 @@ TEST_P(CudaMoeRoute, TopKMatchesTheCpuOrderWithTies) {
             << "row " << r << ", pick " << j << (route_slots ? " (slots)" : "");
       }
     }
+  }
+}
+
+// moe_route_and_plan (the 2–4-row path): on the same tied logits, the distinct experts of 2–4 rows numbered in
+// first-come order of the CPU's picks, each selection's slot, the count, and each slot's gate, up and down descriptors
+// (the expert's matrices, the slot's activations and outputs); slots from the count to rows·top_k empty (rows = 0),
+// the shared expert's down after the selections. Row 1 repeats two thirds of row 0's logits so that rows share experts.
+TEST_P(CudaMoeRoute, PlanNumbersDistinctExpertsFirstCome) {
+  const auto [experts, top_k] = GetParam();
+  constexpr int rows = cuda::kMaxGemvRows, inner = 64, hidden = 128;
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> level(0, 23);
+  std::vector<float> logits(size_t(rows) * experts);
+  for (float& v : logits) v = float(level(rng)) / 4.0f;
+  for (int e = 0; e < experts; ++e)
+    if (e % 3 != 0) logits[size_t(experts) + size_t(e)] = logits[size_t(e)];
+  std::fill(logits.begin() + 2 * experts, logits.begin() + 3 * experts, 1.5f);
+  for (int e = experts - 12; e < experts; ++e) logits[size_t(3) * experts + size_t(e)] = 9.0f;
+  DeviceMemory memory;
+  const float* device_logits = memory.copy(logits);
+  std::vector<cuda::DeviceMatrix> tables[3];  // gate, up, down: only their fields are copied, never dereferenced
+  for (int which = 0; which < 3; ++which)
+    for (int e = 0; e < experts; ++e) {
+      cuda::DeviceMatrix m;
+      m.format = WeightFormat::Q4;
+      m.rows = which == 2 ? hidden : inner;
+      m.cols = which == 2 ? inner : hidden;
+      m.data = reinterpret_cast<const void*>(uintptr_t(0x100000) * (which + 1) + uintptr_t(e) * 0x100);
+      tables[which].push_back(m);
+    }
+  const size_t slots = size_t(cuda::kMaxGemvRows) * size_t(top_k);
+  cuda::ExpertPlan plan;
+  plan.gate = memory.copy(tables[0]);
+  plan.up = memory.copy(tables[1]);
+  plan.down = memory.copy(tables[2]);
+  plan.inner = inner;
+  plan.hidden = hidden;
+  plan.x = memory.zeros<float>(size_t(rows) * hidden);
+  plan.gate_out = memory.zeros<float>(slots * rows * inner);
+  plan.up_out = memory.zeros<float>(slots * rows * inner);
+  plan.down_out = memory.zeros<float>(slots * rows * hidden);
+  plan.gate_up = memory.zeros<cuda::GemvMatrix>(cuda::moe_descriptor_count(top_k));
+  plan.down_products = plan.gate_up + 2 * slots;
+  plan.slot_of = memory.zeros<int>(cuda::moe_slot_count(top_k));
+  plan.swiglu_in_down = true;
+  plan.shared_down.rows = 7;
+  int* ids = memory.zeros<int>(size_t(rows) * top_k);
+  float* weights = memory.zeros<float>(size_t(rows) * top_k);
+  for (int pass_rows = 2; pass_rows <= rows; ++pass_rows) {
+    ASSERT_EQ(cudaMemset(plan.gate_up, 0xff, cuda::moe_descriptor_count(top_k) * sizeof(cuda::GemvMatrix)),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemset(plan.slot_of, 0xff, cuda::moe_slot_count(top_k) * sizeof(int)), cudaSuccess);
+    cuda::moe_route_and_plan({experts, top_k, true}, device_logits, pass_rows, ids, weights, plan, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    // The CPU's picks (probability descending, then index ascending), numbered first come.
+    const int selections = pass_rows * top_k;
+    std::vector<int> expected_slot, expert_of_slot;
+    for (int r = 0; r < pass_rows; ++r) {
+      const float* row = logits.data() + size_t(r) * experts;
+      std::vector<int> order(experts);
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return row[a] > row[b]; });
+      for (int j = 0; j < top_k; ++j) {
+        const int e = order[size_t(j)];
+        const auto known = std::find(expert_of_slot.begin(), expert_of_slot.end(), e);
+        expected_slot.push_back(int(known - expert_of_slot.begin()));
+        if (known == expert_of_slot.end()) expert_of_slot.push_back(e);
+      }
+    }
+    const int count = int(expert_of_slot.size());
+    if (pass_rows == rows) {
+      EXPECT_LT(count, selections) << "the premise: rows share experts";
+    }
+    const std::vector<int> slot_of = test::download(plan.slot_of, size_t(selections) + 1);
+    EXPECT_EQ(std::vector<int>(slot_of.begin(), slot_of.end() - 1), expected_slot) << pass_rows << " rows";
+    EXPECT_EQ(slot_of.back(), count) << pass_rows << " rows";
+    const std::vector<cuda::GemvMatrix> got = test::download(plan.gate_up, cuda::moe_descriptor_count(top_k));
+    const size_t gate_block = size_t(pass_rows) * inner, down_block = size_t(pass_rows) * hidden;
+    for (int j = 0; j < selections; ++j) {
+      const cuda::GemvMatrix &gate = got[2 * size_t(j)], &up = got[2 * size_t(j) + 1],
+                             &down = got[2 * slots + size_t(j)];
+      if (j >= count) {
+        EXPECT_EQ(gate.rows, 0) << "slot " << j;
+        EXPECT_EQ(up.rows, 0) << "slot " << j;
+        EXPECT_EQ(down.rows, 0) << "slot " << j;
+        continue;
+      }
+      const int e = expert_of_slot[size_t(j)];
+      EXPECT_EQ(static_cast<const void*>(gate.codes), tables[0][size_t(e)].data) << "slot " << j;
+      EXPECT_EQ(static_cast<const void*>(up.codes), tables[1][size_t(e)].data) << "slot " << j;
+      EXPECT_EQ(static_cast<const void*>(down.codes), tables[2][size_t(e)].data) << "slot " << j;
+      EXPECT_EQ(gate.rows, inner);
+      EXPECT_EQ(down.rows, hidden);
+      EXPECT_EQ(gate.x, plan.x);
+      EXPECT_EQ(up.x, plan.x);
+      EXPECT_EQ(gate.y, plan.gate_out + j * gate_block) << "slot " << j;
+      EXPECT_EQ(up.y, plan.up_out + j * gate_block) << "slot " << j;
+      EXPECT_EQ(down.x, plan.gate_out + j * gate_block) << "slot " << j;
+      EXPECT_EQ(down.x_up, plan.up_out + j * gate_block) << "slot " << j;
+      EXPECT_EQ(down.y, plan.down_out + j * down_block) << "slot " << j;
+    }
+    EXPECT_EQ(got[2 * slots + size_t(selections)].rows, 7) << "the shared expert's down";
   }
 }
 
