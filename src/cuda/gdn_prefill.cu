@@ -53,6 +53,10 @@ __device__ inline GdnShape fixed(GdnShape s) {
 
 __host__ __device__ inline int padded(int width) { return (width + kTile - 1) / kTile * kTile; }
 __host__ __device__ inline int stride_of(int width) { return padded(width) + 4; }
+// The row stride of a tile read as a row-major B or a column-major A operand: a lane (g, t) reads row t (t + 4) at
+// column g there, so rows must be 8 (or 24) banks apart; 16k + 4 would put rows t and t + 1 four banks apart and two
+// lanes on every bank.
+__host__ __device__ inline int operand_stride_of(int width) { return padded(width) + 8; }
 
 // ---- 16 × 16 tiles on the tensor cores: mma.sync m16n8k8 (tf32 in, fp32 accumulators), two 8-column halves ----
 //
@@ -218,9 +222,19 @@ __device__ inline void stage_tile(float* tile, int ld, int tile_rows, int tile_w
 // Scratch regions, each [chunks][heads][...]; U is overwritten by Δ in the scan. Qd is not stored: the outputs read
 // the raw q rows (which the three value heads of a key head share, so mostly from L2) and scale the product Q S₀ by
 // q_factor = e^{γ_t} / (‖q_t‖ √dk) row by row; that saves writing and reading back 4 · T · heads · dk bytes.
+//
+// progress [heads][scan slices]: how many chunks the scan block of (head, slice) has finished (S₀ and Δ stored).
+// The prepare kernel zeroes it; the scan publishes it (release) and the outputs, which run beside the scan on the
+// multiprocessors it leaves free, wait on it (acquire).
 struct ChunkScratch {
   float *w, *u, *q_factor, *kd, *p, *s0, *decay;  // [C, dk], [C, dv], [C], [C, dk], [C, C], [dk, dv], [1]
+  unsigned* progress;                             // [heads][scan_slices]
+  int scan_slices;
 };
+
+// The scan's blocks: a head's value columns in slices of 64 (see the scan kernel).
+constexpr int kScanColumns = 64;
+__host__ __device__ inline int scan_slices_of(const GdnShape& s) { return (s.dv + kScanColumns - 1) / kScanColumns; }
 
 ChunkScratch chunk_scratch(const GdnShape& s, int rows, float* base, size_t* total) {
   const size_t blocks = size_t((rows + kC - 1) / kC) * size_t(s.heads);
@@ -239,6 +253,9 @@ ChunkScratch chunk_scratch(const GdnShape& s, int rows, float* base, size_t* tot
   x.p = take(kC * kC);
   x.s0 = take(dk * dv);
   x.decay = take(1);
+  x.scan_slices = scan_slices_of(s);
+  x.progress = reinterpret_cast<unsigned*>(base ? base + offset : nullptr);
+  offset += (size_t(s.heads) * x.scan_slices + 63) / 64 * 64;
   if (total) *total = offset;
   return x;
 }
@@ -275,6 +292,7 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
   const int t0 = chunk * kC, n = min(kC, in.rows - t0);
   const int key_head = h / (s.heads / s.key_heads);
   const size_t block = size_t(chunk) * s.heads + h;
+  if (chunk == 0 && tid < x.scan_slices) x.progress[h * x.scan_slices + tid] = 0;  // the scan starts after this grid
 
   // Raw q and k rows, zero past the input and past dk.
   const float* q_rows = in.qkv + size_t(t0) * s.conv_dim + key_head * s.dk;
@@ -416,16 +434,27 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
 // each value head's W and Kd read twice, not four times as with 32-column slices). Its shared memory: two stages of
 // {W, Kd [C][ldk], U [C][68]} (the next chunk's operands load during the whole of the current chunk's math), Δ [C][68]
 // and the state slice [kdp][68]: 217 KB at dk = 128.
-constexpr int kScanColumns = 64;
 constexpr int kScanThreads = 512;
-constexpr int kScanStride = kScanColumns + 4;
+constexpr int kScanStride = kScanColumns + 8;  // state, Δ and U: row-major B operands
 
 __host__ __device__ inline size_t scan_stage_floats(const GdnShape& s) {
-  return 2 * size_t(kC) * stride_of(s.dk) + size_t(kC) * kScanStride;
+  return size_t(kC) * (stride_of(s.dk) + operand_stride_of(s.dk)) + size_t(kC) * kScanStride;
 }
 
 size_t scan_shared_bytes(const GdnShape& s) {
   return (2 * scan_stage_floats(s) + size_t(kC) * kScanStride + size_t(padded(s.dk)) * kScanStride) * 4;
+}
+
+// The scan's progress counters: a release store after the block's barrier (thread 0's fence orders every thread's
+// stores before the barrier ahead of the counter) and an acquire load.
+__device__ inline void publish_progress(unsigned* counter, unsigned chunks_done) {
+  __threadfence();
+  atomicExch(counter, chunks_done);
+}
+__device__ inline unsigned load_progress(const unsigned* counter) {
+  unsigned value;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(value) : "l"(counter) : "memory");
+  return value;
 }
 
 // target[t·ld + c] = tile[t][c] (row stride kScanStride) for t < rows, c < columns; whole float4s for full slices.
@@ -451,7 +480,7 @@ __global__ void __launch_bounds__(kScanThreads, 1)
   const GdnShape s = fixed<kRelease>(shape);
   allow_dependents();
   extern __shared__ __align__(128) float4 shared4[];
-  const int kdp = padded(s.dk), ldk = stride_of(s.dk);
+  const int kdp = padded(s.dk), ldk = stride_of(s.dk), ldkd = operand_stride_of(s.dk);
   const size_t stage_floats = scan_stage_floats(s);
   float* stages = reinterpret_cast<float*>(shared4);  // 2 × {W [C][ldk], Kd [C][ldk], U [C][68]}
   float* delta = stages + 2 * stage_floats;           // [C][68]
@@ -461,12 +490,13 @@ __global__ void __launch_bounds__(kScanThreads, 1)
   const int chunks = (rows + kC - 1) / kC;
   const size_t dv = size_t(s.dv);
   float* head_state = recurrent + size_t(h) * s.dk * dv + j0;
+  unsigned* progress = x.progress + h * x.scan_slices + blockIdx.y;
   auto stage_chunk = [&](int chunk) {
     float* w = stages + (chunk % 2) * stage_floats;
     const size_t block = size_t(chunk) * s.heads + h;
     stage_tile(w, ldk, kC, kdp, x.w + block * kC * s.dk, size_t(s.dk), kC, s.dk);
-    stage_tile(w + kC * ldk, ldk, kC, kdp, x.kd + block * kC * s.dk, size_t(s.dk), kC, s.dk);
-    stage_tile(w + 2 * kC * ldk, kScanStride, kC, kScanColumns, x.u + block * kC * dv + j0, dv, kC, columns);
+    stage_tile(w + kC * ldk, ldkd, kC, kdp, x.kd + block * kC * s.dk, size_t(s.dk), kC, s.dk);
+    stage_tile(w + kC * (ldk + ldkd), kScanStride, kC, kScanColumns, x.u + block * kC * dv + j0, dv, kC, columns);
   };
   stage_tile(state, kScanStride, kdp, kScanColumns, head_state, dv, s.dk, columns);
   stage_chunk(0);
@@ -481,7 +511,7 @@ __global__ void __launch_bounds__(kScanThreads, 1)
     if (chunk + 1 < chunks) stage_chunk(chunk + 1);
     const float* w = stages + (chunk % 2) * stage_floats;
     const float* kd = w + kC * ldk;
-    const float* u = kd + kC * ldk;
+    const float* u = kd + kC * ldkd;
     store_slice(x.s0 + block * s.dk * dv + j0, dv, state, s.dk, columns);  // S₀, for the outputs
 
     {  // Δ = U − W S
@@ -494,6 +524,9 @@ __global__ void __launch_bounds__(kScanThreads, 1)
       store_tile(delta + delta_row * kScanStride + delta_column, result, kScanStride);
     }
     __syncthreads();
+    // Every thread stored the previous chunk's S₀ and Δ before this chunk's first barrier: the outputs may read them.
+    // (Published here, half a chunk later, so that thread 0's fence finds those stores drained.)
+    if (tid == 0 && chunk > 0) publish_progress(progress, unsigned(chunk));
     store_slice(x.u + block * kC * dv + j0, dv, delta, kC, columns);  // Δ replaces U
 
     // S ← e^{γ_C} S + Kdᵀ Δ: warp w updates column tile w % 4 of the row tiles w / 4, w / 4 + 4, … two at a time.
@@ -510,7 +543,7 @@ __global__ void __launch_bounds__(kScanThreads, 1)
       Accumulator first, second;
       decayed(first, row_tile);
       decayed(second, row_tile + 4);
-      mma_pair_3xtf32<ColMajor, RowMajor>(first, second, kd + row_tile * kTile, kd + (row_tile + 4) * kTile, ldk,
+      mma_pair_3xtf32<ColMajor, RowMajor>(first, second, kd + row_tile * kTile, kd + (row_tile + 4) * kTile, ldkd,
                                           delta + c0, kScanStride, kC / kStep);
       store(first, row_tile);
       store(second, row_tile + 4);
@@ -518,11 +551,12 @@ __global__ void __launch_bounds__(kScanThreads, 1)
     if (row_tile < row_tiles) {
       Accumulator next;
       decayed(next, row_tile);
-      mma_3xtf32<ColMajor, RowMajor>(next, kd + row_tile * kTile, ldk, delta + c0, kScanStride, kC / kStep);
+      mma_3xtf32<ColMajor, RowMajor>(next, kd + row_tile * kTile, ldkd, delta + c0, kScanStride, kC / kStep);
       store(next, row_tile);
     }
   }
   __syncthreads();
+  if (tid == 0) publish_progress(progress, unsigned(chunks));
   store_slice(head_state, dv, state, s.dk, columns);
 }
 
@@ -599,13 +633,31 @@ __global__ void __launch_bounds__(kThreads)
 constexpr size_t kMaxDynamicShared = 227 * 1024;  // what a block may opt into on Hopper
 
 size_t output_norm_shared_bytes(const GdnShape& s) {
-  const size_t ldq = size_t(s.dk) + 4, ldo = size_t(s.dv) + 4;
+  const size_t ldq = size_t(s.dk) + 4, ldo = size_t(operand_stride_of(s.dv));
   return std::max(kC * ldq + size_t(s.dk) * ldo + kC, size_t(kC) * kChunkStride + 2 * kC * ldo) * 4;
 }
 
 bool fused_output_fits(const GdnShape& s) {
   return s.dk % kTile == 0 && s.dv % kTile == 0 && s.dv / kTile <= kWarps &&
          output_norm_shared_bytes(s) <= kMaxDynamicShared;
+}
+
+// The outputs run as a dependent launch of the scan: their blocks start on the multiprocessors that the scan leaves
+// free (at the release shape 36 of 132: its 96 blocks take a whole multiprocessor's shared memory each) and, chunk
+// after chunk, follow it. Block (head, chunk) waits until every scan slice of its head has finished the chunk (its
+// S₀ and Δ stored). The last chunk's blocks wait for the whole scan grid instead (griddepcontrol.wait, the launch
+// rule's wait), so that this grid's completion implies the scan's, final state included; the other blocks skip that
+// wait, which would hold their multiprocessors until the scan ends.
+__device__ inline void wait_for_scan(const ChunkScratch& x, int h, int chunk) {
+  if (chunk == int(gridDim.y) - 1) {
+    wait_for_producers();
+    return;
+  }
+  if (threadIdx.x < unsigned(x.scan_slices)) {
+    const unsigned* counter = x.progress + h * x.scan_slices + threadIdx.x;
+    while (load_progress(counter) <= unsigned(chunk)) __nanosleep(256);
+  }
+  __syncthreads();
 }
 
 // Block (head, chunk): O = Qd S₀ + P Δ, then out = w ⊙ rmsnorm(O) ⊙ gate(z).
@@ -615,17 +667,18 @@ __global__ void __launch_bounds__(kThreads, 2)
   const GdnShape s = fixed<kRelease>(shape);
   allow_dependents();
   extern __shared__ __align__(128) float4 shared4[];
-  const int ldq = s.dk + 4, ldo = s.dv + 4;
-  float* qd = reinterpret_cast<float*>(shared4);  // phase 1: raw Q [C][dk + 4]
-  float* s0 = qd + kC * ldq;                      //          S₀ [dk][dv + 4]
-  float* factors = s0 + s.dk * ldo;               //          q factors [C]
-  float* p = qd;                                  // phase 2: P [C][C + 4]
-  float* delta = p + kC * kChunkStride;           //          Δ [C][dv + 4], then O
-  float* gate = delta + kC * ldo;                 //          z [C][dv + 4]
+  const int ldq = s.dk + 4, ldo = operand_stride_of(s.dv);  // S₀ and Δ: row-major B operands
+  float* qd = reinterpret_cast<float*>(shared4);            // phase 1: raw Q [C][dk + 4]
+  float* s0 = qd + kC * ldq;                                //          S₀ [dk][dv + 4]
+  float* factors = s0 + s.dk * ldo;                         //          q factors [C]
+  float* p = qd;                                            // phase 2: P [C][C + 4]
+  float* delta = p + kC * kChunkStride;                     //          Δ [C][dv + 4], then O
+  float* gate = delta + kC * ldo;                           //          z [C][dv + 4]
   const int h = blockIdx.x, chunk = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int t0 = chunk * kC, n = min(kC, in.rows - t0);
   const size_t block = size_t(chunk) * s.heads + h, row_stride = size_t(s.heads) * s.dv;
-  stage_queries(qd, ldq, s.dk, factors, s, in, x, h, chunk);
+  stage_queries(qd, ldq, s.dk, factors, s, in, x, h, chunk);  // the prepare kernel's, complete before the scan began
+  wait_for_scan(x, h, chunk);
   stage_tile(s0, ldo, s.dk, s.dv, x.s0 + block * s.dk * s.dv, size_t(s.dv), s.dk, s.dv);
   wait_copies();
   __syncthreads();
@@ -706,7 +759,7 @@ void gdn_prefill(const GdnShape& s, const GdnInputs& in, float* recurrent, float
   cudaFuncSetAttribute(prepare, cudaFuncAttributeMaxDynamicSharedMemorySize, int(prepare_bytes));
   prepare<<<dim3(heads, chunks), kPrepareThreads, prepare_bytes, stream>>>(s, in, x);
   const size_t scan_bytes = scan_shared_bytes(s);
-  const unsigned scan_slices = unsigned((s.dv + kScanColumns - 1) / kScanColumns);
+  const unsigned scan_slices = unsigned(x.scan_slices);
   const auto scan = release ? gdn_chunk_scan_kernel<true> : gdn_chunk_scan_kernel<false>;
   cudaFuncSetAttribute(scan, cudaFuncAttributeMaxDynamicSharedMemorySize, int(scan_bytes));
   scan<<<dim3(heads, scan_slices), kScanThreads, scan_bytes, stream>>>(s, in.rows, x, recurrent);
@@ -714,7 +767,7 @@ void gdn_prefill(const GdnShape& s, const GdnInputs& in, float* recurrent, float
     const size_t bytes = output_norm_shared_bytes(s);
     const auto output = release ? gdn_chunk_output_norm_kernel<true> : gdn_chunk_output_norm_kernel<false>;
     cudaFuncSetAttribute(output, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-    output<<<dim3(heads, chunks), kThreads, bytes, stream>>>(s, in, x, out);
+    launch_dependent(output, dim3(heads, chunks), dim3(kThreads), bytes, stream, s, in, x, out);
     return;
   }
   const size_t output_bytes = output_shared_bytes(s);
