@@ -53,6 +53,10 @@ __device__ inline GdnShape fixed(GdnShape s) {
 
 __host__ __device__ inline int padded(int width) { return (width + kTile - 1) / kTile * kTile; }
 __host__ __device__ inline int stride_of(int width) { return padded(width) + 4; }
+// The row stride of a tile read as a row-major B or a column-major A operand: a lane (g, t) reads row t (t + 4) at
+// column g there, so rows must be 8 (or 24) banks apart; 16k + 4 would put rows t and t + 1 four banks apart and two
+// lanes on every bank.
+__host__ __device__ inline int operand_stride_of(int width) { return padded(width) + 8; }
 
 // ---- 16 × 16 tiles on the tensor cores: mma.sync m16n8k8 (tf32 in, fp32 accumulators), two 8-column halves ----
 //
@@ -218,9 +222,19 @@ __device__ inline void stage_tile(float* tile, int ld, int tile_rows, int tile_w
 // Scratch regions, each [chunks][heads][...]; U is overwritten by Δ in the scan. Qd is not stored: the outputs read
 // the raw q rows (which the three value heads of a key head share, so mostly from L2) and scale the product Q S₀ by
 // q_factor = e^{γ_t} / (‖q_t‖ √dk) row by row; that saves writing and reading back 4 · T · heads · dk bytes.
+//
+// progress [heads][scan slices]: how many chunks the scan block of (head, slice) has finished (S₀ and Δ stored).
+// The prepare kernel zeroes it; the scan publishes it (release) and the outputs, which run beside the scan on the
+// multiprocessors it leaves free, wait on it (acquire).
 struct ChunkScratch {
   float *w, *u, *q_factor, *kd, *p, *s0, *decay;  // [C, dk], [C, dv], [C], [C, dk], [C, C], [dk, dv], [1]
+  unsigned* progress;                             // [heads][scan_slices]
+  int scan_slices;
 };
+
+// The scan's blocks: a head's value columns in slices of 64 (see the scan kernel).
+constexpr int kScanColumns = 64;
+__host__ __device__ inline int scan_slices_of(const GdnShape& s) { return (s.dv + kScanColumns - 1) / kScanColumns; }
 
 ChunkScratch chunk_scratch(const GdnShape& s, int rows, float* base, size_t* total) {
   const size_t blocks = size_t((rows + kC - 1) / kC) * size_t(s.heads);
@@ -239,14 +253,39 @@ ChunkScratch chunk_scratch(const GdnShape& s, int rows, float* base, size_t* tot
   x.p = take(kC * kC);
   x.s0 = take(dk * dv);
   x.decay = take(1);
+  x.scan_slices = scan_slices_of(s);
+  x.progress = reinterpret_cast<unsigned*>(base ? base + offset : nullptr);
+  offset += (size_t(s.heads) * x.scan_slices + 63) / 64 * 64;
   if (total) *total = offset;
   return x;
 }
 
-// Shared memory of the prepare kernel: γ, β, q factors; keys [C][ldk]; queries, later values [C][ldx]; A and Q Kᵀ
-// [C][C + 4].
+// inverses[r0 + i][r0 + column] = ((I + A_bb)⁻¹)[i][column] for the unit lower triangular diagonal block b at rows
+// and columns r0 … r0 + 15 of A (row stride kChunkStride); lane `column` of a warp solves (I + A_bb) x = e_column by
+// forward substitution (x[c] = 0 for c < column falls out of the sums, so no lane branches).
+__device__ inline void invert_diagonal_block(float* inverses, const float* a, int r0, int column) {
+  float x[kTile];
+#pragma unroll
+  for (int i = 0; i < kTile; ++i) {
+    const float4* row = reinterpret_cast<const float4*>(a + (r0 + i) * kChunkStride + r0);
+    float sums[4] = {i == column ? 1.0f : 0.0f, 0.0f, 0.0f, 0.0f};  // four partial sums: shorter chains
+#pragma unroll
+    for (int c4 = 0; c4 < i; c4 += 4) {
+      const float4 q = row[c4 / 4];
+      const float values[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+      for (int c = c4; c < c4 + 4 && c < i; ++c) sums[c % 4] -= values[c - c4] * x[c];
+    }
+    x[i] = (sums[0] + sums[1]) + (sums[2] + sums[3]);
+  }
+#pragma unroll
+  for (int i = 0; i < kTile; ++i) inverses[(r0 + i) * kChunkStride + r0 + column] = x[i];
+}
+
+// Shared memory of the prepare kernel: γ, β, q factors; keys [C][ldk]; queries [C][ldk], later values [C][ldv]; A and
+// Q Kᵀ [C][C + 4].
 size_t prepare_shared_bytes(const GdnShape& s) {
-  const size_t ldk = size_t(stride_of(s.dk)), ldx = size_t(std::max(stride_of(s.dk), stride_of(s.dv)));
+  const size_t ldk = size_t(stride_of(s.dk)), ldx = size_t(std::max(stride_of(s.dk), operand_stride_of(s.dv)));
   return (3 * size_t(kC) + kC * ldk + kC * ldx + 2 * size_t(kC) * kChunkStride) * 4;
 }
 
@@ -262,23 +301,24 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
   allow_dependents();
   extern __shared__ __align__(128) float4 shared4[];
   const int kdp = padded(s.dk), vdp = padded(s.dv);
-  const int ldk = stride_of(s.dk), ldx = max(stride_of(s.dk), stride_of(s.dv));
+  const int ldk = stride_of(s.dk), ldv = operand_stride_of(s.dv), ldx = max(ldk, ldv);
   float* gamma = reinterpret_cast<float*>(shared4);  // [C] inclusive cumulative log decay
   float* beta = gamma + kC;                          // [C]
   float* q_factor = beta + kC;                       // [C]: 1 / (‖q_t‖ √dk)
   float* keys = q_factor + kC;                       // [C][ldk]: normalised K, then diag(β e^γ) K, then W
-  float* queries = keys + kC * ldk;                  // [C][ldx]: normalised Q scaled by 1/√dk
-  float* values = queries;                           // [C][ldx]: diag(β) V, then U (once Q is used up)
+  float* queries = keys + kC * ldk;                  // [C][ldk]: normalised Q scaled by 1/√dk
+  float* values = queries;                           // [C][ldv]: diag(β) V, then U (once Q is used up)
   float* a = queries + kC * ldx;                     // [C][C + 4]: K Kᵀ, then A (strictly lower)
   float* qk = a + kC * kChunkStride;                 // [C][C + 4]: Q Kᵀ
   const int h = blockIdx.x, chunk = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int t0 = chunk * kC, n = min(kC, in.rows - t0);
   const int key_head = h / (s.heads / s.key_heads);
   const size_t block = size_t(chunk) * s.heads + h;
+  if (chunk == 0 && tid < x.scan_slices) x.progress[h * x.scan_slices + tid] = 0;  // the scan starts after this grid
 
   // Raw q and k rows, zero past the input and past dk.
   const float* q_rows = in.qkv + size_t(t0) * s.conv_dim + key_head * s.dk;
-  stage_tile(queries, ldx, kC, kdp, q_rows, size_t(s.conv_dim), n, s.dk);
+  stage_tile(queries, ldk, kC, kdp, q_rows, size_t(s.conv_dim), n, s.dk);
   stage_tile(keys, ldk, kC, kdp, q_rows + s.key_dim, size_t(s.conv_dim), n, s.dk);
   if (tid < kC) {  // rows past the input: β = 0, g = 0 (they change nothing)
     float g = 0.0f, b = 0.0f;
@@ -307,28 +347,29 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
   for (int t = warp; t < n; t += kPrepareWarps) {  // l2-normalise in place (each lane rescales what it summed)
     float q_sum = 0.0f, k_sum = 0.0f;
     for (int i = lane; i < s.dk; i += 32) {
-      q_sum += queries[t * ldx + i] * queries[t * ldx + i];
+      q_sum += queries[t * ldk + i] * queries[t * ldk + i];
       k_sum += keys[t * ldk + i] * keys[t * ldk + i];
     }
     const float q_norm = 1.0f / sqrtf(warp_sum(q_sum) + 1e-6f) * q_scale;
     const float k_norm = 1.0f / sqrtf(warp_sum(k_sum) + 1e-6f);
     if (lane == 0) q_factor[t] = q_norm;
     for (int i = lane; i < s.dk; i += 32) {
-      queries[t * ldx + i] *= q_norm;
+      queries[t * ldk + i] *= q_norm;
       keys[t * ldk + i] *= k_norm;
     }
   }
   __syncthreads();
 
-  // K Kᵀ and Q Kᵀ: the 10 tiles of each on or below the diagonal (those above are masked below), ≤ 3 a warp.
+  // K Kᵀ and Q Kᵀ: the 10 tiles of each on or below the diagonal (those above are masked below), ≤ 2 a warp. (A
+  // warp computing both products of a tile position at once, sharing the keys operand, was slower: 64 registers.)
   for (int tile = warp; tile < 20; tile += kPrepareWarps) {
     const bool q_rows_tile = tile >= 10;
     const int lower = tile % 10, row = lower >= 6 ? 3 : lower >= 3 ? 2 : lower >= 1 ? 1 : 0;
     const int r0 = row * kTile, c0 = (lower - row * (row + 1) / 2) * kTile;
     Accumulator acc;
     fill(acc, 0.0f);
-    const float* left = q_rows_tile ? queries + r0 * ldx : keys + r0 * ldk;
-    mma_3xtf32<RowMajor, ColMajor>(acc, left, q_rows_tile ? ldx : ldk, keys + c0 * ldk, ldk, kdp / kStep);
+    mma_3xtf32<RowMajor, ColMajor>(acc, (q_rows_tile ? queries : keys) + r0 * ldk, ldk, keys + c0 * ldk, ldk,
+                                   kdp / kStep);
     store_tile((q_rows_tile ? qk : a) + r0 * kChunkStride + c0, acc, kChunkStride);
   }
   __syncthreads();
@@ -352,10 +393,14 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
   __syncthreads();
 
   // The right-hand sides [diag(β e^γ) K | diag(β) V] (zero past the input: β = 0 there). V is staged by cp.async
-  // while the keys are scaled (read element by element, its 32 loads a thread each waited a global latency).
+  // while the keys are scaled (read element by element, its 32 loads a thread each waited a global latency) and
+  // the diagonal blocks of I + A are inverted.
   const float* v_rows = in.qkv + size_t(t0) * s.conv_dim + 2 * s.key_dim + h * s.dv;
-  stage_tile(values, ldx, kC, vdp, v_rows, size_t(s.conv_dim), n, s.dv);
+  stage_tile(values, ldv, kC, vdp, v_rows, size_t(s.conv_dim), n, s.dv);
   __pipeline_commit();
+  float* inverses = qk;  // [C][C + 4]: (I + A_bb)⁻¹ in diagonal block b (Q Kᵀ is used up)
+  if (warp >= kPrepareWarps - kC / kTile && lane < kTile)
+    invert_diagonal_block(inverses, a, (warp - (kPrepareWarps - kC / kTile)) * kTile, lane);
   for (int t = warp; t < kC; t += kPrepareWarps) {
     const float scale = beta[t] * expf(gamma[t]);
     for (int i = lane; i < kdp; i += 32) keys[t * ldk + i] *= scale;
@@ -363,18 +408,19 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
   __pipeline_wait_prior(0);
   __syncthreads();
   for (int t = warp; t < n; t += kPrepareWarps)
-    for (int j = lane; j < s.dv; j += 32) values[t * ldx + j] *= beta[t];
+    for (int j = lane; j < s.dv; j += 32) values[t * ldv + j] *= beta[t];
   __syncthreads();
 
-  // (I + A) [W | U] = [diag(β e^γ) K | diag(β) V] by blocks of 16 rows: subtract the solved rows' part (tensor cores),
-  // then substitute inside the 16 × 16 diagonal block (one column a thread).
+  // (I + A) [W | U] = [diag(β e^γ) K | diag(β) V] by blocks of 16 rows, a warp per 16-column tile (the tiles do not
+  // depend on each other, so no block barrier): subtract the solved rows' part, then multiply by the diagonal
+  // block's inverse, both on the tensor cores.
   const int key_tiles = kdp / kTile, tiles = key_tiles + vdp / kTile;
-  for (int r0 = 0; r0 < kC; r0 += kTile) {
-    if (r0 > 0) {
-      for (int tile = warp; tile < tiles; tile += kPrepareWarps) {
-        const bool key = tile < key_tiles;
-        float* rhs = key ? keys + tile * kTile : values + (tile - key_tiles) * kTile;
-        const int ld = key ? ldk : ldx;
+  for (int tile = warp; tile < tiles; tile += kPrepareWarps) {
+    const bool key = tile < key_tiles;
+    float* rhs = key ? keys + tile * kTile : values + (tile - key_tiles) * kTile;
+    const int ld = key ? ldk : ldv;
+    for (int r0 = 0; r0 < kC; r0 += kTile) {
+      if (r0 > 0) {
         Accumulator solved, rest;
         fill(solved, 0.0f);
         mma_3xtf32<RowMajor, RowMajor>(solved, a + r0 * kChunkStride, kChunkStride, rhs, ld, r0 / kStep);
@@ -382,50 +428,50 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
 #pragma unroll
         for (int e = 0; e < 8; ++e) rest.x[e] -= solved.x[e];
         store_tile(rhs + r0 * ld, rest, ld);
+        __syncwarp();
       }
-      __syncthreads();
+      Accumulator solution;
+      fill(solution, 0.0f);
+      mma_3xtf32<RowMajor, RowMajor>(solution, inverses + r0 * kChunkStride + r0, kChunkStride, rhs + r0 * ld, ld,
+                                     kTile / kStep);
+      __syncwarp();  // every lane has read the block before it is overwritten
+      store_tile(rhs + r0 * ld, solution, ld);
+      __syncwarp();
     }
-    for (int column = tid; column < kdp + vdp; column += kPrepareThreads) {
-      const bool key = column < kdp;
-      float* rhs = key ? keys + column : values + (column - kdp);
-      const int ld = key ? ldk : ldx;
-      float w[kTile];
-#pragma unroll
-      for (int r = 0; r < kTile; ++r) w[r] = rhs[(r0 + r) * ld];
-#pragma unroll
-      for (int r = 1; r < kTile; ++r) {  // four partial sums: a chain of r / 4 dependent products, not r
-        const float* a_row = a + (r0 + r) * kChunkStride + r0;
-        float sums[4] = {w[r], 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int c = 0; c < r; ++c) sums[(r - 1 - c) % 4] -= a_row[c] * w[c];
-        w[r] = (sums[0] + sums[1]) + (sums[2] + sums[3]);
-      }
-#pragma unroll
-      for (int r = 0; r < kTile; ++r) rhs[(r0 + r) * ld] = w[r];
-    }
-    __syncthreads();
   }
+  __syncthreads();
 
   float* w_out = x.w + block * kC * s.dk;
   for (int e = tid; e < kC * s.dk; e += kPrepareThreads) w_out[e] = keys[e / s.dk * ldk + e % s.dk];
   float* u_out = x.u + block * kC * s.dv;
-  for (int e = tid; e < kC * s.dv; e += kPrepareThreads) u_out[e] = values[e / s.dv * ldx + e % s.dv];
+  for (int e = tid; e < kC * s.dv; e += kPrepareThreads) u_out[e] = values[e / s.dv * ldv + e % s.dv];
 }
 
 // The scan: block (head, slice of 64 value columns), 512 threads, one block an SM (at the release shape 96 blocks,
 // each value head's W and Kd read twice, not four times as with 32-column slices). Its shared memory: two stages of
-// {W, Kd [C][ldk], U [C][68]} (the next chunk's operands load during the whole of the current chunk's math), Δ [C][68]
-// and the state slice [kdp][68]: 217 KB at dk = 128.
-constexpr int kScanColumns = 64;
+// {W [C][ldk], Kd [C][dk + 8], U [C][72]} (the next chunk's operands load during the whole of the current chunk's
+// math), Δ [C][72] and the state slice [kdp][72]: 224 KB at dk = 128.
 constexpr int kScanThreads = 512;
-constexpr int kScanStride = kScanColumns + 4;
+constexpr int kScanStride = kScanColumns + 8;  // state, Δ and U: row-major B operands
 
 __host__ __device__ inline size_t scan_stage_floats(const GdnShape& s) {
-  return 2 * size_t(kC) * stride_of(s.dk) + size_t(kC) * kScanStride;
+  return size_t(kC) * (stride_of(s.dk) + operand_stride_of(s.dk)) + size_t(kC) * kScanStride;
 }
 
 size_t scan_shared_bytes(const GdnShape& s) {
   return (2 * scan_stage_floats(s) + size_t(kC) * kScanStride + size_t(padded(s.dk)) * kScanStride) * 4;
+}
+
+// The scan's progress counters: a release store after the block's barrier (thread 0's fence orders every thread's
+// stores before the barrier ahead of the counter) and an acquire load.
+__device__ inline void publish_progress(unsigned* counter, unsigned chunks_done) {
+  __threadfence();
+  atomicExch(counter, chunks_done);
+}
+__device__ inline unsigned load_progress(const unsigned* counter) {
+  unsigned value;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(value) : "l"(counter) : "memory");
+  return value;
 }
 
 // target[t·ld + c] = tile[t][c] (row stride kScanStride) for t < rows, c < columns; whole float4s for full slices.
@@ -451,22 +497,23 @@ __global__ void __launch_bounds__(kScanThreads, 1)
   const GdnShape s = fixed<kRelease>(shape);
   allow_dependents();
   extern __shared__ __align__(128) float4 shared4[];
-  const int kdp = padded(s.dk), ldk = stride_of(s.dk);
+  const int kdp = padded(s.dk), ldk = stride_of(s.dk), ldkd = operand_stride_of(s.dk);
   const size_t stage_floats = scan_stage_floats(s);
-  float* stages = reinterpret_cast<float*>(shared4);  // 2 × {W [C][ldk], Kd [C][ldk], U [C][68]}
-  float* delta = stages + 2 * stage_floats;           // [C][68]
-  float* state = delta + kC * kScanStride;            // [kdp][68]
+  float* stages = reinterpret_cast<float*>(shared4);  // 2 × {W [C][ldk], Kd [C][ldkd], U [C][72]}
+  float* delta = stages + 2 * stage_floats;           // [C][72]
+  float* state = delta + kC * kScanStride;            // [kdp][72]
   const int h = blockIdx.x, tid = threadIdx.x, warp = tid / 32;
   const int j0 = blockIdx.y * kScanColumns, columns = min(kScanColumns, s.dv - j0);
   const int chunks = (rows + kC - 1) / kC;
   const size_t dv = size_t(s.dv);
   float* head_state = recurrent + size_t(h) * s.dk * dv + j0;
+  unsigned* progress = x.progress + h * x.scan_slices + blockIdx.y;
   auto stage_chunk = [&](int chunk) {
     float* w = stages + (chunk % 2) * stage_floats;
     const size_t block = size_t(chunk) * s.heads + h;
     stage_tile(w, ldk, kC, kdp, x.w + block * kC * s.dk, size_t(s.dk), kC, s.dk);
-    stage_tile(w + kC * ldk, ldk, kC, kdp, x.kd + block * kC * s.dk, size_t(s.dk), kC, s.dk);
-    stage_tile(w + 2 * kC * ldk, kScanStride, kC, kScanColumns, x.u + block * kC * dv + j0, dv, kC, columns);
+    stage_tile(w + kC * ldk, ldkd, kC, kdp, x.kd + block * kC * s.dk, size_t(s.dk), kC, s.dk);
+    stage_tile(w + kC * (ldk + ldkd), kScanStride, kC, kScanColumns, x.u + block * kC * dv + j0, dv, kC, columns);
   };
   stage_tile(state, kScanStride, kdp, kScanColumns, head_state, dv, s.dk, columns);
   stage_chunk(0);
@@ -481,7 +528,7 @@ __global__ void __launch_bounds__(kScanThreads, 1)
     if (chunk + 1 < chunks) stage_chunk(chunk + 1);
     const float* w = stages + (chunk % 2) * stage_floats;
     const float* kd = w + kC * ldk;
-    const float* u = kd + kC * ldk;
+    const float* u = kd + kC * ldkd;
     store_slice(x.s0 + block * s.dk * dv + j0, dv, state, s.dk, columns);  // S₀, for the outputs
 
     {  // Δ = U − W S
@@ -494,6 +541,9 @@ __global__ void __launch_bounds__(kScanThreads, 1)
       store_tile(delta + delta_row * kScanStride + delta_column, result, kScanStride);
     }
     __syncthreads();
+    // Every thread stored the previous chunk's S₀ and Δ before this chunk's first barrier: the outputs may read them.
+    // (Published here, half a chunk later, so that thread 0's fence finds those stores drained.)
+    if (tid == 0 && chunk > 0) publish_progress(progress, unsigned(chunk));
     store_slice(x.u + block * kC * dv + j0, dv, delta, kC, columns);  // Δ replaces U
 
     // S ← e^{γ_C} S + Kdᵀ Δ: warp w updates column tile w % 4 of the row tiles w / 4, w / 4 + 4, … two at a time.
@@ -510,7 +560,7 @@ __global__ void __launch_bounds__(kScanThreads, 1)
       Accumulator first, second;
       decayed(first, row_tile);
       decayed(second, row_tile + 4);
-      mma_pair_3xtf32<ColMajor, RowMajor>(first, second, kd + row_tile * kTile, kd + (row_tile + 4) * kTile, ldk,
+      mma_pair_3xtf32<ColMajor, RowMajor>(first, second, kd + row_tile * kTile, kd + (row_tile + 4) * kTile, ldkd,
                                           delta + c0, kScanStride, kC / kStep);
       store(first, row_tile);
       store(second, row_tile + 4);
@@ -518,11 +568,12 @@ __global__ void __launch_bounds__(kScanThreads, 1)
     if (row_tile < row_tiles) {
       Accumulator next;
       decayed(next, row_tile);
-      mma_3xtf32<ColMajor, RowMajor>(next, kd + row_tile * kTile, ldk, delta + c0, kScanStride, kC / kStep);
+      mma_3xtf32<ColMajor, RowMajor>(next, kd + row_tile * kTile, ldkd, delta + c0, kScanStride, kC / kStep);
       store(next, row_tile);
     }
   }
   __syncthreads();
+  if (tid == 0) publish_progress(progress, unsigned(chunks));
   store_slice(head_state, dv, state, s.dk, columns);
 }
 
@@ -599,13 +650,31 @@ __global__ void __launch_bounds__(kThreads)
 constexpr size_t kMaxDynamicShared = 227 * 1024;  // what a block may opt into on Hopper
 
 size_t output_norm_shared_bytes(const GdnShape& s) {
-  const size_t ldq = size_t(s.dk) + 4, ldo = size_t(s.dv) + 4;
+  const size_t ldq = size_t(s.dk) + 4, ldo = size_t(operand_stride_of(s.dv));
   return std::max(kC * ldq + size_t(s.dk) * ldo + kC, size_t(kC) * kChunkStride + 2 * kC * ldo) * 4;
 }
 
 bool fused_output_fits(const GdnShape& s) {
   return s.dk % kTile == 0 && s.dv % kTile == 0 && s.dv / kTile <= kWarps &&
          output_norm_shared_bytes(s) <= kMaxDynamicShared;
+}
+
+// The outputs run as a dependent launch of the scan: their blocks start on the multiprocessors that the scan leaves
+// free (at the release shape 36 of 132: its 96 blocks take a whole multiprocessor's shared memory each) and, chunk
+// after chunk, follow it. Block (head, chunk) waits until every scan slice of its head has finished the chunk (its
+// S₀ and Δ stored). The last chunk's blocks wait for the whole scan grid instead (griddepcontrol.wait, the launch
+// rule's wait), so that this grid's completion implies the scan's, final state included; the other blocks skip that
+// wait, which would hold their multiprocessors until the scan ends.
+__device__ inline void wait_for_scan(const ChunkScratch& x, int h, int chunk) {
+  if (chunk == int(gridDim.y) - 1) {
+    wait_for_producers();
+    return;
+  }
+  if (threadIdx.x < unsigned(x.scan_slices)) {
+    const unsigned* counter = x.progress + h * x.scan_slices + threadIdx.x;
+    while (load_progress(counter) <= unsigned(chunk)) __nanosleep(256);
+  }
+  __syncthreads();
 }
 
 // Block (head, chunk): O = Qd S₀ + P Δ, then out = w ⊙ rmsnorm(O) ⊙ gate(z).
@@ -615,17 +684,19 @@ __global__ void __launch_bounds__(kThreads, 2)
   const GdnShape s = fixed<kRelease>(shape);
   allow_dependents();
   extern __shared__ __align__(128) float4 shared4[];
-  const int ldq = s.dk + 4, ldo = s.dv + 4;
+  const int ldq = s.dk + 4, ldo = operand_stride_of(s.dv);  // S₀ and Δ are row-major B operands
+
   float* qd = reinterpret_cast<float*>(shared4);  // phase 1: raw Q [C][dk + 4]
-  float* s0 = qd + kC * ldq;                      //          S₀ [dk][dv + 4]
+  float* s0 = qd + kC * ldq;                      //          S₀ [dk][dv + 8]
   float* factors = s0 + s.dk * ldo;               //          q factors [C]
   float* p = qd;                                  // phase 2: P [C][C + 4]
-  float* delta = p + kC * kChunkStride;           //          Δ [C][dv + 4], then O
-  float* gate = delta + kC * ldo;                 //          z [C][dv + 4]
+  float* delta = p + kC * kChunkStride;           //          Δ [C][dv + 8], then O
+  float* gate = delta + kC * ldo;                 //          z [C][dv + 8]
   const int h = blockIdx.x, chunk = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int t0 = chunk * kC, n = min(kC, in.rows - t0);
   const size_t block = size_t(chunk) * s.heads + h, row_stride = size_t(s.heads) * s.dv;
-  stage_queries(qd, ldq, s.dk, factors, s, in, x, h, chunk);
+  stage_queries(qd, ldq, s.dk, factors, s, in, x, h, chunk);  // the prepare kernel's, complete before the scan began
+  wait_for_scan(x, h, chunk);
   stage_tile(s0, ldo, s.dk, s.dv, x.s0 + block * s.dk * s.dv, size_t(s.dv), s.dk, s.dv);
   wait_copies();
   __syncthreads();
@@ -706,7 +777,7 @@ void gdn_prefill(const GdnShape& s, const GdnInputs& in, float* recurrent, float
   cudaFuncSetAttribute(prepare, cudaFuncAttributeMaxDynamicSharedMemorySize, int(prepare_bytes));
   prepare<<<dim3(heads, chunks), kPrepareThreads, prepare_bytes, stream>>>(s, in, x);
   const size_t scan_bytes = scan_shared_bytes(s);
-  const unsigned scan_slices = unsigned((s.dv + kScanColumns - 1) / kScanColumns);
+  const unsigned scan_slices = unsigned(x.scan_slices);
   const auto scan = release ? gdn_chunk_scan_kernel<true> : gdn_chunk_scan_kernel<false>;
   cudaFuncSetAttribute(scan, cudaFuncAttributeMaxDynamicSharedMemorySize, int(scan_bytes));
   scan<<<dim3(heads, scan_slices), kScanThreads, scan_bytes, stream>>>(s, in.rows, x, recurrent);
@@ -714,7 +785,7 @@ void gdn_prefill(const GdnShape& s, const GdnInputs& in, float* recurrent, float
     const size_t bytes = output_norm_shared_bytes(s);
     const auto output = release ? gdn_chunk_output_norm_kernel<true> : gdn_chunk_output_norm_kernel<false>;
     cudaFuncSetAttribute(output, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-    output<<<dim3(heads, chunks), kThreads, bytes, stream>>>(s, in, x, out);
+    launch_dependent(output, dim3(heads, chunks), dim3(kThreads), bytes, stream, s, in, x, out);
     return;
   }
   const size_t output_bytes = output_shared_bytes(s);
