@@ -1,6 +1,7 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <type_traits>
 
 #include "cuda/device_math.cuh"
@@ -52,28 +53,36 @@ __device__ inline TileRows tile_rows(const GemvMatrix& m, int first_row) {
 // blockIdx.y: a slot (blocks of empty slots leave at once) or, at `selections`, the shared expert.
 template <int B>
 __global__ void __launch_bounds__(kGateUpWarps * 32) gate_up_kernel(ExpertDecode p, int selections) {
+  const int slot = int(blockIdx.y);
+  const bool shared_expert = slot == selections;
+  const int inner = shared_expert ? p.shared_inner : p.inner, first_row = int(blockIdx.x) * kTileRows;
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, t = lane % 4, slice = warp / 2;
+  GemvMatrix m;
+  TileRows rows;
+  int begin = 0, end = 0;
+  WarpLoads current;  // issued before staging, so that the activations' latency overlaps theirs
+  const auto load_first_unit = [&] {
+    rows = tile_rows(m, first_row);
+    begin = slice_start(slice, kGateUpSlices, rows.groups);
+    end = slice_start(slice + 1, kGateUpSlices, rows.groups);
+    load_group_block<4>(current, rows.codes, rows.affine, begin, end, rows.width, t);
+  };
+  // The shared expert's matrices are arguments (weights fixed for the sequence): its first loads precede the wait.
+  if (shared_expert) m = gemv_matrix(warp % 2 ? p.shared_up : p.shared_gate, p.x, nullptr);
+  if (shared_expert && first_row < inner) load_first_unit();
+  // The wait comes before the trigger and before every exit: down_kernel reads the slots (route_slots_kernel's) before
+  // its own wait, which is legal only because this grid lets it start after route_slots_kernel has completed.
   wait_for_producers();
   allow_dependents();
   extern __shared__ uint4 staged[];
   __shared__ float partials[kGateUpWarps][64];
-  const int slot = int(blockIdx.y);
-  const bool shared_expert = slot == selections;
-  const int inner = shared_expert ? p.shared_inner : p.inner, first_row = int(blockIdx.x) * kTileRows;
   if (first_row >= inner) return;
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, t = lane % 4, slice = warp / 2;
-  GemvMatrix m;  // one read of the slot's descriptor, then the weights
-  if (shared_expert)
-    m = gemv_matrix(warp % 2 ? p.shared_up : p.shared_gate, p.x, nullptr);
-  else
-    m = p.slot_matrices[3 * slot + warp % 2];
-  if (m.rows == 0) return;  // a slot past the step's distinct experts (gate and up alike: the whole block)
+  if (!shared_expert) {
+    m = p.slot_matrices[3 * slot + warp % 2];  // one read of the slot's descriptor, then the weights
+    if (m.rows == 0) return;  // a slot past the step's distinct experts (gate and up alike: the whole block)
+    load_first_unit();
+  }
   m.x = p.x;
-  const TileRows rows = tile_rows(m, first_row);
-  const int begin = slice_start(slice, kGateUpSlices, rows.groups);
-  const int end = slice_start(slice + 1, kGateUpSlices, rows.groups);
-
-  WarpLoads current;  // issued before staging, so that the activations' latency overlaps theirs
-  load_group_block<4>(current, rows.codes, rows.affine, begin, end, rows.width, t);
   float2* group_terms = reinterpret_cast<float2*>(staged + size_t(rows.groups) * 16 * B);
   stage_activations<4, B>(m, rows.groups, staged, group_terms);
   __syncthreads();
@@ -92,46 +101,105 @@ __global__ void __launch_bounds__(kGateUpWarps * 32) gate_up_kernel(ExpertDecode
   }
 }
 
+// A down warp holds the first kDownHeldUnits units of its expert's tile in registers (8 of Flash-Next's 10 groups),
+// loaded before the expert's activations are staged (for its first expert before the grid's wait); the rest of the
+// tile streams after the staging. kDownBlocksPerSm bounds the registers (126–128, 4 bytes spilled) so that the grid
+// (640 blocks at Flash-Next) fits one wave: unbounded, ptxas takes ~158 and 4 blocks a multiprocessor. Holding all 10
+// groups (3 units: 72 bytes spilled at that bound) measured the same (H200, 12 layers).
+constexpr int kDownHeldUnits = 2, kDownHeldGroups = kDownHeldUnits * kUnroll;
+constexpr int kDownBlocksPerSm = 5;
+
+// Slot s's down descriptor (codes, affine rows, shape; x set to the slot's h), or the shared expert's at s =
+// selections. The slot descriptors come from route_slots_kernel, two launches back, and are read before
+// down_kernel's wait: through L2 (ld.global.cg, launch.cuh's two-deep rule), never from a line L1 may hold or by a
+// non-coherent load the compiler could move.
+template <int B>
+__device__ inline GemvMatrix down_matrix(const ExpertDecode& p, int s, int selections) {
+  if (s == selections) return gemv_matrix(p.shared_down, p.shared_h, nullptr);
+  const GemvMatrix* d = p.slot_matrices + 3 * s + 2;
+  GemvMatrix m;
+  m.codes = reinterpret_cast<const uint32_t*>(__ldcg(reinterpret_cast<const unsigned long long*>(&d->codes)));
+  m.scales = reinterpret_cast<const __nv_bfloat16*>(__ldcg(reinterpret_cast<const unsigned long long*>(&d->scales)));
+  m.biases = reinterpret_cast<const __nv_bfloat16*>(__ldcg(reinterpret_cast<const unsigned long long*>(&d->biases)));
+  static_assert(offsetof(GemvMatrix, cols) == offsetof(GemvMatrix, rows) + sizeof(int), "rows and cols in one load");
+  const int2 shape = __ldcg(reinterpret_cast<const int2*>(&d->rows));
+  m.rows = shape.x;
+  m.cols = shape.y;
+  m.x = p.h + size_t(s) * B * size_t(p.inner);
+  return m;
+}
+
+// One down warp's expert: its tile's rows, and the loads of the tile's first kDownHeldGroups groups.
+struct DownTile {
+  TileRows rows;
+  WarpLoads held[kDownHeldUnits];
+};
+
+__device__ inline void load_down_tile(DownTile& tile, const GemvMatrix& m, int first_row) {
+  const int t = int(threadIdx.x) % 4;
+  tile.rows = tile_rows(m, first_row);
+#pragma unroll
+  for (int u = 0; u < kDownHeldUnits; ++u)
+    load_group_block<4>(tile.held[u], tile.rows.codes, tile.rows.affine, u * kUnroll, tile.rows.groups, tile.rows.width,
+                        t);
+}
+
+// The tile's products with m's activations (staged into this warp's `fragments`): acc as tile_products'.
+template <int B>
+__device__ inline void down_products(DownTile& tile, const GemvMatrix& m, uint4* fragments, float (&acc)[2]) {
+  const TileRows& rows = tile.rows;
+  float2* group_terms = reinterpret_cast<float2*>(fragments + size_t(rows.groups) * 16 * B);
+  stage_activations_by<4, B>(m, rows.groups, fragments, group_terms, int(threadIdx.x) % 32, 32);
+  __syncwarp();
+#pragma unroll
+  for (int u = 0; u < kDownHeldUnits; ++u)
+    unit_products<4, B>(tile.held[u], u * kUnroll, rows.groups, rows.groups, fragments, group_terms, acc);
+  if (rows.groups > kDownHeldGroups) {  // wider experts than Flash-Next's: the rest streams as in tile_products
+    WarpLoads current;
+    load_group_block<4>(current, rows.codes, rows.affine, kDownHeldGroups, rows.groups, rows.width,
+                        int(threadIdx.x) % 4);
+    tile_products<4, B>(current, rows.codes, rows.affine, rows.width, kDownHeldGroups, rows.groups, rows.groups,
+                        fragments, group_terms, acc);
+  }
+}
+
 // Block (16-row output tile, cluster rank). Worker q = rank·kDownWarps + warp sums slots q, q + kDownWorkers, ...
 // (empty ones skipped; slot rows·top_k is the shared expert), each weighted per batch row; the block adds its warps'
 // sums in warp order and the cluster's first block adds the blocks' in rank order. Each warp stages its own expert's h.
+// A warp's first expert's descriptor and weights are loaded before the wait (gate_up_kernel triggers only after its
+// own wait, so the slots are final when this grid starts at all), and only h is staged after it.
 template <int B>
-__global__ void __cluster_dims__(1, kDownCluster, 1) __launch_bounds__(kDownWarps * 32)
+__global__ void __cluster_dims__(1, kDownCluster, 1) __launch_bounds__(kDownWarps * 32, kDownBlocksPerSm)
     down_kernel(ExpertDecode p, int warp_stage_words) {
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, t = lane % 4;
+  const int first_row = int(blockIdx.x) * kTileRows, selections = B * p.top_k;
+  cg::cluster_group cluster = cg::this_cluster();
+  int s = int(cluster.block_rank()) * kDownWarps + warp;
+  GemvMatrix m;
+  DownTile tile;
+  if (s <= selections) m = down_matrix<B>(p, s, selections);
+  if (m.rows != 0) load_down_tile(tile, m, first_row);
   wait_for_producers();
   allow_dependents();
   extern __shared__ uint4 staged[];
   __shared__ float partials[kDownWarps][64];
   __shared__ float block_total[64];
-  cg::cluster_group cluster = cg::this_cluster();
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, t = lane % 4;
-  const int first_row = int(blockIdx.x) * kTileRows, selections = B * p.top_k;
   uint4* fragments = staged + size_t(warp) * size_t(warp_stage_words);
   float total[2] = {};
-  for (int s = int(cluster.block_rank()) * kDownWarps + warp; s <= selections; s += kDownWorkers) {
-    const bool shared_expert = s == selections;
-    GemvMatrix m;
-    if (shared_expert) {
-      m = gemv_matrix(p.shared_down, p.shared_h, nullptr);
-    } else {
-      m = p.slot_matrices[3 * s + 2];
-      if (m.rows == 0) continue;  // a slot past the step's distinct experts
-      m.x = p.h + size_t(s) * B * size_t(p.inner);
+  while (s <= selections) {
+    if (m.rows != 0) {  // else a slot past the step's distinct experts
+      float acc[2] = {};
+      down_products<B>(tile, m, fragments, acc);
+      float weight = 0.0f;
+      if (t < B) weight = s == selections ? sigmoid(p.shared_scale[t]) : p.slot_weights[s * kMaxGemvRows + t];
+      total[0] = fmaf(weight, acc[0], total[0]);
+      total[1] = fmaf(weight, acc[1], total[1]);
+      __syncwarp();  // the next expert's staging overwrites these fragments
     }
-    const TileRows rows = tile_rows(m, first_row);
-    WarpLoads current;
-    load_group_block<4>(current, rows.codes, rows.affine, 0, rows.groups, rows.width, t);
-    float2* group_terms = reinterpret_cast<float2*>(fragments + size_t(rows.groups) * 16 * B);
-    stage_activations_by<4, B>(m, rows.groups, fragments, group_terms, lane, 32);
-    __syncwarp();
-    float acc[2] = {};
-    tile_products<4, B>(current, rows.codes, rows.affine, rows.width, 0, rows.groups, rows.groups, fragments,
-                        group_terms, acc);
-    float weight = 0.0f;
-    if (t < B) weight = shared_expert ? sigmoid(p.shared_scale[t]) : p.slot_weights[s * kMaxGemvRows + t];
-    total[0] = fmaf(weight, acc[0], total[0]);
-    total[1] = fmaf(weight, acc[1], total[1]);
-    __syncwarp();  // the next expert's staging overwrites these fragments
+    s += kDownWorkers;
+    if (s > selections) break;
+    m = down_matrix<B>(p, s, selections);
+    if (m.rows != 0) load_down_tile(tile, m, first_row);
   }
   partials[warp][lane] = total[0];
   partials[warp][32 + lane] = total[1];
