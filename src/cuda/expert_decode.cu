@@ -8,6 +8,7 @@
 #include "cuda/expert_decode.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/quant_mma.cuh"
+#include "cuda/route_keys.cuh"
 
 namespace vavilov::cuda {
 
@@ -50,42 +51,113 @@ __device__ inline TileRows tile_rows(const GemvMatrix& m, int first_row) {
   return r;
 }
 
-// blockIdx.y: a slot (blocks of empty slots leave at once) or, at `selections`, the shared expert.
+// The expert of selection `slot` of a 1-row pass, picked as route_slots_kernel picks it: the same keys from
+// probabilities of the same bits (the softmax's sum in route_slots_kernel's order: a warp sum over each run of 32
+// experts, then those sums in order), hence the same top k in the same order. It reads the logits before the grid's
+// wait, through L2 (launch.cuh's two-deep rule). Every thread of the block calls it.
+constexpr int kRouteRuns = kSelfRoutedExperts / 32, kRunsPerWarp = kRouteRuns / kGateUpWarps;
+
+__device__ int self_routed_expert(const ExpertDecode& p, int slot) {
+  __shared__ float peaks[kGateUpWarps];
+  __shared__ float run_sums[kRouteRuns];
+  __shared__ unsigned long long lists[kGateUpWarps / 2][32];
+  __shared__ int picked;
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  float value[kRunsPerWarp];
+  float peak = -INFINITY;
+#pragma unroll
+  for (int c = 0; c < kRunsPerWarp; ++c) {
+    const int e = (c * kGateUpWarps + warp) * 32 + lane;
+    value[c] = e < p.experts ? __ldcg(p.logits + e) : -INFINITY;
+    peak = fmaxf(peak, value[c]);
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) peak = fmaxf(peak, __shfl_xor_sync(0xffffffffu, peak, offset));
+  if (lane == 0) peaks[warp] = peak;
+  __syncthreads();
+  peak = peaks[0];
+  for (int w = 1; w < kGateUpWarps; ++w) peak = fmaxf(peak, peaks[w]);
+#pragma unroll
+  for (int c = 0; c < kRunsPerWarp; ++c) {
+    const int e = (c * kGateUpWarps + warp) * 32 + lane;
+    value[c] = e < p.experts ? expf(value[c] - peak) : 0.0f;
+    const float run = warp_sum(value[c]);
+    if (lane == 0) run_sums[c * kGateUpWarps + warp] = run;
+  }
+  __syncthreads();
+  float sum = run_sums[0];
+  for (int r = 1; r < kRouteRuns; ++r) sum += run_sums[r];
+  unsigned long long best = 0;
+#pragma unroll
+  for (int c = 0; c < kRunsPerWarp; ++c) {
+    const int e = (c * kGateUpWarps + warp) * 32 + lane;
+    const unsigned long long key = sort_warp(e < p.experts ? route_key(value[c] / sum, e) : 0ull);
+    best = c == 0 ? key : merge_top(best, __shfl_sync(0xffffffffu, key, 31 - lane));
+  }
+  for (int half = kGateUpWarps / 2; half > 0; half /= 2) {
+    if (warp >= half && warp < 2 * half) lists[warp - half][lane] = best;
+    __syncthreads();
+    if (warp < half) best = merge_top(best, lists[warp][31 - lane]);
+    __syncthreads();  // the next level's writers wait for this level's readers
+  }
+  if (warp == 0 && lane == slot) picked = key_expert(best);
+  __syncthreads();
+  return picked;
+}
+
+// blockIdx.y: a slot (blocks of empty slots leave at once) or, at `selections`, the shared expert. Before the wait
+// (launch.cuh's two-deep rule: route_slots_kernel, the kernel before, triggers only after its own wait, so what the
+// kernels before it wrote is final when this grid starts) a block stages the input's activations (read through L2) and,
+// where it knows its matrices, issues their first loads: the shared expert's (arguments), and in a 1-row pass the
+// slot's expert, which the block picks itself (self_routed_expert). Other slots read their descriptor (route_slots'
+// output) after the wait.
 template <int B>
 __global__ void __launch_bounds__(kGateUpWarps * 32) gate_up_kernel(ExpertDecode p, int selections) {
+  extern __shared__ uint4 staged[];
+  __shared__ float partials[kGateUpWarps][64];
   const int slot = int(blockIdx.y);
-  const bool shared_expert = slot == selections;
+  const bool shared_expert = slot == selections, self_routed = B == 1 && p.logits != nullptr && !shared_expert;
   const int inner = shared_expert ? p.shared_inner : p.inner, first_row = int(blockIdx.x) * kTileRows;
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, t = lane % 4, slice = warp / 2;
+  const int groups = p.hidden / kQuantGroup;
+  float2* group_terms = reinterpret_cast<float2*>(staged + size_t(groups) * 16 * B);
   GemvMatrix m;
   TileRows rows;
   int begin = 0, end = 0;
-  WarpLoads current;  // issued before staging, so that the activations' latency overlaps theirs
+  WarpLoads current;
   const auto load_first_unit = [&] {
     rows = tile_rows(m, first_row);
     begin = slice_start(slice, kGateUpSlices, rows.groups);
     end = slice_start(slice + 1, kGateUpSlices, rows.groups);
     load_group_block<4>(current, rows.codes, rows.affine, begin, end, rows.width, t);
   };
-  // The shared expert's matrices are arguments (weights fixed for the sequence): its first loads precede the wait.
-  if (shared_expert) m = gemv_matrix(warp % 2 ? p.shared_up : p.shared_gate, p.x, nullptr);
-  if (shared_expert && first_row < inner) load_first_unit();
+  if (first_row < inner) {
+    if (shared_expert)
+      m = gemv_matrix(warp % 2 ? p.shared_up : p.shared_gate, p.x, nullptr);
+    else if (self_routed)
+      m = gemv_matrix((warp % 2 ? p.expert_up : p.expert_gate)[self_routed_expert(p, slot)], p.x, nullptr);
+    if (shared_expert || self_routed) load_first_unit();
+    const auto load_input = [&](int b, int group, int lane_t, float(&x)[16]) {
+      const float4* source =
+          reinterpret_cast<const float4*>(p.x + size_t(b) * size_t(p.hidden) + group * kQuantGroup + 16 * lane_t);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float4 v = __ldcg(source + i);
+        x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
+      }
+    };
+    stage_computed_activations<4, B>(groups, load_input, staged, group_terms);
+  }
   // The wait comes before the trigger and before every exit: down_kernel reads the slots (route_slots_kernel's) before
   // its own wait, which is legal only because this grid lets it start after route_slots_kernel has completed.
   wait_for_producers();
   allow_dependents();
-  extern __shared__ uint4 staged[];
-  __shared__ float partials[kGateUpWarps][64];
   if (first_row >= inner) return;
-  if (!shared_expert) {
+  if (!shared_expert && !self_routed) {
     m = p.slot_matrices[3 * slot + warp % 2];  // one read of the slot's descriptor, then the weights
     if (m.rows == 0) return;  // a slot past the step's distinct experts (gate and up alike: the whole block)
     load_first_unit();
   }
-  m.x = p.x;
-  float2* group_terms = reinterpret_cast<float2*>(staged + size_t(rows.groups) * 16 * B);
-  stage_activations<4, B>(m, rows.groups, staged, group_terms);
-  __syncthreads();
+  __syncthreads();  // the staged activations
   float acc[2] = {};
   tile_products<4, B>(current, rows.codes, rows.affine, rows.width, begin, end, rows.groups, staged, group_terms, acc);
   partials[warp][lane] = acc[0];

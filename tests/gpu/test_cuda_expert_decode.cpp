@@ -220,11 +220,26 @@ TEST(CudaExpertDecode, RouteSlotsListTheDistinctExpertsInFirstComeOrder) {
   }
 }
 
-// The fused MoE experts of a decode pass: route_slots_kernel writes the step's slots (descriptors, weights), gate_up
-// reads them after its wait, and down_kernel reads them BEFORE its wait (launch.cuh's two-deep rule: legal only
-// because gate_up triggers after its own wait). A producer writes the router logits late over a previous step's
-// (whose slots, other experts, are still in the buffers); the chain's output must equal, bit for bit, the same chain on
-// the finished logits — so no kernel of it may read the slots before route_slots_kernel has written them.
+// The fused path's launches after the router product: moe_route_slots, gate/up, down (as moe_block.cpp's
+// decode_fused), on the logits and the shared-expert gate logits already in `buffers`.
+void fused_chain(const TestMoe& moe, const cuda::MoeShape& shape, const cuda::MoeDecodePlan& plan,
+                 const cuda::MoeBuffers& buffers, int rows, cudaStream_t stream) {
+  const int top_k = shape.route.top_k;
+  cuda::ExpertSlots slots{buffers.slot_of, buffers.slot_of + cuda::kMaxGemvRows * top_k, buffers.slot_weights};
+  slots.gate = moe.device.expert_gate;
+  slots.up = moe.device.expert_up;
+  slots.down = moe.device.expert_down;
+  slots.matrices = buffers.descriptors;
+  cuda::moe_route_slots(shape.route, buffers.router, rows, buffers.route_ids, buffers.route_weights, slots, stream);
+  ASSERT_EQ(cuda::expert_gate_up(plan.experts, rows, rows * top_k, stream), cudaSuccess);
+  ASSERT_EQ(cuda::expert_down(plan.experts, rows, stream), cudaSuccess);
+}
+
+// The fused MoE experts of a decode pass as dependent launches: route_slots_kernel writes the step's slots
+// (descriptors, weights) from the router logits, gate/up and down take them. A producer writes the logits late over a
+// previous step's (whose slots, other experts, are still in the buffers); the chain's output must equal, bit for bit,
+// the same chain on the finished logits: no kernel of it may take the slots or the logits before they are final (a
+// kernel that reads them before its wait, as launch.cuh's two-deep rule allows, included).
 TEST(CudaExpertDecode, ChainAfterLateLogitsMatchesFinishedLogits) {
   constexpr int hidden = 2560, inner = 640, experts = 64, top_k = 10;
   std::mt19937 rng(23);
@@ -238,21 +253,12 @@ TEST(CudaExpertDecode, ChainAfterLateLogitsMatchesFinishedLogits) {
   const std::vector<float> scale = test::normal_values(rng, cuda::kMaxGemvRows, 1.0f);
   ASSERT_EQ(cudaMemcpy(const_cast<float*>(buffers.input), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(buffers.shared_scale, scale.data(), scale.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  cuda::ExpertSlots slots{buffers.slot_of, buffers.slot_of + cuda::kMaxGemvRows * top_k, buffers.slot_weights};
-  slots.gate = moe.device.expert_gate;
-  slots.up = moe.device.expert_up;
-  slots.down = moe.device.expert_down;
-  slots.matrices = buffers.descriptors;
   const size_t logit_count = size_t(cuda::kMaxGemvRows) * experts;
   const std::vector<float> previous = test::normal_values(rng, logit_count, 1.0f);  // the previous step's logits
   const float* final_logits = memory.copy(test::normal_values(rng, logit_count, 1.0f));
   for (int rows = 1; rows <= cuda::kMaxGemvRows; rows += 3) {
     const size_t outputs = size_t(rows) * hidden;
-    const auto chain = [&](cudaStream_t stream) {
-      cuda::moe_route_slots(shape.route, buffers.router, rows, buffers.route_ids, buffers.route_weights, slots, stream);
-      ASSERT_EQ(cuda::expert_gate_up(plan.experts, rows, rows * top_k, stream), cudaSuccess);
-      ASSERT_EQ(cuda::expert_down(plan.experts, rows, stream), cudaSuccess);
-    };
+    const auto chain = [&](cudaStream_t stream) { fused_chain(moe, shape, plan, buffers, rows, stream); };
     const auto run_on = [&](const float* logits) {  // the chain on logits in place, and its picks
       ASSERT_EQ(cudaMemcpy(buffers.router, logits, logit_count * 4, cudaMemcpyDefault), cudaSuccess);
       chain(nullptr);
@@ -273,6 +279,50 @@ TEST(CudaExpertDecode, ChainAfterLateLogitsMatchesFinishedLogits) {
                 0)
           << rows << " rows, graph " << graph;
     }
+  }
+}
+
+// A 1-row pass whose router probabilities tie across the top-k boundary: the slots' experts must be the CPU's picks in
+// its order (ties to the lower index), and gate/up and down must take the same expert for each slot (one that took
+// another would pair one expert's h with another's down). Router logits of four levels (many exact ties) and all
+// equal: the picks, and the output against the spec's MoE over them.
+TEST(CudaExpertDecode, OneRowPassOnTiedRouterScoresPicksAsTheCpu) {
+  std::mt19937 rng(43);
+  DeviceMemory memory;
+  const TestMoe moe = make_q4_moe(memory, rng);
+  const cuda::MoeBuffers buffers = make_buffers(memory);
+  const cuda::MoeShape shape{kHidden, kInner, kSharedInner, {kExperts, kTopK, true}};
+  const cuda::MoeDecodePlan plan = cuda::plan_moe_decode(moe.device, shape, buffers);
+  ASSERT_TRUE(plan.fused);
+  const std::vector<float> x = normal_values(rng, kHidden, 1.0f);
+  const float scale = 0.3f;
+  ASSERT_EQ(cudaMemcpy(const_cast<float*>(buffers.input), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(buffers.shared_scale, &scale, 4, cudaMemcpyHostToDevice), cudaSuccess);
+  const std::vector<double> xd(x.begin(), x.end());
+  std::uniform_int_distribution<int> level(0, 3);
+  for (int levels : {4, 4, 4, 1}) {
+    std::vector<float> logits(kExperts);
+    for (float& l : logits) l = levels == 1 ? 0.5f : 0.5f * float(level(rng));
+    ASSERT_EQ(cudaMemcpy(buffers.router, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    fused_chain(moe, shape, plan, buffers, 1, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<double> p(logits.begin(), logits.end());
+    const double peak = *std::max_element(p.begin(), p.end());
+    double sum = 0, total = 0;
+    for (double& v : p) sum += (v = std::exp(v - peak));
+    const std::vector<int> order = test::probability_ranking(p);
+    for (int j = 0; j < kTopK; ++j) total += p[size_t(order[size_t(j)])];
+    EXPECT_EQ(test::download(buffers.route_ids, kTopK), std::vector<int>(order.begin(), order.begin() + kTopK));
+    std::vector<double> y(kHidden, 0.0), magnitude(kHidden, 0.0);
+    for (int j = 0; j < kTopK; ++j) {
+      const size_t e = size_t(order[size_t(j)]);
+      test::add_feed_forward(moe.gate[e], moe.up[e], moe.down[e], xd.data(), p[e] / total, y.data(), magnitude.data());
+    }
+    test::add_feed_forward(moe.shared_gate, moe.shared_up, moe.shared_down, xd.data(), 1.0 / (1.0 + std::exp(-scale)),
+                           y.data(), magnitude.data());
+    const std::vector<float> got = test::download(buffers.output, kHidden);
+    for (int i = 0; i < kHidden; ++i)  // as FusedQ4MatchesDoublePrecisionForOneToFourRows
+      ASSERT_NEAR(got[size_t(i)], y[size_t(i)], 1e-3 * magnitude[size_t(i)]) << levels << " levels, column " << i;
   }
 }
 
