@@ -1,14 +1,12 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <cstddef>
 #include <type_traits>
 
 #include "cuda/device_math.cuh"
 #include "cuda/expert_decode.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/quant_mma.cuh"
-#include "cuda/route_keys.cuh"
 
 namespace vavilov::cuda {
 
@@ -51,113 +49,34 @@ __device__ inline TileRows tile_rows(const GemvMatrix& m, int first_row) {
   return r;
 }
 
-// The expert of selection `slot` of a 1-row pass, picked as route_slots_kernel picks it: the same keys from
-// probabilities of the same bits (the softmax's sum in route_slots_kernel's order: a warp sum over each run of 32
-// experts, then those sums in order), hence the same top k in the same order. It reads the logits before the grid's
-// wait, through L2 (launch.cuh's two-deep rule). Every thread of the block calls it.
-constexpr int kRouteRuns = kSelfRoutedExperts / 32, kRunsPerWarp = kRouteRuns / kGateUpWarps;
-
-__device__ int self_routed_expert(const ExpertDecode& p, int slot) {
-  __shared__ float peaks[kGateUpWarps];
-  __shared__ float run_sums[kRouteRuns];
-  __shared__ unsigned long long lists[kGateUpWarps / 2][32];
-  __shared__ int picked;
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  float value[kRunsPerWarp];
-  float peak = -INFINITY;
-#pragma unroll
-  for (int c = 0; c < kRunsPerWarp; ++c) {
-    const int e = (c * kGateUpWarps + warp) * 32 + lane;
-    value[c] = e < p.experts ? __ldcg(p.logits + e) : -INFINITY;
-    peak = fmaxf(peak, value[c]);
-  }
-  for (int offset = 16; offset > 0; offset >>= 1) peak = fmaxf(peak, __shfl_xor_sync(0xffffffffu, peak, offset));
-  if (lane == 0) peaks[warp] = peak;
-  __syncthreads();
-  peak = peaks[0];
-  for (int w = 1; w < kGateUpWarps; ++w) peak = fmaxf(peak, peaks[w]);
-#pragma unroll
-  for (int c = 0; c < kRunsPerWarp; ++c) {
-    const int e = (c * kGateUpWarps + warp) * 32 + lane;
-    value[c] = e < p.experts ? expf(value[c] - peak) : 0.0f;
-    const float run = warp_sum(value[c]);
-    if (lane == 0) run_sums[c * kGateUpWarps + warp] = run;
-  }
-  __syncthreads();
-  float sum = run_sums[0];
-  for (int r = 1; r < kRouteRuns; ++r) sum += run_sums[r];
-  unsigned long long best = 0;
-#pragma unroll
-  for (int c = 0; c < kRunsPerWarp; ++c) {
-    const int e = (c * kGateUpWarps + warp) * 32 + lane;
-    const unsigned long long key = sort_warp(e < p.experts ? route_key(value[c] / sum, e) : 0ull);
-    best = c == 0 ? key : merge_top(best, __shfl_sync(0xffffffffu, key, 31 - lane));
-  }
-  for (int half = kGateUpWarps / 2; half > 0; half /= 2) {
-    if (warp >= half && warp < 2 * half) lists[warp - half][lane] = best;
-    __syncthreads();
-    if (warp < half) best = merge_top(best, lists[warp][31 - lane]);
-    __syncthreads();  // the next level's writers wait for this level's readers
-  }
-  if (warp == 0 && lane == slot) picked = key_expert(best);
-  __syncthreads();
-  return picked;
-}
-
-// blockIdx.y: a slot (blocks of empty slots leave at once) or, at `selections`, the shared expert. Before the wait
-// (launch.cuh's two-deep rule: route_slots_kernel, the kernel before, triggers only after its own wait, so what the
-// kernels before it wrote is final when this grid starts) a block stages the input's activations (read through L2) and,
-// where it knows its matrices, issues their first loads: the shared expert's (arguments), and in a 1-row pass the
-// slot's expert, which the block picks itself (self_routed_expert). Other slots read their descriptor (route_slots'
-// output) after the wait.
+// blockIdx.y: a slot (blocks of empty slots leave at once) or, at `selections`, the shared expert.
 template <int B>
 __global__ void __launch_bounds__(kGateUpWarps * 32) gate_up_kernel(ExpertDecode p, int selections) {
+  wait_for_producers();
+  allow_dependents();
   extern __shared__ uint4 staged[];
   __shared__ float partials[kGateUpWarps][64];
   const int slot = int(blockIdx.y);
-  const bool shared_expert = slot == selections, self_routed = B == 1 && p.logits != nullptr && !shared_expert;
+  const bool shared_expert = slot == selections;
   const int inner = shared_expert ? p.shared_inner : p.inner, first_row = int(blockIdx.x) * kTileRows;
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, t = lane % 4, slice = warp / 2;
-  const int groups = p.hidden / kQuantGroup;
-  float2* group_terms = reinterpret_cast<float2*>(staged + size_t(groups) * 16 * B);
-  GemvMatrix m;
-  TileRows rows;
-  int begin = 0, end = 0;
-  WarpLoads current;
-  const auto load_first_unit = [&] {
-    rows = tile_rows(m, first_row);
-    begin = slice_start(slice, kGateUpSlices, rows.groups);
-    end = slice_start(slice + 1, kGateUpSlices, rows.groups);
-    load_group_block<4>(current, rows.codes, rows.affine, begin, end, rows.width, t);
-  };
-  if (first_row < inner) {
-    if (shared_expert)
-      m = gemv_matrix(warp % 2 ? p.shared_up : p.shared_gate, p.x, nullptr);
-    else if (self_routed)
-      m = gemv_matrix((warp % 2 ? p.expert_up : p.expert_gate)[self_routed_expert(p, slot)], p.x, nullptr);
-    if (shared_expert || self_routed) load_first_unit();
-    const auto load_input = [&](int b, int group, int lane_t, float(&x)[16]) {
-      const float4* source =
-          reinterpret_cast<const float4*>(p.x + size_t(b) * size_t(p.hidden) + group * kQuantGroup + 16 * lane_t);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float4 v = __ldcg(source + i);
-        x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
-      }
-    };
-    stage_computed_activations<4, B>(groups, load_input, staged, group_terms);
-  }
-  // The wait comes before the trigger and before every exit: down_kernel reads the slots (route_slots_kernel's) before
-  // its own wait, which is legal only because this grid lets it start after route_slots_kernel has completed.
-  wait_for_producers();
-  allow_dependents();
   if (first_row >= inner) return;
-  if (!shared_expert && !self_routed) {
-    m = p.slot_matrices[3 * slot + warp % 2];  // one read of the slot's descriptor, then the weights
-    if (m.rows == 0) return;  // a slot past the step's distinct experts (gate and up alike: the whole block)
-    load_first_unit();
-  }
-  __syncthreads();  // the staged activations
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, t = lane % 4, slice = warp / 2;
+  GemvMatrix m;  // one read of the slot's descriptor, then the weights
+  if (shared_expert)
+    m = gemv_matrix(warp % 2 ? p.shared_up : p.shared_gate, p.x, nullptr);
+  else
+    m = p.slot_matrices[3 * slot + warp % 2];
+  if (m.rows == 0) return;  // a slot past the step's distinct experts (gate and up alike: the whole block)
+  m.x = p.x;
+  const TileRows rows = tile_rows(m, first_row);
+  const int begin = slice_start(slice, kGateUpSlices, rows.groups);
+  const int end = slice_start(slice + 1, kGateUpSlices, rows.groups);
+
+  WarpLoads current;  // issued before staging, so that the activations' latency overlaps theirs
+  load_group_block<4>(current, rows.codes, rows.affine, begin, end, rows.width, t);
+  float2* group_terms = reinterpret_cast<float2*>(staged + size_t(rows.groups) * 16 * B);
+  stage_activations<4, B>(m, rows.groups, staged, group_terms);
+  __syncthreads();
   float acc[2] = {};
   tile_products<4, B>(current, rows.codes, rows.affine, rows.width, begin, end, rows.groups, staged, group_terms, acc);
   partials[warp][lane] = acc[0];
@@ -173,105 +92,46 @@ __global__ void __launch_bounds__(kGateUpWarps * 32) gate_up_kernel(ExpertDecode
   }
 }
 
-// A down warp holds the first kDownHeldUnits units of its expert's tile in registers (8 of Flash-Next's 10 groups),
-// loaded before the expert's activations are staged (for its first expert before the grid's wait); the rest of the
-// tile streams after the staging. kDownBlocksPerSm bounds the registers (126–128, 4 bytes spilled) so that the grid
-// (640 blocks at Flash-Next) fits one wave: unbounded, ptxas takes ~158 and 4 blocks a multiprocessor. Holding all 10
-// groups (3 units: 72 bytes spilled at that bound) measured the same (H200, 12 layers).
-constexpr int kDownHeldUnits = 2, kDownHeldGroups = kDownHeldUnits * kUnroll;
-constexpr int kDownBlocksPerSm = 5;
-
-// Slot s's down descriptor (codes, affine rows, shape; x set to the slot's h), or the shared expert's at s =
-// selections. The slot descriptors come from route_slots_kernel, two launches back, and are read before
-// down_kernel's wait: through L2 (ld.global.cg, launch.cuh's two-deep rule), never from a line L1 may hold or by a
-// non-coherent load the compiler could move.
-template <int B>
-__device__ inline GemvMatrix down_matrix(const ExpertDecode& p, int s, int selections) {
-  if (s == selections) return gemv_matrix(p.shared_down, p.shared_h, nullptr);
-  const GemvMatrix* d = p.slot_matrices + 3 * s + 2;
-  GemvMatrix m;
-  m.codes = reinterpret_cast<const uint32_t*>(__ldcg(reinterpret_cast<const unsigned long long*>(&d->codes)));
-  m.scales = reinterpret_cast<const __nv_bfloat16*>(__ldcg(reinterpret_cast<const unsigned long long*>(&d->scales)));
-  m.biases = reinterpret_cast<const __nv_bfloat16*>(__ldcg(reinterpret_cast<const unsigned long long*>(&d->biases)));
-  static_assert(offsetof(GemvMatrix, cols) == offsetof(GemvMatrix, rows) + sizeof(int), "rows and cols in one load");
-  const int2 shape = __ldcg(reinterpret_cast<const int2*>(&d->rows));
-  m.rows = shape.x;
-  m.cols = shape.y;
-  m.x = p.h + size_t(s) * B * size_t(p.inner);
-  return m;
-}
-
-// One down warp's expert: its tile's rows, and the loads of the tile's first kDownHeldGroups groups.
-struct DownTile {
-  TileRows rows;
-  WarpLoads held[kDownHeldUnits];
-};
-
-__device__ inline void load_down_tile(DownTile& tile, const GemvMatrix& m, int first_row) {
-  const int t = int(threadIdx.x) % 4;
-  tile.rows = tile_rows(m, first_row);
-#pragma unroll
-  for (int u = 0; u < kDownHeldUnits; ++u)
-    load_group_block<4>(tile.held[u], tile.rows.codes, tile.rows.affine, u * kUnroll, tile.rows.groups, tile.rows.width,
-                        t);
-}
-
-// The tile's products with m's activations (staged into this warp's `fragments`): acc as tile_products'.
-template <int B>
-__device__ inline void down_products(DownTile& tile, const GemvMatrix& m, uint4* fragments, float (&acc)[2]) {
-  const TileRows& rows = tile.rows;
-  float2* group_terms = reinterpret_cast<float2*>(fragments + size_t(rows.groups) * 16 * B);
-  stage_activations_by<4, B>(m, rows.groups, fragments, group_terms, int(threadIdx.x) % 32, 32);
-  __syncwarp();
-#pragma unroll
-  for (int u = 0; u < kDownHeldUnits; ++u)
-    unit_products<4, B>(tile.held[u], u * kUnroll, rows.groups, rows.groups, fragments, group_terms, acc);
-  if (rows.groups > kDownHeldGroups) {  // wider experts than Flash-Next's: the rest streams as in tile_products
-    WarpLoads current;
-    load_group_block<4>(current, rows.codes, rows.affine, kDownHeldGroups, rows.groups, rows.width,
-                        int(threadIdx.x) % 4);
-    tile_products<4, B>(current, rows.codes, rows.affine, rows.width, kDownHeldGroups, rows.groups, rows.groups,
-                        fragments, group_terms, acc);
-  }
-}
-
 // Block (16-row output tile, cluster rank). Worker q = rank·kDownWarps + warp sums slots q, q + kDownWorkers, ...
 // (empty ones skipped; slot rows·top_k is the shared expert), each weighted per batch row; the block adds its warps'
 // sums in warp order and the cluster's first block adds the blocks' in rank order. Each warp stages its own expert's h.
-// A warp's first expert's descriptor and weights are loaded before the wait (gate_up_kernel triggers only after its
-// own wait, so the slots are final when this grid starts at all), and only h is staged after it.
 template <int B>
-__global__ void __cluster_dims__(1, kDownCluster, 1) __launch_bounds__(kDownWarps * 32, kDownBlocksPerSm)
+__global__ void __cluster_dims__(1, kDownCluster, 1) __launch_bounds__(kDownWarps * 32)
     down_kernel(ExpertDecode p, int warp_stage_words) {
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, t = lane % 4;
-  const int first_row = int(blockIdx.x) * kTileRows, selections = B * p.top_k;
-  cg::cluster_group cluster = cg::this_cluster();
-  int s = int(cluster.block_rank()) * kDownWarps + warp;
-  GemvMatrix m;
-  DownTile tile;
-  if (s <= selections) m = down_matrix<B>(p, s, selections);
-  if (m.rows != 0) load_down_tile(tile, m, first_row);
   wait_for_producers();
   allow_dependents();
   extern __shared__ uint4 staged[];
   __shared__ float partials[kDownWarps][64];
   __shared__ float block_total[64];
+  cg::cluster_group cluster = cg::this_cluster();
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, t = lane % 4;
+  const int first_row = int(blockIdx.x) * kTileRows, selections = B * p.top_k;
   uint4* fragments = staged + size_t(warp) * size_t(warp_stage_words);
   float total[2] = {};
-  while (s <= selections) {
-    if (m.rows != 0) {  // else a slot past the step's distinct experts
-      float acc[2] = {};
-      down_products<B>(tile, m, fragments, acc);
-      float weight = 0.0f;
-      if (t < B) weight = s == selections ? sigmoid(p.shared_scale[t]) : p.slot_weights[s * kMaxGemvRows + t];
-      total[0] = fmaf(weight, acc[0], total[0]);
-      total[1] = fmaf(weight, acc[1], total[1]);
-      __syncwarp();  // the next expert's staging overwrites these fragments
+  for (int s = int(cluster.block_rank()) * kDownWarps + warp; s <= selections; s += kDownWorkers) {
+    const bool shared_expert = s == selections;
+    GemvMatrix m;
+    if (shared_expert) {
+      m = gemv_matrix(p.shared_down, p.shared_h, nullptr);
+    } else {
+      m = p.slot_matrices[3 * s + 2];
+      if (m.rows == 0) continue;  // a slot past the step's distinct experts
+      m.x = p.h + size_t(s) * B * size_t(p.inner);
     }
-    s += kDownWorkers;
-    if (s > selections) break;
-    m = down_matrix<B>(p, s, selections);
-    if (m.rows != 0) load_down_tile(tile, m, first_row);
+    const TileRows rows = tile_rows(m, first_row);
+    WarpLoads current;
+    load_group_block<4>(current, rows.codes, rows.affine, 0, rows.groups, rows.width, t);
+    float2* group_terms = reinterpret_cast<float2*>(fragments + size_t(rows.groups) * 16 * B);
+    stage_activations_by<4, B>(m, rows.groups, fragments, group_terms, lane, 32);
+    __syncwarp();
+    float acc[2] = {};
+    tile_products<4, B>(current, rows.codes, rows.affine, rows.width, 0, rows.groups, rows.groups, fragments,
+                        group_terms, acc);
+    float weight = 0.0f;
+    if (t < B) weight = shared_expert ? sigmoid(p.shared_scale[t]) : p.slot_weights[s * kMaxGemvRows + t];
+    total[0] = fmaf(weight, acc[0], total[0]);
+    total[1] = fmaf(weight, acc[1], total[1]);
+    __syncwarp();  // the next expert's staging overwrites these fragments
   }
   partials[warp][lane] = total[0];
   partials[warp][32 + lane] = total[1];

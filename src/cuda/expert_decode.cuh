@@ -23,15 +23,7 @@ struct ExpertDecode {
   float* h = nullptr;                         // [rows·top_k slots, rows, inner]
   float* shared_h = nullptr;                  // [rows, shared_inner]
   float* y = nullptr;                         // [rows, hidden]
-  // 1-row passes with up to kSelfRoutedExperts experts: the router logits [experts] and the expert tables, from which
-  // each gate/up block picks its slot's expert itself before its wait (the same pick as moe_route_slots'), so that
-  // its weights stream while the routing kernel runs. Null logits: the blocks read ExpertSlots' descriptors after it.
-  const float* logits = nullptr;
-  const DeviceMatrix *expert_gate = nullptr, *expert_up = nullptr;
-  int experts = 0;
 };
-
-constexpr int kSelfRoutedExperts = 512;
 
 // h and shared_h for `rows` rows with `selections` = rows·top_k (the grid's bound on the slot count).
 cudaError_t expert_gate_up(const ExpertDecode& p, int rows, int selections, cudaStream_t stream);

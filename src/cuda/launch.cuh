@@ -16,8 +16,9 @@
 // wait_for_producers() in every block (early exits included: an exit counts as the trigger). This kernel then starts
 // only once that kernel's wait has returned in every block, i.e. once the kernel before that one has completed (and,
 // since every kernel waits before it exits, every earlier one) with its memory visible. Such reads go through L2
-// (__ldcg, ld.global.cg), never __ldg / ld.global.nc (non-coherent: session 6 saw one hoisted across a wait). The kernel
-// in between says so where it waits (expert_decode.cu: route_slots_kernel → gate_up_kernel → down_kernel).
+// (__ldcg, ld.global.cg), never __ldg / ld.global.nc (non-coherent: session 6 saw one hoisted across a wait), and the
+// kernel in between must say where it waits that its wait has to stay first. No kernel relies on it today
+// (docs/CUDA.md: tried on the MoE experts, slower).
 // Any kernel may call allow_dependents() (or cudaTriggerProgrammaticLaunchCompletion(), the same instruction, where
 // this header is not included) as its first statement: it only lets the next dependent launch start early
 // and never makes that one see unfinished data (its wait still waits for this whole grid and its memory).

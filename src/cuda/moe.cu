@@ -3,7 +3,6 @@
 #include "cuda/device_math.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/moe.cuh"
-#include "cuda/route_keys.cuh"
 
 namespace vavilov::cuda {
 
@@ -198,6 +197,37 @@ constexpr int kSlotsWarps = 16;
 constexpr int kSlotsThreads = kSlotsWarps * 32;
 static_assert(kMaxMoeTopK <= 32, "a warp's sorted list holds the top 32");
 
+__device__ inline unsigned long long route_key(float prob, int expert) {
+  const unsigned rank = prob == prob ? __float_as_uint(prob) + 1u : 0u;  // probabilities are ≥ +0 or NaN
+  return (static_cast<unsigned long long>(rank) << 32) | static_cast<unsigned long long>(~unsigned(expert));
+}
+
+__device__ inline int key_expert(unsigned long long key) { return int(~unsigned(key & 0xffffffffu)); }
+
+// Keeps the larger key of the lane pair (lane, lane ^ offset) at the lane where `keep_max` holds.
+__device__ inline unsigned long long exchange(unsigned long long key, int offset, bool keep_max) {
+  const unsigned long long other = __shfl_xor_sync(kFullMask, key, offset);
+  return (other > key) == keep_max ? other : key;
+}
+
+// The warp's 32 keys sorted descending across lanes (bitonic sort: lane 0 ends with the largest).
+__device__ inline unsigned long long sort_warp(unsigned long long key) {
+  const int lane = int(threadIdx.x) % 32;
+  for (int size = 2; size <= 32; size <<= 1)
+    for (int offset = size / 2; offset > 0; offset >>= 1)
+      key = exchange(key, offset, ((lane & offset) == 0) == ((lane & size) == 0));
+  return key;
+}
+
+// The 32 largest of two descending lists (`reversed` read in ascending order), descending: their lane-wise maximum is
+// the top half, bitonic, which five exchange steps sort.
+__device__ inline unsigned long long merge_top(unsigned long long key, unsigned long long reversed) {
+  const int lane = int(threadIdx.x) % 32;
+  key = key > reversed ? key : reversed;
+  for (int offset = 16; offset > 0; offset >>= 1) key = exchange(key, offset, (lane & offset) == 0);
+  return key;
+}
+
 __device__ inline float block_reduce(float v, float* partial, bool is_max) {
   v = is_max ? warp_max(v) : warp_sum(v);
   __syncthreads();  // an earlier call's readers are done with `partial`
@@ -208,9 +238,7 @@ __device__ inline float block_reduce(float v, float* partial, bool is_max) {
   return total;
 }
 
-// One row with the whole block: softmax (exp(l − max) / Σ, the sum in a fixed order: at up to 512 experts
-// expert_decode.cu's self_routed_expert takes it in the same order to pick the same experts, so change both together),
-// the top_k keys, and the picks
+// One row with the whole block: softmax (exp(l − max) / Σ, the sum in a fixed order), the top_k keys, and the picks
 // in selection order: ids/weights in global memory and in `picked`/`picked_weight` (shared). Selection j is kept by
 // lane j of warp 0, which sums the renormalising total in selection order like the CPU.
 template <int PerThread>

@@ -59,12 +59,6 @@ ExpertDecode expert_decode_arguments(const DeviceMoe& w, const MoeShape& shape, 
   p.h = b.expert_gate;
   p.shared_h = b.shared_gate;
   p.y = b.output;
-  if (shape.route.experts <= kSelfRoutedExperts) {
-    p.logits = b.router;
-    p.expert_gate = w.expert_gate;
-    p.expert_up = w.expert_up;
-    p.experts = shape.route.experts;
-  }
   return p;
 }
 

@@ -265,51 +265,41 @@ __device__ inline int slice_start(int k, int slices, int groups) {
   return min(k * units / slices * kUnroll, groups);
 }
 
-// Adds groups [first, first + kUnroll) ∩ [.., end) of one warp's tile, whose loads `unit` holds, to acc (as
-// tile_products; first is a multiple of kUnroll).
-template <int Bits, int B>
-__device__ inline void unit_products(const WarpLoads& unit, int first, int end, int groups, const uint4* fragments,
-                                     const float2* group_terms, float (&acc)[2]) {
-  const int lane = threadIdx.x % 32, t = lane % 4;
-  uint32_t scale_bias[4];  // bf16 pairs of two groups: scale row g, scale row g + 8, bias g, bias g + 8
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const int group = first + u;
-    if (group >= end) break;
-    uint4 b_fragment[2] = {};
-    if (lane < 8 * B) {
-      b_fragment[0] = fragments[(size_t(group) * 2) * 8 * B + lane];
-      b_fragment[1] = fragments[(size_t(group) * 2 + 1) * 8 * B + lane];
-    }
-    const float2 terms = t < B ? group_terms[t * groups + group] : make_float2(0.0f, 0.0f);
-    if (u % 2 == 0)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) scale_bias[i] = __shfl_sync(0xffffffffu, unit.affine[u / 2], (lane & ~3) | i);
-    uint32_t a0[8], a1[8];
-    decode<Bits>(unit.codes[u][0], t, a0);
-    decode<Bits>(unit.codes[u][1], t, a1);
-    float c[4] = {};
-    mma_f16(c, a0[0], a1[0], a0[1], a1[1], b_fragment[0].x, b_fragment[0].y);
-    mma_f16(c, a0[2], a1[2], a0[3], a1[3], b_fragment[0].z, b_fragment[0].w);
-    mma_f16(c, a0[4], a1[4], a0[5], a1[5], b_fragment[1].x, b_fragment[1].y);
-    mma_f16(c, a0[6], a1[6], a0[7], a1[7], b_fragment[1].z, b_fragment[1].w);
-    const auto pick = [&](uint32_t pair) { return u % 2 ? bf16_high(pair) : bf16_low(pair); };
-    acc[0] = fmaf(c[0] + c[1], pick(scale_bias[0]) * terms.y, fmaf(pick(scale_bias[2]), terms.x, acc[0]));
-    acc[1] = fmaf(c[2] + c[3], pick(scale_bias[1]) * terms.y, fmaf(pick(scale_bias[3]), terms.x, acc[1]));
-  }
-}
-
 // Σ over groups [begin, end) of one warp's tile: acc[r] = row g + 8r's product with batch row t (lane (g, t), t < B).
-// `current` holds the loads of the unit at begin; each unit's successor is loaded before the unit is summed.
 template <int Bits, int B>
 __device__ inline void tile_products(WarpLoads& current, const uint32_t* const (&codes)[2], const __nv_bfloat16* affine,
                                      AffineWidth width, int begin, int end, int groups, const uint4* fragments,
                                      const float2* group_terms, float (&acc)[2]) {
-  const int t = threadIdx.x % 4;
+  const int lane = threadIdx.x % 32, t = lane % 4;
   for (int first = begin; first < end; first += kUnroll) {
     WarpLoads next;
     load_group_block<Bits>(next, codes, affine, first + kUnroll, end, width, t);
-    unit_products<Bits, B>(current, first, end, groups, fragments, group_terms, acc);
+    uint32_t scale_bias[4];  // bf16 pairs of two groups: scale row g, scale row g + 8, bias g, bias g + 8
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int group = first + u;
+      if (group >= end) break;
+      uint4 b_fragment[2] = {};
+      if (lane < 8 * B) {
+        b_fragment[0] = fragments[(size_t(group) * 2) * 8 * B + lane];
+        b_fragment[1] = fragments[(size_t(group) * 2 + 1) * 8 * B + lane];
+      }
+      const float2 terms = t < B ? group_terms[t * groups + group] : make_float2(0.0f, 0.0f);
+      if (u % 2 == 0)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) scale_bias[i] = __shfl_sync(0xffffffffu, current.affine[u / 2], (lane & ~3) | i);
+      uint32_t a0[8], a1[8];
+      decode<Bits>(current.codes[u][0], t, a0);
+      decode<Bits>(current.codes[u][1], t, a1);
+      float c[4] = {};
+      mma_f16(c, a0[0], a1[0], a0[1], a1[1], b_fragment[0].x, b_fragment[0].y);
+      mma_f16(c, a0[2], a1[2], a0[3], a1[3], b_fragment[0].z, b_fragment[0].w);
+      mma_f16(c, a0[4], a1[4], a0[5], a1[5], b_fragment[1].x, b_fragment[1].y);
+      mma_f16(c, a0[6], a1[6], a0[7], a1[7], b_fragment[1].z, b_fragment[1].w);
+      const auto pick = [&](uint32_t pair) { return u % 2 ? bf16_high(pair) : bf16_low(pair); };
+      acc[0] = fmaf(c[0] + c[1], pick(scale_bias[0]) * terms.y, fmaf(pick(scale_bias[2]), terms.x, acc[0]));
+      acc[1] = fmaf(c[2] + c[3], pick(scale_bias[1]) * terms.y, fmaf(pick(scale_bias[3]), terms.x, acc[1]));
+    }
     current = next;
   }
 }
