@@ -11,11 +11,14 @@
 //     grid's completion imply its producer's, so that the kernels after it (dependent or not) see everything the
 //     earlier kernels wrote;
 //   - it calls allow_dependents() (best after its own wait, so that launches run at most one kernel ahead).
-// Two-deep rule: data written by a kernel at least two launches back may be read before the wait when every launch in
-// between calls allow_dependents() only after its own wait in every block (early exits included): this kernel then
-// starts only after that one's wait returned, i.e. after the writer completed and flushed. Read such data through L2
-// (ld.global.cg, __ldcg), never through the non-coherent path (__ldg, .nc), which the compiler may hoist and L1 may
-// serve stale (docs/CUDA.md, the MoE block: the expert down launch's descriptors, gate/up's activations).
+// The two-deep rule: before its wait a kernel may also read what any kernel two or more launches back wrote, when the
+// kernel directly before it is a dependent launch that calls allow_dependents() only after its own
+// wait_for_producers() in every block (early exits included: an exit counts as the trigger). This kernel then starts
+// only once that kernel's wait has returned in every block, i.e. once the kernel before that one has completed (and,
+// since every kernel waits before it exits, every earlier one) with its memory visible. Such reads go through L2
+// (__ldcg, ld.global.cg), never __ldg / ld.global.nc (non-coherent: session 6 saw one hoisted across a wait), and the
+// kernel in between must say where it waits that its wait has to stay first. Used by the 2–4-row MoE block (the
+// expert down launch's descriptors, gate/up's activations: docs/CUDA.md); tried on the 1-row fused experts, slower.
 // Any kernel may call allow_dependents() (or cudaTriggerProgrammaticLaunchCompletion(), the same instruction, where
 // this header is not included) as its first statement: it only lets the next dependent launch start early
 // and never makes that one see unfinished data (its wait still waits for this whole grid and its memory).

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstddef>
 #include <numeric>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -37,6 +38,29 @@ inline void describe_on_device(TestMoe& m, DeviceMemory& memory, cuda::WeightFor
   m.device.expert_down = descriptors(m.down);
   m.device.gate_up_format = gate_up;
   m.device.down_format = down;
+}
+
+// A Q4 MoE block of random weights (hidden, expert inner and shared-expert inner widths, `experts` experts), described
+// on the device.
+inline TestMoe random_q4_moe(DeviceMemory& memory, std::mt19937& rng, int hidden, int inner, int shared_inner,
+                             int experts) {
+  const auto random = [&](int rows, int cols, float scale) {
+    return make_matrix(memory, cuda::WeightFormat::Q4, normal_values(rng, size_t(rows) * size_t(cols), scale), rows,
+                       cols);
+  };
+  TestMoe m;
+  m.router = random(experts, hidden, 0.05f);
+  m.shared_gate = random(shared_inner, hidden, 0.03f);
+  m.shared_up = random(shared_inner, hidden, 0.03f);
+  m.shared_down = random(hidden, shared_inner, 0.05f);
+  m.shared_scale = random(1, hidden, 0.03f);
+  for (int e = 0; e < experts; ++e) {
+    m.gate.push_back(random(inner, hidden, 0.03f));
+    m.up.push_back(random(inner, hidden, 0.03f));
+    m.down.push_back(random(hidden, inner, 0.05f));
+  }
+  describe_on_device(m, memory, cuda::WeightFormat::Q4, cuda::WeightFormat::Q4);
+  return m;
 }
 
 inline std::vector<double> reference_product(const TestMatrix& w, const double* x) {

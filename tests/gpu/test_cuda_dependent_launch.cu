@@ -2,8 +2,8 @@
 // still runs and read their weights then, but their activations, and descriptors written in the pass, only after the
 // wait. Here a producer kernel lets them start at once and writes their input only ~100 µs later; every product must
 // equal, bit for bit, the same call made on the finished input — eagerly and replayed from a captured graph. A kernel
-// that read its input before the wait would see the poison (NaN) left there. run_after_late_producer (late_producer.h)
-// lets .cpp tests do the same (test_cuda_moe.cpp: the MoE block).
+// that read its input before the wait would see the poison (NaN) left there. after_late_producer (late_producer.h)
+// lets other tests do the same (test_cuda_moe.cpp: the 2–4-row MoE block; test_cuda_expert_decode.cpp: the 1-row chain).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -17,11 +17,10 @@
 #include "late_producer.h"
 
 namespace vavilov {
+namespace test {
 namespace {
 
-constexpr long long kDelayNs = 100000;
-
-// Lets the next kernel launch at once, waits kDelayNs, then copies `bytes` from source to target.
+// Lets the next kernel launch at once, waits kLateDelayNs, then copies `bytes` from source to target.
 __global__ void late_copy_kernel(const uint8_t* source, uint8_t* target, size_t bytes) {
   cudaTriggerProgrammaticLaunchCompletion();
   if (threadIdx.x == 0) {
@@ -30,11 +29,23 @@ __global__ void late_copy_kernel(const uint8_t* source, uint8_t* target, size_t 
     do {
       __nanosleep(1000);
       asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    } while (now - start < uint64_t(kDelayNs));
+    } while (now - start < uint64_t(kLateDelayNs));
   }
   __syncthreads();
   for (size_t i = threadIdx.x; i < bytes; i += blockDim.x) target[i] = source[i];
 }
+
+}  // namespace
+
+void launch_late_copy(const void* source, void* target, size_t bytes, cudaStream_t stream) {
+  late_copy_kernel<<<1, 256, 0, stream>>>(static_cast<const uint8_t*>(source), static_cast<uint8_t*>(target), bytes);
+}
+
+}  // namespace test
+
+namespace {
+
+using test::after_late_producer;
 
 template <typename T>
 T* device_copy(const std::vector<T>& host) {
@@ -105,42 +116,6 @@ struct Weights {
     return p;
   }
 };
-
-// Runs `product` after a producer that writes `bytes` of `target` from `source` late; eagerly or through a graph.
-template <typename Product>
-void after_late_producer(const void* source, void* target, size_t bytes, bool graph, Product&& product) {
-  cudaStream_t stream;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  const auto launch = [&] {
-    late_copy_kernel<<<1, 256, 0, stream>>>(static_cast<const uint8_t*>(source), static_cast<uint8_t*>(target), bytes);
-    product(stream);
-  };
-  if (graph) {
-    cudaGraph_t captured;
-    cudaGraphExec_t exec;
-    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), cudaSuccess);
-    launch();
-    ASSERT_EQ(cudaStreamEndCapture(stream, &captured), cudaSuccess);
-    ASSERT_EQ(cudaGraphInstantiate(&exec, captured, 0), cudaSuccess);
-    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(captured);
-  } else {
-    launch();
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  }
-  cudaStreamDestroy(stream);
-}
-
-}  // namespace
-
-void test::run_after_late_producer(const void* source, void* target, size_t bytes, bool graph,
-                                   const std::function<void(cudaStream_t)>& product) {
-  after_late_producer(source, target, bytes, graph, product);
-}
-
-namespace {
 
 TEST(CudaDependentLaunch, ProductsWaitForTheirInput) {
   using F = cuda::WeightFormat;

@@ -13,17 +13,17 @@
 #include <set>
 #include <vector>
 
+#include "cuda/expert_decode.cuh"
 #include "cuda/moe_block.h"
 #include "device_matrices.h"
+#include "late_producer.h"
 #include "moe_buffers.h"
 #include "moe_reference.h"
 
 namespace vavilov {
 namespace {
 
-using cuda::WeightFormat;
 using test::DeviceMemory;
-using test::make_matrix;
 using test::normal_values;
 using test::TestMoe;
 
@@ -33,22 +33,7 @@ constexpr int kHidden = 2560, kInner = 640, kSharedInner = 640, kExperts = 24, k
 constexpr int kRows = cuda::kMaxGemvRows;
 
 TestMoe make_q4_moe(DeviceMemory& memory, std::mt19937& rng) {
-  const auto random = [&](int rows, int cols, float scale) {
-    return make_matrix(memory, WeightFormat::Q4, normal_values(rng, size_t(rows) * size_t(cols), scale), rows, cols);
-  };
-  TestMoe m;
-  m.router = random(kExperts, kHidden, 0.05f);
-  m.shared_gate = random(kSharedInner, kHidden, 0.03f);
-  m.shared_up = random(kSharedInner, kHidden, 0.03f);
-  m.shared_down = random(kHidden, kSharedInner, 0.05f);
-  m.shared_scale = random(1, kHidden, 0.03f);
-  for (int e = 0; e < kExperts; ++e) {
-    m.gate.push_back(random(kInner, kHidden, 0.03f));
-    m.up.push_back(random(kInner, kHidden, 0.03f));
-    m.down.push_back(random(kHidden, kInner, 0.05f));
-  }
-  test::describe_on_device(m, memory, WeightFormat::Q4, WeightFormat::Q4);
-  return m;
+  return test::random_q4_moe(memory, rng, kHidden, kInner, kSharedInner, kExperts);
 }
 
 // Inputs whose k-th and (k+1)-th router probabilities differ by more than 1 % (fp32 cannot swap them): a common part
@@ -232,6 +217,112 @@ TEST(CudaExpertDecode, RouteSlotsListTheDistinctExpertsInFirstComeOrder) {
         EXPECT_NEAR(got_weights[j * cuda::kMaxGemvRows + size_t(b)], expected_weights[j][size_t(b)], 1e-5)
             << used << " rows, slot " << j << ", row " << b;
     }
+  }
+}
+
+// The fused path's launches after the router product: moe_route_slots, gate/up, down (as moe_block.cpp's
+// decode_fused), on the logits and the shared-expert gate logits already in `buffers`.
+void fused_chain(const TestMoe& moe, const cuda::MoeShape& shape, const cuda::MoeDecodePlan& plan,
+                 const cuda::MoeBuffers& buffers, int rows, cudaStream_t stream) {
+  const int top_k = shape.route.top_k;
+  cuda::ExpertSlots slots{buffers.slot_of, buffers.slot_of + cuda::kMaxGemvRows * top_k, buffers.slot_weights};
+  slots.gate = moe.device.expert_gate;
+  slots.up = moe.device.expert_up;
+  slots.down = moe.device.expert_down;
+  slots.matrices = buffers.descriptors;
+  cuda::moe_route_slots(shape.route, buffers.router, rows, buffers.route_ids, buffers.route_weights, slots, stream);
+  ASSERT_EQ(cuda::expert_gate_up(plan.experts, rows, rows * top_k, stream), cudaSuccess);
+  ASSERT_EQ(cuda::expert_down(plan.experts, rows, stream), cudaSuccess);
+}
+
+// The fused MoE experts of a decode pass as dependent launches: route_slots_kernel writes the step's slots
+// (descriptors, weights) from the router logits, gate/up and down take them. A producer writes the logits late over a
+// previous step's (whose slots, other experts, are still in the buffers); the chain's output must equal, bit for bit,
+// the same chain on the finished logits: no kernel of it may take the slots or the logits before they are final (a
+// kernel that reads them before its wait, as launch.cuh's two-deep rule allows, included).
+TEST(CudaExpertDecode, ChainAfterLateLogitsMatchesFinishedLogits) {
+  constexpr int hidden = 2560, inner = 640, experts = 64, top_k = 10;
+  std::mt19937 rng(23);
+  DeviceMemory memory;
+  const TestMoe moe = test::random_q4_moe(memory, rng, hidden, inner, inner, experts);
+  const cuda::MoeShape shape{hidden, inner, inner, {experts, top_k, true}};
+  const cuda::MoeBuffers buffers = test::make_moe_buffers(memory, shape, cuda::kMaxGemvRows);
+  const cuda::MoeDecodePlan plan = cuda::plan_moe_decode(moe.device, shape, buffers);
+  ASSERT_TRUE(plan.fused);
+  const std::vector<float> x = test::normal_values(rng, size_t(cuda::kMaxGemvRows) * hidden, 1.0f);
+  const std::vector<float> scale = test::normal_values(rng, cuda::kMaxGemvRows, 1.0f);
+  ASSERT_EQ(cudaMemcpy(const_cast<float*>(buffers.input), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(buffers.shared_scale, scale.data(), scale.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  const size_t logit_count = size_t(cuda::kMaxGemvRows) * experts;
+  const std::vector<float> previous = test::normal_values(rng, logit_count, 1.0f);  // the previous step's logits
+  const float* final_logits = memory.copy(test::normal_values(rng, logit_count, 1.0f));
+  for (int rows = 1; rows <= cuda::kMaxGemvRows; rows += 3) {
+    const size_t outputs = size_t(rows) * hidden;
+    const auto chain = [&](cudaStream_t stream) { fused_chain(moe, shape, plan, buffers, rows, stream); };
+    const auto run_on = [&](const float* logits) {  // the chain on logits in place, and its picks
+      ASSERT_EQ(cudaMemcpy(buffers.router, logits, logit_count * 4, cudaMemcpyDefault), cudaSuccess);
+      chain(nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    };
+    run_on(final_logits);
+    const std::vector<float> expected = test::download(buffers.output, outputs);
+    const std::vector<int> expected_ids = test::download(buffers.route_ids, size_t(rows) * top_k);
+    for (bool graph : {false, true}) {
+      run_on(previous.data());  // the slots, h and y of another step
+      ASSERT_NE(test::download(buffers.route_ids, size_t(rows) * top_k), expected_ids) << "the premise: other experts";
+      ASSERT_EQ(cudaMemset(buffers.output, 0xff, outputs * sizeof(float)), cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      test::after_late_producer(final_logits, buffers.router, logit_count * sizeof(float), graph, chain);
+      EXPECT_EQ(test::download(buffers.route_ids, size_t(rows) * top_k), expected_ids)
+          << rows << " rows, graph " << graph;
+      EXPECT_EQ(std::memcmp(test::download(buffers.output, outputs).data(), expected.data(), outputs * sizeof(float)),
+                0)
+          << rows << " rows, graph " << graph;
+    }
+  }
+}
+
+// A 1-row pass whose router probabilities tie across the top-k boundary: the slots' experts must be the CPU's picks in
+// its order (ties to the lower index), and gate/up and down must take the same expert for each slot (one that took
+// another would pair one expert's h with another's down). Router logits of four levels (many exact ties) and all
+// equal: the picks, and the output against the spec's MoE over them.
+TEST(CudaExpertDecode, OneRowPassOnTiedRouterScoresPicksAsTheCpu) {
+  std::mt19937 rng(43);
+  DeviceMemory memory;
+  const TestMoe moe = make_q4_moe(memory, rng);
+  const cuda::MoeBuffers buffers = make_buffers(memory);
+  const cuda::MoeShape shape{kHidden, kInner, kSharedInner, {kExperts, kTopK, true}};
+  const cuda::MoeDecodePlan plan = cuda::plan_moe_decode(moe.device, shape, buffers);
+  ASSERT_TRUE(plan.fused);
+  const std::vector<float> x = normal_values(rng, kHidden, 1.0f);
+  const float scale = 0.3f;
+  ASSERT_EQ(cudaMemcpy(const_cast<float*>(buffers.input), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(buffers.shared_scale, &scale, 4, cudaMemcpyHostToDevice), cudaSuccess);
+  const std::vector<double> xd(x.begin(), x.end());
+  std::uniform_int_distribution<int> level(0, 3);
+  for (int levels : {4, 4, 4, 1}) {
+    std::vector<float> logits(kExperts);
+    for (float& l : logits) l = levels == 1 ? 0.5f : 0.5f * float(level(rng));
+    ASSERT_EQ(cudaMemcpy(buffers.router, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    fused_chain(moe, shape, plan, buffers, 1, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<double> p(logits.begin(), logits.end());
+    const double peak = *std::max_element(p.begin(), p.end());
+    double sum = 0, total = 0;
+    for (double& v : p) sum += (v = std::exp(v - peak));
+    const std::vector<int> order = test::probability_ranking(p);
+    for (int j = 0; j < kTopK; ++j) total += p[size_t(order[size_t(j)])];
+    EXPECT_EQ(test::download(buffers.route_ids, kTopK), std::vector<int>(order.begin(), order.begin() + kTopK));
+    std::vector<double> y(kHidden, 0.0), magnitude(kHidden, 0.0);
+    for (int j = 0; j < kTopK; ++j) {
+      const size_t e = size_t(order[size_t(j)]);
+      test::add_feed_forward(moe.gate[e], moe.up[e], moe.down[e], xd.data(), p[e] / total, y.data(), magnitude.data());
+    }
+    test::add_feed_forward(moe.shared_gate, moe.shared_up, moe.shared_down, xd.data(), 1.0 / (1.0 + std::exp(-scale)),
+                           y.data(), magnitude.data());
+    const std::vector<float> got = test::download(buffers.output, kHidden);
+    for (int i = 0; i < kHidden; ++i)  // as FusedQ4MatchesDoublePrecisionForOneToFourRows
+      ASSERT_NEAR(got[size_t(i)], y[size_t(i)], 1e-3 * magnitude[size_t(i)]) << levels << " levels, column " << i;
   }
 }
 

@@ -218,7 +218,7 @@ TEST(CudaDependentLaunch, MoeBlockAfterLateInputMatchesFinishedInput) {
         ASSERT_EQ(cudaMemset(expert, 0xff, slot_rows * kInner * sizeof(float)), cudaSuccess);
       ASSERT_EQ(cudaMemset(buffers.expert_out, 0xff, slot_rows * kHidden * sizeof(float)), cudaSuccess);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      test::run_after_late_producer(final_x, input, x_bytes, graph, [&](cudaStream_t stream) {
+      test::after_late_producer(final_x, input, x_bytes, graph, [&](cudaStream_t stream) {
         cuda::moe_decode(moe, shape, plan, buffers, rows, stream);
       });
       EXPECT_EQ(std::memcmp(test::download(buffers.output, outputs).data(), expected.data(), outputs * sizeof(float)),
