@@ -160,39 +160,42 @@ __global__ void __launch_bounds__(kRankWarps * 32)
 // row r, head set) takes kHeads query heads that share one kv head, and its warp w the positions p ≡ 8c + w (mod
 // 8·used), where `used` is the number of chunks the row's context fills (one per chunk_positions positions, at most
 // the launch's chunks; the rest exit at once). A warp keeps a running softmax (peak, sum, weighted values) per head
-// over its chosen positions, with the key and value rows of kAttendUnroll of them in flight; the block merges its
-// warps' partials through shared memory. A row with one used chunk writes its output from there; else each block writes
-// one partial a head and the last block of the (row, head set) to finish merges the chunks' partials in chunk order
-// (deterministic), normalises and gates. Before its wait a block asks L2 for the key and value rows of its warps' first
-// positions when its row keeps every block and those positions precede the chunk of rows (so no kernel of the pass
-// writes them). Before, a captured step launched a block per 64 positions of the cache capacity to score and one block
-// a head to weigh the values, each warp walking its positions one dependent load after another: 25 µs a layer at a
-// context of 64 on an H200, 9.1 ms a decode step at 8192.
+// over its chosen positions, four at a time with their key and value rows in flight (AttendBatch); the block merges
+// its warps' partials through shared memory. A row with one used chunk writes its output from there; else each block
+// writes one partial a head and the last block of the (row, head set) to finish merges the chunks' partials in chunk
+// order (deterministic), normalises and gates. Before its wait a block asks L2 for the key and value rows of its warps'
+// first positions when its row keeps every block and those positions precede the chunk of rows (so no kernel of the
+// pass writes them). Before, a captured step launched a block per 64 positions of the cache capacity to score and one
+// block a head to weigh the values, each warp walking its positions one dependent load after another: 25 µs a layer at
+// a context of 64 on an H200, 9.1 ms a decode step at 8192.
 constexpr int kAttendWarps = 8;
 constexpr int kAttendThreads = kAttendWarps * 32;
+constexpr int kAttendBlocksPerSM = 2;  // 128 registers a thread: a 1-row pass's 192 blocks at 8192 fit one wave
 constexpr int kMaxLaneColumns = kMaxAttentionHeadDim / 32;  // columns lane + 32i of a head, i < kMaxLaneColumns
-constexpr int kAttendUnroll = 2;                            // positions a warp loads before it uses them
 constexpr int kPrefetchPositions = 8;                       // positions a warp asks L2 for before its wait
 constexpr int kAttendChunkPositions = 256;                  // positions a chunk of the launch span covers
 constexpr int kMaxAttendSlots = 128;                        // rows × chunks of one launch (bounds the partials)
 constexpr int kMergeUnroll = 4;                             // chunks' values a thread loads at once in the merge
 static_assert(kAttendThreads >= kMaxAttentionHeadDim, "the merges take a thread per column");
 
-// A running softmax over some positions: the largest score and the sum of exp(score − peak) (scratch: a float2).
+// A running softmax over some positions: the largest score and the sum of 2^(score − peak) (scratch: a float2).
 struct RunningSoftmax {
   float peak = -INFINITY, sum = 0.0f;
 };
 
 // The factor of a partial with peak `peak` in a merge whose peak is `merged` (0 for an empty partial).
-__device__ inline float merge_scale(float peak, float merged) { return peak == -INFINITY ? 0.0f : expf(peak - merged); }
+// Peaks are in base-2 units (the queries carry log2(e)).
+__device__ inline float merge_scale(float peak, float merged) {
+  return peak == -INFINITY ? 0.0f : exp2f(peak - merged);
+}
 
 // Where a row may look: its visible positions and whether the indexer's choice applies (more complete blocks than it
 // keeps, as in qsa_rank_kernel; else every position is chosen and `selected` is not read).
 struct RowSpan {
-  int64_t visible, complete;
+  int visible, complete;  // within the launch's bound (an int)
   bool all_chosen;
   const uint8_t* selected;
-  __device__ bool chosen(int64_t p, int ratio) const {
+  __device__ bool chosen(int p, int ratio) const {
     return p < visible && (all_chosen || p >= complete || selected[p / ratio]);
   }
 };
@@ -201,6 +204,14 @@ struct RowSpan {
 struct WarpPositions {
   int64_t first, stride;
 };
+
+// Copies 4 bytes from global to shared memory without holding a register (cp.async); wait_async_copies makes the
+// thread's own copies visible to it.
+__device__ inline void copy_async(float* shared, const float* global) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(unsigned(__cvta_generic_to_shared(shared))), "l"(global)
+               : "memory");
+}
+__device__ inline void wait_async_copies() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 __device__ inline void prefetch_l2(const void* address) { asm volatile("prefetch.global.L2 [%0];" ::"l"(address)); }
 
@@ -216,52 +227,131 @@ __device__ void prefetch_rows(const AttentionShape& s, const float* keys, const 
   }
 }
 
-// One warp's running softmaxes and weighted values over its chosen positions, in ascending order: the warp reads the
-// choice of 32 of its positions at once (a lane each) and then loads the key and value rows of kAttendUnroll chosen
-// ones at a time, so that unchosen positions cost no round trip.
+// How a warp walks its chosen positions in batches (flash-decoding): the key and value rows of kBatch positions are
+// loaded together, the kBatch × kHeads partial scores of every lane summed over the warp by one transposed butterfly
+// (kScores − 1 shuffle-adds in log2(kScores) levels, then plain levels while kScores < 32), which leaves lane l holding
+// score l >> kShift = slot · kHeads + head; the running softmax is rescaled once a batch. Before, each position and
+// head took its own 5-shuffle sum, exponential and rescale, every one waiting on the previous one's running state.
+template <int kHeads>
+struct AttendBatch {
+  // Positions a warp takes at once: their key and value rows are 32 registers a lane each, which with the weighted
+  // values keeps the kernel within 128 registers (two blocks a multiprocessor); a batch of 8 took 255.
+  static constexpr int kBatch = 4;
+  static constexpr int kScores = kBatch * kHeads;  // (slot, head) scores of a batch
+  static constexpr int kCopies = 32 / kScores;     // lanes holding each score
+  static constexpr int kShift = kCopies >= 8 ? 3 : kCopies >= 4 ? 2 : kCopies >= 2 ? 1 : 0;  // log2(kCopies)
+  static_assert(kScores * kCopies == 32 && (1 << kShift) == kCopies, "a batch's scores spread over the warp's lanes");
+};
+
+// One level of transposed_warp_sum: v[j] for j < kHalf becomes the sum over lane pairs (l, l ^ offset) of the half
+// the lane keeps, the upper one where the lane's offset bit is set.
+template <int kHalf, int N>
+__device__ inline void transposed_level(float (&v)[N], int lane) {
+  constexpr int offset = kHalf * (32 / N);
+  const bool upper = (lane & offset) != 0;
+#pragma unroll
+  for (int j = 0; j < kHalf; ++j) {
+    const float send = upper ? v[j] : v[j + kHalf], keep = upper ? v[j + kHalf] : v[j];
+    v[j] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
+  }
+  if constexpr (kHalf > 1) transposed_level<kHalf / 2>(v, lane);
+}
+
+// v[j] summed over the warp's lanes, where lane l returns the sum of v[l >> log2(32 / N)]: each level sends the half of
+// the values the partner keeps (high index bits first), then plain levels add the copies' lanes while N < 32.
+template <int N>
+__device__ inline float transposed_warp_sum(float (&v)[N], int lane) {
+  if constexpr (N > 1) transposed_level<N / 2>(v, lane);
+  float total = v[0];
+#pragma unroll
+  for (int offset = 16 / N; offset >= 1; offset /= 2) total += __shfl_xor_sync(0xffffffffu, total, offset);
+  return total;
+}
+
+// One warp's running softmaxes and weighted values over its chosen positions (scores in base-2 units: the queries
+// carry log2(e)/√head_dim): the warp reads the choice of 32 of its positions at once (a lane each), then takes them
+// kBatch chosen ones at a time, so that unchosen positions cost no round trip. Every lane ends with the peaks and sums
+// of all heads.
 template <int kHeads>
 __device__ void attend_positions(const AttentionShape& s, const float (&q)[kHeads][kMaxAttentionHeadDim],
                                  const float* keys, const float* values, int kv, const RowSpan& row,
                                  const WarpPositions& at, RunningSoftmax (&run)[kHeads],
                                  float (&acc)[kHeads][kMaxLaneColumns]) {
+  using B = AttendBatch<kHeads>;
   const int hd = s.head_dim, lane = threadIdx.x % 32;
-  const float inv_sqrt_hd = 1.0f / sqrtf(float(hd));
-  for (int64_t base = at.first; base < row.visible; base += 32 * at.stride) {
-    unsigned pending = __ballot_sync(0xffffffffu, row.chosen(base + lane * at.stride, s.ratio));
-    while (pending != 0) {  // the same on every lane
-      float key[kAttendUnroll][kMaxLaneColumns], value[kAttendUnroll][kMaxLaneColumns];
-      bool taken[kAttendUnroll];
+  const int score = lane >> B::kShift, slot = score / kHeads, head = score % kHeads;  // what the lane's score is of
+  float peak[kHeads];                                                                 // the same on every lane
 #pragma unroll
-      for (int u = 0; u < kAttendUnroll; ++u) {
-        taken[u] = pending != 0;
-        const int64_t p = base + (taken[u] ? __ffs(int(pending)) - 1 : 0) * at.stride;
-        pending &= pending - 1;
+  for (int g = 0; g < kHeads; ++g) peak[g] = -INFINITY;
+  float lane_sum = 0.0f;              // of its head's weights (the first lane of each score's copies)
+  const int stride = int(at.stride);  // positions are within the launch's bound (an int)
+  for (int base = int(at.first); base < row.visible; base += 32 * stride) {
+    unsigned pending = __ballot_sync(0xffffffffu, row.chosen(base + lane * stride, s.ratio));
+    while (pending != 0) {  // the same on every lane
+      const int taken = min(__popc(pending), B::kBatch);
+      float key[B::kBatch][kMaxLaneColumns], value[B::kBatch][kMaxLaneColumns];
+#pragma unroll
+      for (int u = 0; u < B::kBatch; ++u) {
+        // A slot past the chosen ones loads row `base` (readable) and gets weight 0: no predicate a slot.
+        const int p = base + (u < taken ? __ffs(int(pending)) - 1 : 0) * stride;
+        if (u < taken) pending &= pending - 1;
         const size_t at_row = (size_t(p) * s.kv_heads + kv) * hd + lane;
 #pragma unroll
         for (int i = 0; i < kMaxLaneColumns; ++i) {
-          const bool in = taken[u] && lane + 32 * i < hd;
+          const bool in = lane + 32 * i < hd;
           key[u][i] = in ? keys[at_row + 32 * i] : 0.0f;
           value[u][i] = in ? values[at_row + 32 * i] : 0.0f;
         }
       }
+      float part[B::kScores];
 #pragma unroll
-      for (int u = 0; u < kAttendUnroll; ++u) {
-        if (!taken[u]) break;  // the whole warp
+      for (int u = 0; u < B::kBatch; ++u)
 #pragma unroll
         for (int g = 0; g < kHeads; ++g) {
           float dot = 0.0f;
 #pragma unroll
           for (int i = 0; i < kMaxLaneColumns; ++i)
-            if (lane + 32 * i < hd) dot += q[g][lane + 32 * i] * key[u][i];
-          const float score = warp_sum(dot) * inv_sqrt_hd, peak = fmaxf(run[g].peak, score);
-          const float rescale = merge_scale(run[g].peak, peak), weight = expf(score - peak);
-          run[g] = {peak, run[g].sum * rescale + weight};
+            if (lane + 32 * i < hd) dot = fmaf(q[g][lane + 32 * i], key[u][i], dot);
+          part[u * kHeads + g] = dot;
+        }
+      const float total = transposed_warp_sum<B::kScores>(part, lane);  // on every lane: it shuffles
+      const float mine = slot < taken ? total : -INFINITY;
+      float batch_peak = mine;  // over the batch's slots of the lane's head
 #pragma unroll
-          for (int i = 0; i < kMaxLaneColumns; ++i) acc[g][i] = acc[g][i] * rescale + weight * value[u][i];
+      for (int offset = kHeads << B::kShift; offset < 32; offset *= 2)
+        batch_peak = fmaxf(batch_peak, __shfl_xor_sync(0xffffffffu, batch_peak, offset));
+      float rescale[kHeads], head_peak = 0.0f, head_rescale = 0.0f;
+#pragma unroll
+      for (int g = 0; g < kHeads; ++g) {
+        const float merged = fmaxf(peak[g], __shfl_sync(0xffffffffu, batch_peak, g << B::kShift));
+        rescale[g] = merge_scale(peak[g], merged);
+        peak[g] = merged;
+        if (g == head) head_peak = merged, head_rescale = rescale[g];
+      }
+      const float weight = exp2f(mine - head_peak);  // 0 for an empty slot
+      lane_sum = lane_sum * head_rescale + ((lane & (B::kCopies - 1)) == 0 ? weight : 0.0f);
+#pragma unroll
+      for (int g = 0; g < kHeads; ++g)
+#pragma unroll
+        for (int i = 0; i < kMaxLaneColumns; ++i) acc[g][i] *= rescale[g];
+#pragma unroll
+      for (int u = 0; u < B::kBatch; ++u) {
+#pragma unroll
+        for (int g = 0; g < kHeads; ++g) {
+          const float w = __shfl_sync(0xffffffffu, weight, (u * kHeads + g) << B::kShift);
+#pragma unroll
+          for (int i = 0; i < kMaxLaneColumns; ++i) acc[g][i] = fmaf(w, value[u][i], acc[g][i]);
         }
       }
     }
   }
+  // Each head's sum over the lanes of its scores (the offsets that keep the head bits).
+#pragma unroll
+  for (int offset = 1; offset < 32; offset *= 2)
+    if (offset < (1 << B::kShift) || offset >= (kHeads << B::kShift))
+      lane_sum += __shfl_xor_sync(0xffffffffu, lane_sum, offset);
+#pragma unroll
+  for (int g = 0; g < kHeads; ++g) run[g] = {peak[g], __shfl_sync(0xffffffffu, lane_sum, g << B::kShift)};
 }
 
 // Chunks of a row that hold its positions: one per `chunk_positions` positions of its context, at most `chunks`.
@@ -273,7 +363,8 @@ __device__ inline int used_chunks(int64_t visible, int chunks, int chunk_positio
 // a batch of kMergeUnroll chunks in flight together, the first batch with the chunks' stats.
 template <int kHeads>
 __device__ void merge_chunks(const AttentionShape& s, const AttendScratch& scratch, size_t first_slot, int used,
-                             const float (&gate)[kHeads], float2 (&chunk_stats)[kMaxAttendSlots][kHeads], float* out) {
+                             const float (&gate)[kHeads][kMaxAttentionHeadDim],
+                             float2 (&chunk_stats)[kMaxAttendSlots][kHeads], float* out) {
   const int hd = s.head_dim, d = threadIdx.x;
   auto load = [&](int k0, float(&part)[kMergeUnroll][kHeads]) {
 #pragma unroll
@@ -314,11 +405,11 @@ __device__ void merge_chunks(const AttentionShape& s, const AttendScratch& scrat
   }
 #pragma unroll
   for (int g = 0; g < kHeads; ++g)
-    if (d < hd) out[g * hd + d] = merged[g] / sum[g] * sigmoid(gate[g]);
+    if (d < hd) out[g * hd + d] = __fdividef(merged[g], sum[g]) * fast_sigmoid(gate[g][d]);
 }
 
 template <int kHeads>
-__global__ void __launch_bounds__(kAttendThreads)
+__global__ void __launch_bounds__(kAttendThreads, kAttendBlocksPerSM)
     attend_kernel(AttentionShape s, const float* queries, const float* q_gate, const float* keys, const float* values,
                   const uint8_t* selected, const int64_t* first_position, const int64_t* settled_position,
                   int stride_blocks, int chunks, int chunk_positions, AttendScratch scratch, float* out) {
@@ -326,6 +417,7 @@ __global__ void __launch_bounds__(kAttendThreads)
   __shared__ RunningSoftmax warp_stats[kAttendWarps][kHeads];
   __shared__ float warp_values[kAttendWarps][kHeads][kMaxAttentionHeadDim];
   __shared__ float2 chunk_stats[kMaxAttendSlots][kHeads];
+  __shared__ float gate[kHeads][kMaxAttentionHeadDim];  // a thread reads only the columns it copied
   __shared__ bool last;
   const int sets = s.heads / kHeads, set = blockIdx.y, r = set / sets, h0 = set % sets * kHeads;
   const int hd = s.head_dim, warp = threadIdx.x / 32, lane = threadIdx.x % 32, c = blockIdx.x, d = threadIdx.x;
@@ -340,18 +432,23 @@ __global__ void __launch_bounds__(kAttendThreads)
   allow_dependents();
   if (c >= used) return;
   const size_t rh0 = size_t(r) * s.heads + h0;
-  for (int i = threadIdx.x; i < kHeads * hd; i += kAttendThreads) q[i / hd][i % hd] = queries[rh0 * hd + i];
-  float gate[kHeads];  // in flight with the positions, for whichever block writes the output
+  const float score_scale = 1.4426950408889634f * rsqrtf(float(hd));  // log2(e)/√head_dim: scores in base-2 units
+  for (int i = threadIdx.x; i < kHeads * hd; i += kAttendThreads)
+    q[i / hd][i % hd] = queries[rh0 * hd + i] * score_scale;
+    // In flight with the positions, for whichever block writes the output; in shared memory, not registers, which the
+    // walk needs (with gates in registers ptxas spilled them, and the spill waited for their load).
 #pragma unroll
-  for (int g = 0; g < kHeads; ++g) gate[g] = d < hd ? q_gate[(rh0 + g) * 2 * hd + d] : 0.0f;
+  for (int g = 0; g < kHeads; ++g)
+    if (d < hd) copy_async(&gate[g][d], &q_gate[(rh0 + g) * 2 * hd + d]);
   __syncthreads();
 
-  const RowSpan row{visible, complete, all_chosen, selected + size_t(r) * stride_blocks};
+  const RowSpan row{int(visible), int(complete), all_chosen, selected + size_t(r) * stride_blocks};
   RunningSoftmax run[kHeads];
   float acc[kHeads][kMaxLaneColumns] = {};
   attend_positions<kHeads>(s, q, keys, values, kv, row, at, run, acc);
 
   // The block's partial: its warps' merged in warp order, a thread per column.
+  wait_async_copies();
 #pragma unroll
   for (int g = 0; g < kHeads; ++g) {
     if (lane == 0) warp_stats[warp][g] = run[g];
@@ -372,7 +469,7 @@ __global__ void __launch_bounds__(kAttendThreads)
       if (d < hd) merged += warp_values[w][g][d] * scale;
     }
     if (used == 1) {
-      if (d < hd) out[(rh0 + g) * hd + d] = merged / sum * sigmoid(gate[g]);
+      if (d < hd) out[(rh0 + g) * hd + d] = __fdividef(merged, sum) * fast_sigmoid(gate[g][d]);
       continue;
     }
     if (d < hd) scratch.values[((first_slot + c) * kHeads + g) * hd + d] = merged;

@@ -6,8 +6,9 @@
 // step's short context under a captured step's wide launch bound (one chunk: a row of a 1-row pass takes one per 256
 // positions of its context), 1 row at 4701 positions (19 chunks), 4 rows at 5000 positions with a random block
 // selection (32 chunks: rows of several-row passes split down to a position a warp), a prefill pass of 64 rows (2
-// chunks), a bound of one chunk (the block writes the output without the cross-chunk merge), and the tiny fixtures'
-// head groups of 3 and 2 (head dims 8, 32).
+// chunks), a bound of one chunk (the block writes the output without the cross-chunk merge), the tiny fixtures'
+// head groups of 3 and 2 (head dims 8, 32), and sharp softmaxes (queries of deviation 3) whose running peaks move
+// between a warp's batches of positions.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -24,9 +25,10 @@ namespace {
 struct Case {
   cuda::AttentionShape shape;
   int rows;
-  int64_t first;      // position of row 0
-  int launch_tokens;  // the pass's grid bound (≥ every row's visible positions)
-  double keep;        // chance a complete block is selected (1: all)
+  int64_t first;             // position of row 0
+  int launch_tokens;         // the pass's grid bound (≥ every row's visible positions)
+  double keep;               // chance a complete block is selected (1: all)
+  float query_scale = 1.0f;  // standard deviation of the queries' values (larger: sharper softmaxes)
 };
 
 struct Inputs {
@@ -45,7 +47,7 @@ Inputs random_inputs(const Case& c, std::mt19937& rng) {
   Inputs in;
   in.max_tokens = c.launch_tokens;
   const size_t positions = size_t(c.first + c.rows);
-  in.queries = test::normal_values(rng, size_t(c.rows) * s.heads * s.head_dim, 1.0f);
+  in.queries = test::normal_values(rng, size_t(c.rows) * s.heads * s.head_dim, c.query_scale);
   in.gates = test::normal_values(rng, size_t(c.rows) * s.heads * 2 * s.head_dim, 1.0f);
   in.keys = test::normal_values(rng, positions * s.kv_heads * s.head_dim, 1.0f);
   in.values = test::normal_values(rng, positions * s.kv_heads * s.head_dim, 1.0f);
@@ -152,6 +154,14 @@ TEST(CudaAttention, VerifyRowsAtLongContextWithBlockSelection) {
 
 TEST(CudaAttention, DecodeRowAtLongContextOverChunks) {
   expect_matches_reference({kFlashNext, 1, 4700, 8192, 0.25}, "1 row at 4701 positions (19 chunks of 256)");
+}
+
+// Scores spread over tens of units, so that a warp's running peak moves from one batch of positions to the next and
+// the rescaling of the running sums and weighted values decides the result.
+TEST(CudaAttention, SharpScoresRescaleAcrossBatches) {
+  expect_matches_reference({kFlashNext, 1, 63, 8192, 1.0, 3.0f}, "1 row at 64 positions, queries of deviation 3");
+  expect_matches_reference({kFlashNext, 4, 4996, 8192, 0.25, 3.0f}, "4 rows at 5000 positions, queries of deviation 3");
+  expect_matches_reference({{6, 2, 8, 4, 16, 4, 2}, 3, 40, 1024, 0.5, 3.0f}, "groups of 3 heads of 8, deviation 3");
 }
 
 TEST(CudaAttention, PrefillPassOfSixtyFourRows) {
