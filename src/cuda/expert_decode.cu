@@ -49,114 +49,36 @@ __device__ inline TileRows tile_rows(const GemvMatrix& m, int first_row) {
   return r;
 }
 
-// Units (kUnroll groups) of weight loads a warp keeps in flight in the kernels below: gate/up's 20 groups a warp at
-// Flash-Next's width (5 units) and down's 10 (3 units). quant_mma's tile_products keeps two (the one it multiplies and
-// the next), so a warp's slice took a memory round trip per unit; with the descriptor read and the staging that made
-// the kernels' own chain, not the bytes, their limit (bench/cuda/expert_bench.cu: 12 us for 20 MB resident in L2).
-constexpr int kGateUpDepth = 3, kDownDepth = 3;
-
-// One unit of tile_products (quant_mma.cuh), the same operations in the same order (the same bits).
-template <int Bits, int B>
-__device__ inline void unit_products(const WarpLoads& current, int first, int end, int groups, const uint4* fragments,
-                                     const float2* group_terms, float (&acc)[2]) {
-  const int lane = int(threadIdx.x) % 32, t = lane % 4;
-  uint32_t scale_bias[4];  // bf16 pairs of two groups: scale row g, scale row g + 8, bias g, bias g + 8
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const int group = first + u;
-    if (group >= end) break;
-    uint4 b_fragment[2] = {};
-    if (lane < 8 * B) {
-      b_fragment[0] = fragments[(size_t(group) * 2) * 8 * B + lane];
-      b_fragment[1] = fragments[(size_t(group) * 2 + 1) * 8 * B + lane];
-    }
-    const float2 terms = t < B ? group_terms[t * groups + group] : make_float2(0.0f, 0.0f);
-    if (u % 2 == 0)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) scale_bias[i] = __shfl_sync(0xffffffffu, current.affine[u / 2], (lane & ~3) | i);
-    uint32_t a0[8], a1[8];
-    decode<Bits>(current.codes[u][0], t, a0);
-    decode<Bits>(current.codes[u][1], t, a1);
-    float c[4] = {};
-    mma_f16(c, a0[0], a1[0], a0[1], a1[1], b_fragment[0].x, b_fragment[0].y);
-    mma_f16(c, a0[2], a1[2], a0[3], a1[3], b_fragment[0].z, b_fragment[0].w);
-    mma_f16(c, a0[4], a1[4], a0[5], a1[5], b_fragment[1].x, b_fragment[1].y);
-    mma_f16(c, a0[6], a1[6], a0[7], a1[7], b_fragment[1].z, b_fragment[1].w);
-    const auto pick = [&](uint32_t pair) { return u % 2 ? bf16_high(pair) : bf16_low(pair); };
-    acc[0] = fmaf(c[0] + c[1], pick(scale_bias[0]) * terms.y, fmaf(pick(scale_bias[2]), terms.x, acc[0]));
-    acc[1] = fmaf(c[2] + c[3], pick(scale_bias[1]) * terms.y, fmaf(pick(scale_bias[3]), terms.x, acc[1]));
-  }
-}
-
-// A warp's weight loads of units begin, begin + kUnroll, ... ring-buffered Depth deep: the first Depth issued at once
-// (issue_units), each refilled with the unit Depth further on as soon as it is multiplied.
-template <int Bits, int Depth>
-__device__ inline void issue_units(WarpLoads (&loads)[Depth], const TileRows& rows, int begin, int end) {
-  const int t = int(threadIdx.x) % 4;
-#pragma unroll
-  for (int d = 0; d < Depth; ++d)
-    load_group_block<Bits>(loads[d], rows.codes, rows.affine, begin + d * kUnroll, end, rows.width, t);
-}
-
-// Σ over groups [begin, end) as tile_products, from the loads issue_units started.
-template <int Bits, int B, int Depth>
-__device__ inline void deep_tile_products(WarpLoads (&loads)[Depth], const TileRows& rows, int begin, int end,
-                                          const uint4* fragments, const float2* group_terms, float (&acc)[2]) {
-  const int t = int(threadIdx.x) % 4;
-  for (int first = begin; first < end; first += Depth * kUnroll) {
-#pragma unroll
-    for (int d = 0; d < Depth; ++d) {
-      const int unit = first + d * kUnroll;
-      if (unit >= end) break;
-      unit_products<Bits, B>(loads[d], unit, end, rows.groups, fragments, group_terms, acc);
-      if (unit + Depth * kUnroll < end)
-        load_group_block<Bits>(loads[d], rows.codes, rows.affine, unit + Depth * kUnroll, end, rows.width, t);
-    }
-  }
-}
-
 // blockIdx.y: a slot (blocks of empty slots leave at once) or, at `selections`, the shared expert.
-// x is staged before the wait: it was written before the router's product, two launches back, and route_slots (the
-// launch in between) waits before it lets this one start (launch.cuh's two-deep rule; read through L2).
 template <int B>
 __global__ void __launch_bounds__(kGateUpWarps * 32) gate_up_kernel(ExpertDecode p, int selections) {
-  extern __shared__ uint4 staged[];
-  __shared__ float partials[kGateUpWarps][64];
-  const int hidden_groups = p.hidden / kQuantGroup;
-  float2* group_terms = reinterpret_cast<float2*>(staged + size_t(hidden_groups) * 16 * B);
-  stage_computed_activations<4, B>(
-      hidden_groups,
-      [&](int b, int group, int t, float(&x)[16]) {
-        const float4* source =
-            reinterpret_cast<const float4*>(p.x + size_t(b) * p.hidden + group * kQuantGroup + 16 * t);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float4 v = __ldcg(source + i);
-          x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
-        }
-      },
-      staged, group_terms);
-  __syncthreads();
   wait_for_producers();
   allow_dependents();
+  extern __shared__ uint4 staged[];
+  __shared__ float partials[kGateUpWarps][64];
   const int slot = int(blockIdx.y);
   const bool shared_expert = slot == selections;
   const int inner = shared_expert ? p.shared_inner : p.inner, first_row = int(blockIdx.x) * kTileRows;
   if (first_row >= inner) return;
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, slice = warp / 2;
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, t = lane % 4, slice = warp / 2;
   GemvMatrix m;  // one read of the slot's descriptor, then the weights
   if (shared_expert)
     m = gemv_matrix(warp % 2 ? p.shared_up : p.shared_gate, p.x, nullptr);
   else
     m = p.slot_matrices[3 * slot + warp % 2];
   if (m.rows == 0) return;  // a slot past the step's distinct experts (gate and up alike: the whole block)
+  m.x = p.x;
   const TileRows rows = tile_rows(m, first_row);
   const int begin = slice_start(slice, kGateUpSlices, rows.groups);
   const int end = slice_start(slice + 1, kGateUpSlices, rows.groups);
-  WarpLoads loads[kGateUpDepth];
-  issue_units<4>(loads, rows, begin, end);
+
+  WarpLoads current;  // issued before staging, so that the activations' latency overlaps theirs
+  load_group_block<4>(current, rows.codes, rows.affine, begin, end, rows.width, t);
+  float2* group_terms = reinterpret_cast<float2*>(staged + size_t(rows.groups) * 16 * B);
+  stage_activations<4, B>(m, rows.groups, staged, group_terms);
+  __syncthreads();
   float acc[2] = {};
-  deep_tile_products<4, B>(loads, rows, begin, end, staged, group_terms, acc);
+  tile_products<4, B>(current, rows.codes, rows.affine, rows.width, begin, end, rows.groups, staged, group_terms, acc);
   partials[warp][lane] = acc[0];
   partials[warp][32 + lane] = acc[1];
   __syncthreads();
@@ -166,26 +88,21 @@ __global__ void __launch_bounds__(kGateUpWarps * 32) gate_up_kernel(ExpertDecode
     if (row >= inner) continue;
     float gate = 0.0f, up = 0.0f;
     for (int s = 0; s < kGateUpSlices; ++s) gate += partials[2 * s][at], up += partials[2 * s + 1][at];
-    out[size_t(b) * inner + row] = fast_silu(gate) * up;
+    out[size_t(b) * inner + row] = silu(gate) * up;
   }
 }
 
 // Block (16-row output tile, cluster rank). Worker q = rank·kDownWarps + warp sums slots q, q + kDownWorkers, ...
 // (empty ones skipped; slot rows·top_k is the shared expert), each weighted per batch row; the block adds its warps'
-// sums in warp order, writes them into the cluster's first block's shared memory, and that block adds them in rank
-// order after one cluster barrier (the blocks pulling them from each other took two at the end: one so that they were
-// written, one so that no block left while they were read). Writing into another block's shared memory needs that
-// block started: a relaxed arrive as the first statement, its wait before the writes (long satisfied by then). Each
-// warp stages its own expert's h.
+// sums in warp order and the cluster's first block adds the blocks' in rank order. Each warp stages its own expert's h.
 template <int B>
 __global__ void __cluster_dims__(1, kDownCluster, 1) __launch_bounds__(kDownWarps * 32)
     down_kernel(ExpertDecode p, int warp_stage_words) {
-  __cluster_barrier_arrive_relaxed();  // this block has started (its wait below, before the writes into the first's)
   wait_for_producers();
   allow_dependents();
   extern __shared__ uint4 staged[];
   __shared__ float partials[kDownWarps][64];
-  __shared__ float block_totals[kDownCluster][64];  // read in the cluster's first block only
+  __shared__ float block_total[64];
   cg::cluster_group cluster = cg::this_cluster();
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, t = lane % 4;
   const int first_row = int(blockIdx.x) * kTileRows, selections = B * p.top_k;
@@ -202,15 +119,16 @@ __global__ void __cluster_dims__(1, kDownCluster, 1) __launch_bounds__(kDownWarp
       m.x = p.h + size_t(s) * B * size_t(p.inner);
     }
     const TileRows rows = tile_rows(m, first_row);
-    WarpLoads loads[kDownDepth];
-    issue_units<4>(loads, rows, 0, rows.groups);
-    float weight = 0.0f;  // read with the weights, not after the products
-    if (t < B) weight = shared_expert ? fast_sigmoid(p.shared_scale[t]) : p.slot_weights[s * kMaxGemvRows + t];
+    WarpLoads current;
+    load_group_block<4>(current, rows.codes, rows.affine, 0, rows.groups, rows.width, t);
     float2* group_terms = reinterpret_cast<float2*>(fragments + size_t(rows.groups) * 16 * B);
     stage_activations_by<4, B>(m, rows.groups, fragments, group_terms, lane, 32);
     __syncwarp();
     float acc[2] = {};
-    deep_tile_products<4, B>(loads, rows, 0, rows.groups, fragments, group_terms, acc);
+    tile_products<4, B>(current, rows.codes, rows.affine, rows.width, 0, rows.groups, rows.groups, fragments,
+                        group_terms, acc);
+    float weight = 0.0f;
+    if (t < B) weight = shared_expert ? sigmoid(p.shared_scale[t]) : p.slot_weights[s * kMaxGemvRows + t];
     total[0] = fmaf(weight, acc[0], total[0]);
     total[1] = fmaf(weight, acc[1], total[1]);
     __syncwarp();  // the next expert's staging overwrites these fragments
@@ -218,23 +136,23 @@ __global__ void __cluster_dims__(1, kDownCluster, 1) __launch_bounds__(kDownWarp
   partials[warp][lane] = total[0];
   partials[warp][32 + lane] = total[1];
   __syncthreads();
-  __cluster_barrier_wait();  // every block of the cluster has started
-  float* first_totals = cluster.map_shared_rank(&block_totals[0][0], 0) + 64 * cluster.block_rank();
   for (int i = int(threadIdx.x); i < 64; i += int(blockDim.x)) {
     float sum = 0.0f;
     for (int w = 0; w < kDownWarps; ++w) sum += partials[w][i];
-    first_totals[i] = sum;
+    block_total[i] = sum;
   }
-  cluster.sync();  // the totals written; the first block stays until every block's writes have landed
+  cluster.sync();
   if (cluster.block_rank() == 0) {
     for (int i = int(threadIdx.x); i < kTileRows * B; i += int(blockDim.x)) {
       const int b = i % B, row_in_tile = i / B, row = first_row + row_in_tile;
       if (row >= p.hidden) continue;
       float sum = 0.0f;
-      for (unsigned r = 0; r < kDownCluster; ++r) sum += block_totals[r][tile_slot(row_in_tile, b)];
+      for (unsigned r = 0; r < kDownCluster; ++r)
+        sum += cluster.map_shared_rank(block_total, r)[tile_slot(row_in_tile, b)];
       p.y[size_t(b) * p.hidden + row] = sum;
     }
   }
+  cluster.sync();  // no block leaves while the first still reads its block_total
 }
 
 template <int B>
