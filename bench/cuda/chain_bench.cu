@@ -10,13 +10,17 @@
 //                   atomic counter) for phase p − 1, so the weight stream of a phase overlaps the barrier of the last.
 //
 // All three compute the same values (checked). Prints per phase the time, the copy floor (W / copy bandwidth) and the
-// fraction of it, and writes JSON. Then two sweeps of the early-load chain: loads in flight (blocks a multiprocessor ×
-// loads a thread), and an L2 prefetcher on a parallel branch of the graph pulling the next phases' weights into L2.
-// Usage: chain_bench OUT.json
+// fraction of it, and writes JSON. Then three sweeps of the early-load chain: loads in flight (blocks a multiprocessor
+// × loads a thread), an L2 prefetcher on a parallel branch of the graph pulling the next phases' weights into L2, and
+// code footprint: each phase also runs ~32 KB of straight-line code after its wait, the phases rotating over 1-16
+// kernels whose code differs, so that from some count on the multiprocessors' instruction caches no longer hold the
+// chain's code (a decode step runs ~250 KB of distinct kernel code a layer).
+// Usage: chain_bench OUT.json [footprint]   (footprint: only the code-footprint sweep)
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "check.cuh"
@@ -146,6 +150,36 @@ __global__ void prefetch_kernel(Chain c, int phases, int ahead) {
       asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(phase + at), "r"(size) : "memory");
     }
   }
+}
+
+// Straight-line code for the footprint sweep: kCodeSteps unrolled rounds of four independent xorshift-multiply chains
+// (~12 instructions a round, ~32 KB of code) whose constants depend on V, so every variant is its own code.
+constexpr int kCodeSteps = 170;
+template <int V>
+__device__ uint32_t code_body(uint32_t x) {
+  uint32_t a = x, b = x ^ 0x9e3779b9u, c = x + V, d = x * 3u;
+#pragma unroll
+  for (int i = 0; i < kCodeSteps; ++i) {
+    const uint32_t k = 0x9e3779b9u * uint32_t(i + 1) + uint32_t(V) * 0x85ebca6bu;
+    a = (a ^ (a >> 13)) * (k | 1u);
+    b = (b ^ (b >> 11)) * ((k ^ 0x27d4eb2fu) | 1u);
+    c = (c ^ (c >> 7)) * ((k + 0x165667b1u) | 1u);
+    d = (d ^ (d >> 17)) * ((k ^ 0xc2b2ae35u) | 1u);
+  }
+  return a ^ b ^ c ^ d;
+}
+
+// An early-load phase whose first warp runs code_body<V> after the wait (on the chain's critical path, as a real
+// kernel's code after its wait), its result folded into the block's value.
+template <int V>
+__global__ void __launch_bounds__(kThreads) code_phase_kernel(Chain c, int p) {
+  uint4 first[kUnroll];
+  load_first(c, p, first);
+  wait_for_producers();
+  allow_dependents();
+  uint32_t acc = stream_phase(c, p, first, true);
+  if (threadIdx.x < 32) acc ^= code_body<V>(acc + threadIdx.x);
+  finish_phase(c, p, acc);
 }
 
 __global__ void fill(uint4* p, size_t n) {
@@ -342,24 +376,48 @@ double prefetched_chain_us(size_t phase_bytes, int phases, int blocks, int ahead
   return us;
 }
 
-}  // namespace
+// The early-load chain whose phases run code_phase_kernel<p % variants>: per-phase time.
+template <int... V>
+double code_chain_us(size_t phase_bytes, int phases, int blocks, int variants, std::integer_sequence<int, V...>) {
+  using Kernel = void (*)(Chain, int);
+  const Kernel kernels[] = {code_phase_kernel<V>...};
+  Chain c = make_chain(phase_bytes, phases, blocks);
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int p = 0; p < phases; ++p)
+    CHECK(launch_dependent(kernels[p % variants], dim3(blocks), dim3(kThreads), 0, stream, c, p));
+  CHECK(cudaStreamEndCapture(stream, &graph));
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const double us = replay_us(exec, stream, phases);
+  CHECK(cudaGraphDestroy(graph));
+  CHECK(cudaStreamDestroy(stream));
+  free_chain(c);
+  return us;
+}
 
-int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: chain_bench OUT.json\n");
-    return 2;
+// Code footprint: 2 MB phases (launch-bound), phases rotating over 1-16 kernels of ~37 KB of code each (sm_90a); prints
+// the sweep and returns its JSON entries.
+std::string footprint_sweep(int blocks) {
+  std::printf("2 MB phases with ~37 KB of code after the wait: us a phase by kernels the phases rotate over\n");
+  std::string json;
+  const int variant_counts[] = {1, 2, 4, 8, 16};
+  for (int i = 0; i < 5; ++i) {
+    const double us =
+        code_chain_us(size_t(2) << 20, 512, blocks, variant_counts[i], std::make_integer_sequence<int, 16>());
+    std::printf("%3d kernels: %7.2f\n", variant_counts[i], us);
+    json += "    {\"kernels\": " + std::to_string(variant_counts[i]) + ", \"us\": " + std::to_string(us) + "}" +
+            (i < 4 ? ",\n" : "\n");
   }
-  cudaDeviceProp properties{};
-  CHECK(cudaGetDeviceProperties(&properties, 0));
-  int per_sm = 0;
-  CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_kernel, kThreads, 0));
-  const int blocks = properties.multiProcessorCount * std::min(per_sm, 4);
-  const double gbs = copy_bandwidth_gbs();
-  std::string json = "{\n  \"gpu\": \"" + std::string(properties.name) +
-                     "\",\n  \"copy_bandwidth_gbs\": " + std::to_string(gbs) +
-                     ",\n  \"blocks\": " + std::to_string(blocks) + ",\n  \"threads\": " + std::to_string(kThreads) +
-                     ",\n  \"phases\": [\n";
-  std::printf("%s, copy %.0f GB/s, %d blocks of %d threads\n", properties.name, gbs, blocks, kThreads);
+  return json;
+}
+
+// The first three sweeps (phase sizes × launch modes, loads in flight, the L2 prefetcher): prints them and returns
+// their JSON members.
+std::string chain_sweeps(const cudaDeviceProp& properties, int blocks, double gbs) {
+  std::string json = "  \"phases\": [\n";
   std::printf("%10s %8s %12s %12s %12s %10s %6s\n", "phase MB", "floor us", "kernels us", "early us", "persist us",
               "persist %", "same");
   const std::vector<double> megabytes = {0.5, 2, 4, 8, 16};
@@ -418,7 +476,30 @@ int main(int argc, char** argv) {
     }
     std::printf("\n");
   }
-  json += "\n";
+  json += "\n  ],\n";
+  return json;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool footprint_only = argc == 3 && std::string(argv[2]) == "footprint";
+  if (argc != 2 && !footprint_only) {
+    std::fprintf(stderr, "usage: chain_bench OUT.json [footprint]\n");
+    return 2;
+  }
+  cudaDeviceProp properties{};
+  CHECK(cudaGetDeviceProperties(&properties, 0));
+  int per_sm = 0;
+  CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_kernel, kThreads, 0));
+  const int blocks = properties.multiProcessorCount * std::min(per_sm, 4);
+  const double gbs = copy_bandwidth_gbs();
+  std::string json =
+      "{\n  \"gpu\": \"" + std::string(properties.name) + "\",\n  \"copy_bandwidth_gbs\": " + std::to_string(gbs) +
+      ",\n  \"blocks\": " + std::to_string(blocks) + ",\n  \"threads\": " + std::to_string(kThreads) + ",\n";
+  std::printf("%s, copy %.0f GB/s, %d blocks of %d threads\n", properties.name, gbs, blocks, kThreads);
+  if (!footprint_only) json += chain_sweeps(properties, blocks, gbs);
+  json += "  \"code_footprint_2mb\": [\n" + footprint_sweep(blocks);
   json += "  ]\n}\n";
   FILE* out = std::fopen(argv[1], "w");
   if (!out) {
