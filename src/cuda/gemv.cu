@@ -146,22 +146,16 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   // Each warp's first weight loads come before the wait (weights never depend on the previous kernel), so that their
   // latency overlaps the previous kernel's end; the activations are staged after it. (An L2 prefetch of the block's
   // whole weight range here, per line or in bulk, measured up to 20 % slower on large products: docs/CUDA.md.)
-  // The second unit's loads go out right after the wait, before the staging, so that two units are in flight while
-  // the activations are staged and from then on (tile_products_two_ahead).
-  WarpLoads current, next;
-  const int loaded_end = has_rows ? end : begin;
-  load_group_block<Bits>(current, codes, affine, begin, loaded_end, width, t);
+  WarpLoads current;
+  load_group_block<Bits>(current, codes, affine, begin, has_rows ? end : begin, width, t);
   wait_for_producers();
   allow_dependents();
-  load_group_block<Bits>(next, codes, affine, begin + kUnroll, loaded_end, width, t);
   uint4* fragments = shared;
   float2* group_terms = reinterpret_cast<float2*>(fragments + size_t(groups) * 16 * B);
   stage_matrix_activations<Bits, B>(m, groups, fragments, group_terms);
   __syncthreads();
   float acc[2] = {};
-  if (has_rows)
-    tile_products_two_ahead<Bits, B>(current, next, codes, affine, width, begin, end, groups, fragments, group_terms,
-                                     acc);
+  if (has_rows) tile_products<Bits, B>(current, codes, affine, width, begin, end, groups, fragments, group_terms, acc);
   partials[warp][lane] = acc[0];
   partials[warp][32 + lane] = acc[1];
   __syncthreads();

@@ -379,38 +379,4 @@ __device__ inline void tile_products(WarpLoads& current, const uint32_t* const (
     products_one_ahead<Bits, B>(current, codes, affine, width, begin, end, groups, fragments, group_terms, acc);
 }
 
-// tile_products with the loads two units ahead: `next` holds the unit after `current` (load_group_block at
-// begin + kUnroll, issued by the caller), and each further unit's loads go out two units before it is computed, so
-// that a warp keeps two units of weights in flight (the 1–4-row GEMV, gemv.cu). The same sums as tile_products.
-template <int Bits, int B>
-__device__ inline void tile_products_two_ahead(WarpLoads& current, WarpLoads& next, const uint32_t* const (&codes)[2],
-                                               const __nv_bfloat16* affine, AffineWidth width, int begin, int end,
-                                               int groups, const uint4* fragments, const float2* group_terms,
-                                               float (&acc)[2]) {
-  if (begin >= end) return;
-  if (!whole_units(width, begin, end)) {
-    GroupInputs in;
-    unit_products<Bits, B, false>(current, begin, end, groups, fragments, group_terms, in, acc);
-    products_one_ahead<Bits, B>(next, codes, affine, width, begin + kUnroll, end, groups, fragments, group_terms, acc);
-    return;
-  }
-  constexpr int kGroupWords = kQuantGroup * Bits / 32, kUnitWords = kUnroll * kGroupWords;
-  const int t = threadIdx.x % 4;
-  const uint32_t* unit_codes[2] = {codes[0] + (begin + 2 * kUnroll) * kGroupWords,
-                                   codes[1] + (begin + 2 * kUnroll) * kGroupWords};
-  const __nv_bfloat16* unit_affine = affine + begin + 2 * kUnroll;
-  GroupInputs in;
-  int first = begin;
-  for (; first + 2 * kUnroll < end; first += kUnroll) {
-    WarpLoads after;
-    load_whole_unit<Bits>(after, unit_codes, unit_affine, t);
-    unit_products<Bits, B, true>(current, first, end, groups, fragments, group_terms, in, acc);
-    current = next;
-    next = after;
-    unit_codes[0] += kUnitWords, unit_codes[1] += kUnitWords, unit_affine += kUnroll;
-  }
-  unit_products<Bits, B, true>(current, first, end, groups, fragments, group_terms, in, acc);
-  if (first + kUnroll < end) unit_products<Bits, B, true>(next, first + kUnroll, end, groups, fragments, group_terms, in, acc);
-}
-
 }  // namespace vavilov::cuda::qmma
