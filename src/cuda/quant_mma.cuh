@@ -265,118 +265,43 @@ __device__ inline int slice_start(int k, int slices, int groups) {
   return min(k * units / slices * kUnroll, groups);
 }
 
-// The kUnroll groups of one unit, all inside the slice: codes and 8-byte scales and biases (AffineWidth::k8) from the
-// unit's own pointers (its first group), the same registers as load_group_block without a test per group.
-template <int Bits>
-__device__ inline void load_whole_unit(WarpLoads& loads, const uint32_t* const (&unit_codes)[2],
-                                       const __nv_bfloat16* unit_affine, int t) {
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) loads.codes[u][r] = load_codes<Bits>(unit_codes[r], u, t);
-#pragma unroll
-  for (int i = 0; i < kUnroll / 4; ++i) {
-    const uint2 four = __ldg(reinterpret_cast<const uint2*>(unit_affine) + i);
-    loads.affine[2 * i] = four.x;
-    loads.affine[2 * i + 1] = four.y;
-  }
-}
-
-// The activations of one group that a lane feeds the mma and the affine terms: lanes past 8·B (B fragments) and
-// t ≥ B (terms) never load theirs and keep the zeros they start with, so nothing is cleared per group.
-struct GroupInputs {
-  uint4 b_fragment[2] = {};
-  float2 terms = {0.0f, 0.0f};
-};
-
-// Adds the products of the loaded unit `current` (groups first.., none past end) to acc.
-template <int Bits, int B, bool WholeUnits>
-__device__ __forceinline__ void unit_products(const WarpLoads& current, int first, int end, int groups,
-                                              const uint4* fragments, const float2* group_terms, GroupInputs& in,
-                                              float (&acc)[2]) {
-  const int lane = threadIdx.x % 32, t = lane % 4;
-  uint32_t scale_bias[4];  // bf16 pairs of two groups: scale row g, scale row g + 8, bias g, bias g + 8
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const int group = first + u;
-    if (!WholeUnits && group >= end) break;
-    if (lane < 8 * B) {
-      in.b_fragment[0] = fragments[(size_t(group) * 2) * 8 * B + lane];
-      in.b_fragment[1] = fragments[(size_t(group) * 2 + 1) * 8 * B + lane];
-    }
-    if (t < B) in.terms = group_terms[t * groups + group];
-    if (u % 2 == 0)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) scale_bias[i] = __shfl_sync(0xffffffffu, current.affine[u / 2], (lane & ~3) | i);
-    uint32_t a0[8], a1[8];
-    decode<Bits>(current.codes[u][0], t, a0);
-    decode<Bits>(current.codes[u][1], t, a1);
-    const uint4* b = in.b_fragment;
-    float c[4] = {};
-    mma_f16(c, a0[0], a1[0], a0[1], a1[1], b[0].x, b[0].y);
-    mma_f16(c, a0[2], a1[2], a0[3], a1[3], b[0].z, b[0].w);
-    mma_f16(c, a0[4], a1[4], a0[5], a1[5], b[1].x, b[1].y);
-    mma_f16(c, a0[6], a1[6], a0[7], a1[7], b[1].z, b[1].w);
-    const auto pick = [&](uint32_t pair) { return u % 2 ? bf16_high(pair) : bf16_low(pair); };
-    acc[0] = fmaf(c[0] + c[1], pick(scale_bias[0]) * in.terms.y, fmaf(pick(scale_bias[2]), in.terms.x, acc[0]));
-    acc[1] = fmaf(c[2] + c[3], pick(scale_bias[1]) * in.terms.y, fmaf(pick(scale_bias[3]), in.terms.x, acc[1]));
-  }
-}
-
-// Whether [begin, end) is a non-empty run of whole units with 8-byte scales and biases (load_whole_unit).
-__device__ inline bool whole_units(AffineWidth width, int begin, int end) {
-  return width == AffineWidth::k8 && end > begin && (end - begin) % kUnroll == 0;
-}
-
-// tile_products over whole units: pointers that walk along the rows (no index arithmetic per load), no test per group,
-// the last unit computed after the loop (nothing left to load).
-template <int Bits, int B>
-__device__ inline void products_whole_units(WarpLoads& current, const uint32_t* const (&codes)[2],
-                                            const __nv_bfloat16* affine, int begin, int end, int groups,
-                                            const uint4* fragments, const float2* group_terms, float (&acc)[2]) {
-  constexpr int kGroupWords = kQuantGroup * Bits / 32, kUnitWords = kUnroll * kGroupWords;
-  const int t = threadIdx.x % 4;
-  const uint32_t* unit_codes[2] = {codes[0] + (begin + kUnroll) * kGroupWords,
-                                   codes[1] + (begin + kUnroll) * kGroupWords};
-  const __nv_bfloat16* unit_affine = affine + begin + kUnroll;
-  GroupInputs in;
-  int first = begin;
-  for (; first + kUnroll < end; first += kUnroll) {
-    WarpLoads next;
-    load_whole_unit<Bits>(next, unit_codes, unit_affine, t);
-    unit_products<Bits, B, true>(current, first, end, groups, fragments, group_terms, in, acc);
-    current = next;
-    unit_codes[0] += kUnitWords, unit_codes[1] += kUnitWords, unit_affine += kUnroll;
-  }
-  unit_products<Bits, B, true>(current, first, end, groups, fragments, group_terms, in, acc);
-}
-
-template <int Bits, int B>
-__device__ inline void products_one_ahead(WarpLoads& current, const uint32_t* const (&codes)[2],
-                                          const __nv_bfloat16* affine, AffineWidth width, int begin, int end,
-                                          int groups, const uint4* fragments, const float2* group_terms,
-                                          float (&acc)[2]) {
-  const int t = threadIdx.x % 4;
-  GroupInputs in;
-  for (int first = begin; first < end; first += kUnroll) {
-    WarpLoads next;
-    load_group_block<Bits>(next, codes, affine, first + kUnroll, end, width, t);
-    unit_products<Bits, B, false>(current, first, end, groups, fragments, group_terms, in, acc);
-    current = next;
-  }
-}
-
 // Σ over groups [begin, end) of one warp's tile: acc[r] = row g + 8r's product with batch row t (lane (g, t), t < B).
-// `current` holds the first unit's loads (load_group_block at begin); each unit's loads go out before the unit before
-// it is computed. The sums are the same in every path: group by group, in order.
 template <int Bits, int B>
 __device__ inline void tile_products(WarpLoads& current, const uint32_t* const (&codes)[2], const __nv_bfloat16* affine,
                                      AffineWidth width, int begin, int end, int groups, const uint4* fragments,
                                      const float2* group_terms, float (&acc)[2]) {
-  if (whole_units(width, begin, end))
-    products_whole_units<Bits, B>(current, codes, affine, begin, end, groups, fragments, group_terms, acc);
-  else
-    products_one_ahead<Bits, B>(current, codes, affine, width, begin, end, groups, fragments, group_terms, acc);
+  const int lane = threadIdx.x % 32, t = lane % 4;
+  for (int first = begin; first < end; first += kUnroll) {
+    WarpLoads next;
+    load_group_block<Bits>(next, codes, affine, first + kUnroll, end, width, t);
+    uint32_t scale_bias[4];  // bf16 pairs of two groups: scale row g, scale row g + 8, bias g, bias g + 8
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int group = first + u;
+      if (group >= end) break;
+      uint4 b_fragment[2] = {};
+      if (lane < 8 * B) {
+        b_fragment[0] = fragments[(size_t(group) * 2) * 8 * B + lane];
+        b_fragment[1] = fragments[(size_t(group) * 2 + 1) * 8 * B + lane];
+      }
+      const float2 terms = t < B ? group_terms[t * groups + group] : make_float2(0.0f, 0.0f);
+      if (u % 2 == 0)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) scale_bias[i] = __shfl_sync(0xffffffffu, current.affine[u / 2], (lane & ~3) | i);
+      uint32_t a0[8], a1[8];
+      decode<Bits>(current.codes[u][0], t, a0);
+      decode<Bits>(current.codes[u][1], t, a1);
+      float c[4] = {};
+      mma_f16(c, a0[0], a1[0], a0[1], a1[1], b_fragment[0].x, b_fragment[0].y);
+      mma_f16(c, a0[2], a1[2], a0[3], a1[3], b_fragment[0].z, b_fragment[0].w);
+      mma_f16(c, a0[4], a1[4], a0[5], a1[5], b_fragment[1].x, b_fragment[1].y);
+      mma_f16(c, a0[6], a1[6], a0[7], a1[7], b_fragment[1].z, b_fragment[1].w);
+      const auto pick = [&](uint32_t pair) { return u % 2 ? bf16_high(pair) : bf16_low(pair); };
+      acc[0] = fmaf(c[0] + c[1], pick(scale_bias[0]) * terms.y, fmaf(pick(scale_bias[2]), terms.x, acc[0]));
+      acc[1] = fmaf(c[2] + c[3], pick(scale_bias[1]) * terms.y, fmaf(pick(scale_bias[3]), terms.x, acc[1]));
+    }
+    current = next;
+  }
 }
 
 }  // namespace vavilov::cuda::qmma
