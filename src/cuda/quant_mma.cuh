@@ -134,9 +134,11 @@ constexpr size_t quant_shared_bytes(int groups, int batch) {
 template <int Bits, int B, typename Load>
 __device__ void stage_fragments(int groups, const Load& load, uint4* fragments, float2* group_terms, int index,
                                 int count) {
-  const int items = B * groups * 4;                  // item = (batch row, group, lane column t)
+  // item = (group, batch row, lane column t): divided by the constant B, not by the run-time group count, so that no
+  // integer division sits between a kernel's wait and its first activation loads (same items, same values).
+  const int items = B * groups * 4;
   for (int base = 0; base < items; base += count) {  // uniform trip count: the shuffles need all
-    const int item = base + index, t = item & 3, group = (item >> 2) % groups, b = (item >> 2) / groups;
+    const int item = base + index, t = item & 3, group = (item >> 2) / B, b = (item >> 2) % B;
     const bool active = item < items;
     float x[16] = {};
     if (active) load(b, group, t, x);
