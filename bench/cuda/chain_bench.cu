@@ -319,18 +319,16 @@ double replay_us(cudaGraphExec_t exec, cudaStream_t stream, int phases) {
   return us;
 }
 
-// The early-load chain alone at one shape: per-phase time with `Unroll` loads in flight a thread and `blocks` blocks
-// (memory-level parallelism against the fixed cost of a launch).
-template <int Unroll>
-double early_chain_us(size_t phase_bytes, int phases, int blocks) {
+// A chain of `phases` launches captured into one graph, `launch(c, p, stream)` making phase p's: per-phase time.
+template <typename LaunchPhase>
+double captured_chain_us(size_t phase_bytes, int phases, int blocks, LaunchPhase&& launch) {
   Chain c = make_chain(phase_bytes, phases, blocks);
   cudaStream_t stream;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int p = 0; p < phases; ++p)
-    CHECK(launch_dependent(phase_kernel<Unroll>, dim3(blocks), dim3(kThreads), 0, stream, c, p, true));
+  for (int p = 0; p < phases; ++p) launch(c, p, stream);
   CHECK(cudaStreamEndCapture(stream, &graph));
   CHECK(cudaGraphInstantiate(&exec, graph, 0));
   const double us = replay_us(exec, stream, phases);
@@ -338,6 +336,15 @@ double early_chain_us(size_t phase_bytes, int phases, int blocks) {
   CHECK(cudaStreamDestroy(stream));
   free_chain(c);
   return us;
+}
+
+// The early-load chain alone at one shape: per-phase time with `Unroll` loads in flight a thread and `blocks` blocks
+// (memory-level parallelism against the fixed cost of a launch).
+template <int Unroll>
+double early_chain_us(size_t phase_bytes, int phases, int blocks) {
+  return captured_chain_us(phase_bytes, phases, blocks, [&](const Chain& c, int p, cudaStream_t stream) {
+    CHECK(launch_dependent(phase_kernel<Unroll>, dim3(blocks), dim3(kThreads), 0, stream, c, p, true));
+  });
 }
 
 // The early-load chain with prefetch_kernel running `ahead` phases in front of it (ahead < 0: no prefetcher), in one
@@ -381,21 +388,9 @@ template <int... V>
 double code_chain_us(size_t phase_bytes, int phases, int blocks, int variants, std::integer_sequence<int, V...>) {
   using Kernel = void (*)(Chain, int);
   const Kernel kernels[] = {code_phase_kernel<V>...};
-  Chain c = make_chain(phase_bytes, phases, blocks);
-  cudaStream_t stream;
-  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int p = 0; p < phases; ++p)
+  return captured_chain_us(phase_bytes, phases, blocks, [&](const Chain& c, int p, cudaStream_t stream) {
     CHECK(launch_dependent(kernels[p % variants], dim3(blocks), dim3(kThreads), 0, stream, c, p));
-  CHECK(cudaStreamEndCapture(stream, &graph));
-  CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  const double us = replay_us(exec, stream, phases);
-  CHECK(cudaGraphDestroy(graph));
-  CHECK(cudaStreamDestroy(stream));
-  free_chain(c);
-  return us;
+  });
 }
 
 // Code footprint: 2 MB phases (launch-bound), phases rotating over 1-16 kernels of ~37 KB of code each (sm_90a); prints
