@@ -570,6 +570,20 @@ size_t scan_shared_bytes(const GdnShape& s) {
   return (2 * scan_stage_floats(s) + size_t(kScanRowPairs) * (kDeltaStride + pair_rows_stride_of(s.dk))) * 4;
 }
 
+// A whole [kRows][kWidth] tile from source (rows kWidth floats apart, 16-byte aligned) into tile (row stride ld) by
+// cp.async, 16 bytes a copy, by the scan's kScanThreads threads: the release's stages need neither stage_tile's zero
+// padding nor its loop, whose index arithmetic took ~20 instructions a copy.
+template <int kRows, int kWidth>
+__device__ inline void stage_whole_tile(float* tile, int ld, const float* source) {
+  constexpr int kVectors = kWidth / 4;  // float4s a row
+  static_assert(kWidth % 4 == 0 && kRows * kVectors % kScanThreads == 0);
+#pragma unroll
+  for (int i = 0; i < kRows * kVectors / kScanThreads; ++i) {
+    const int e = int(threadIdx.x) + i * kScanThreads, t = e / kVectors, c = e % kVectors * 4;
+    __pipeline_memcpy_async(tile + t * ld + c, source + t * kWidth + c, 4 * sizeof(float));
+  }
+}
+
 // The scan's progress counters: a release store after the block's barrier (thread 0's fence orders every thread's
 // stores before the barrier ahead of the counter) and an acquire load.
 __device__ inline void publish_progress(unsigned* counter, unsigned chunks_done) {
@@ -607,11 +621,19 @@ __global__ void __launch_bounds__(kScanThreads, 1)
   const size_t dv = size_t(s.dv);
   float* head_state = recurrent + size_t(h) * s.dk * dv + j0;
   unsigned* progress = x.progress + h * x.scan_slices + blockIdx.y;
+  const bool whole_tiles = kRelease && reinterpret_cast<uintptr_t>(x.w) % 16 == 0 &&
+                           reinterpret_cast<uintptr_t>(x.kd) % 16 == 0;  // (the engine's scratch is 256-byte aligned)
   auto stage_chunk = [&](int chunk) {
     float* w = stages + (chunk % 2) * stage_floats;
     const size_t block = size_t(chunk) * s.heads + h;
-    stage_tile(w, ldw, kC, kdp, x.w + block * kC * s.dk, size_t(s.dk), kC, s.dk);
-    stage_tile(w + kC * ldw, kTokenStride, kdp, kC, x.kd + block * kC * s.dk, size_t(kC), s.dk, kC);
+    const float *w_rows = x.w + block * kC * s.dk, *kd_rows = x.kd + block * kC * s.dk;
+    if (whole_tiles) {
+      stage_whole_tile<kC, kReleaseDim>(w, ldw, w_rows);
+      stage_whole_tile<kReleaseDim, kC>(w + kC * ldw, kTokenStride, kd_rows);
+      return;
+    }
+    stage_tile(w, ldw, kC, kdp, w_rows, size_t(s.dk), kC, s.dk);
+    stage_tile(w + kC * ldw, kTokenStride, kdp, kC, kd_rows, size_t(kC), s.dk, kC);
   };
   stage_chunk(0);
 
