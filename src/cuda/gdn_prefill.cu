@@ -481,12 +481,15 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
   }
   const float gamma_end = gamma[kC - 1];
   // Kd transposed, [dk][C] (the scan reads it k-contiguous): a warp's 32 elements are keys 4q … 4q + 3 of 8 tokens,
-  // 32 banks apart in the keys tile (rows 4 mod 32 floats apart) and 8 whole rows of 32 bytes in the scratch.
+  // on 32 banks in the keys tile (rows 4 mod 32 floats apart) and four 32-byte pieces in the scratch. A thread's
+  // token t stays the same from one element to its next, so e^{γ_C−γ_t} is taken once.
+  static_assert(kPrepareThreads / 4 % kC == 0);
   float* kd = x.kd + block * kC * s.dk;
-  const int key_quads = (s.dk + 3) / 4;
+  const int key_quads = (s.dk + 3) / 4, token = tid / 4 % kC;
+  const float token_to_end = expf(gamma_end - gamma[token]);
   for (int e = tid; e < key_quads * 4 * kC; e += kPrepareThreads) {
-    const int i = e / (4 * kC) * 4 + e % 4, t = e / 4 % kC;
-    if (i < s.dk) kd[i * kC + t] = keys[t * ldk + i] * expf(gamma_end - gamma[t]);
+    const int i = e / (4 * kC) * 4 + e % 4;
+    if (i < s.dk) kd[i * kC + token] = keys[token * ldk + i] * token_to_end;
   }
   if (tid < kC) x.q_factor[block * kC + tid] = tid < n ? q_factor[tid] * expf(gamma[tid]) : 0.0f;
   if (tid == 0) x.decay[block] = expf(gamma_end);
