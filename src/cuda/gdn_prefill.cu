@@ -192,6 +192,103 @@ __device__ inline void mma_pair_3xtf32(Accumulator& first, Accumulator& second, 
   }
 }
 
+// ---- k-paired operands: two k-steps from one 128-bit load a row --------------------------------------------------
+//
+// A sum over k does not change when A's columns and B's rows are permuted alike. Within each 16-wide block of k,
+// lane (g, t) takes k = 4t + 2j and 4t + 2j + 1 as the slots t and t + 4 of k-step j (j = 0, 1): its B words of both
+// steps are then B[4t … 4t + 3][column], one float4 when B is column-major (k-contiguous), and its A words are one
+// float4 a k-step when A is stored in fragment order (below). Four 128-bit loads a pair of k-steps replace sixteen
+// scalar ones. Rows of such tiles are 16 mod 32 floats apart: a quarter warp's eight 16-byte loads (rows g, g + 1,
+// t = 0 … 3) then cover the 32 banks once.
+__host__ __device__ inline int pair_stride_of(int width) { return padded(width) + 16; }
+constexpr int kPairK = 2 * kStep;  // the k extent of one pair of k-steps
+
+// A in fragment order: within each 16-row tile, rows r and r + 8 interleave so that a lane's four A words of a
+// k-step are one float4 (each word lands in the register the mma reads it from; a row-major float4 a row would need
+// eight register moves a pair of k-steps to regroup). Row r of a tile group is in row pair p = 8·(r / 16) + r % 8
+// (rows of the group's storage, stride ld ≡ 16 mod 32); in its k block b (16 wide) element (r, 4t + 2j + i) sits at
+// 32b + 16j + 4t + 2i + (r / 8) % 2. a: the tile's first row pair, at its k block.
+__device__ inline void load_a_pair(Split (&f)[2][4], const float* a, int ld) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const float4 words = *reinterpret_cast<const float4*>(a + g * ld + 16 * j + 4 * t);
+    f[j][0] = split_tf32(words.x);
+    f[j][1] = split_tf32(words.y);
+    f[j][2] = split_tf32(words.z);
+    f[j][3] = split_tf32(words.w);
+  }
+}
+
+// c stored in fragment order (as load_a_pair reads it) at a: its 16 columns are the k block's.
+__device__ inline void store_a_pair(float* a, const Accumulator& c, int ld) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)  // column 8h + 2t + i of rows g, g + 8: k = 4(2h + t/2) + 2(t % 2) + i
+    *reinterpret_cast<float4*>(a + g * ld + 16 * (t % 2) + 4 * (2 * h + t / 2)) =
+        make_float4(c.x[4 * h], c.x[4 * h + 2], c.x[4 * h + 1], c.x[4 * h + 3]);
+}
+__host__ __device__ inline int pair_rows_stride_of(int width) { return 2 * padded(width) + 16; }
+constexpr int kPairRows = kTile / 2;  // row pairs a tile
+
+// B (16 × 16, column-major at b: element (k, n) at n·ldb + k) of k-steps j = 0, 1: f[j][h] for columns 8h ….
+__device__ inline void load_b_pair(Split (&f)[2][2][2], const float* b, int ldb) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float4 column = *reinterpret_cast<const float4*>(b + (8 * h + g) * ldb + 4 * t);
+    f[0][h][0] = split_tf32(column.x);
+    f[0][h][1] = split_tf32(column.y);
+    f[1][h][0] = split_tf32(column.z);
+    f[1][h][1] = split_tf32(column.w);
+  }
+}
+
+// acc += A B (as mma_3xtf32) over k = 16·pairs: A in fragment order at a, B column-major at b.
+__device__ inline void mma_3xtf32_paired(Accumulator& acc, const float* a, int lda, const float* b, int ldb,
+                                         int pairs) {
+  Accumulator lo_hi, hi_lo;
+  fill(lo_hi, 0.0f);
+  fill(hi_lo, 0.0f);
+#pragma unroll 4
+  for (int k = 0; k < pairs; ++k) {
+    Split a_frag[2][4], b_frag[2][2][2];
+    load_a_pair(a_frag, a + k * 2 * kPairK, lda);
+    load_b_pair(b_frag, b + k * kPairK, ldb);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) mma_3x(acc, lo_hi, hi_lo, a_frag[j], b_frag[j]);
+  }
+#pragma unroll
+  for (int e = 0; e < 8; ++e) acc.x[e] += lo_hi.x[e] + hi_lo.x[e];
+}
+
+// first += A B₀ and second += A B₁ (as mma_3xtf32_paired; B₀ at b0, B₁ at b1, A loaded and split once).
+__device__ inline void mma_pair_3xtf32_paired(Accumulator& first, Accumulator& second, const float* a, int lda,
+                                              const float* b0, const float* b1, int ldb, int pairs) {
+  Accumulator lo_hi0, hi_lo0, lo_hi1, hi_lo1;
+  fill(lo_hi0, 0.0f);
+  fill(hi_lo0, 0.0f);
+  fill(lo_hi1, 0.0f);
+  fill(hi_lo1, 0.0f);
+#pragma unroll 2
+  for (int k = 0; k < pairs; ++k) {
+    Split a_frag[2][4], b0_frag[2][2][2], b1_frag[2][2][2];
+    load_a_pair(a_frag, a + k * 2 * kPairK, lda);
+    load_b_pair(b0_frag, b0 + k * kPairK, ldb);
+    load_b_pair(b1_frag, b1 + k * kPairK, ldb);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      mma_3x(first, lo_hi0, hi_lo0, a_frag[j], b0_frag[j]);
+      mma_3x(second, lo_hi1, hi_lo1, a_frag[j], b1_frag[j]);
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    first.x[e] += lo_hi0.x[e] + hi_lo0.x[e];
+    second.x[e] += lo_hi1.x[e] + hi_lo1.x[e];
+  }
+}
+
 // tile[t][c] (row stride ld) for t < tile_rows, c < tile_width (a multiple of 4): source[t·source_stride + c]
 // (asynchronously) where t < rows and c < width, zero elsewhere. Whole float4s when the source rows allow it. Each
 // element has one owner thread, so restaging the same tile shape needs no barrier between the zero stores and the
@@ -227,7 +324,7 @@ __device__ inline void stage_tile(float* tile, int ld, int tile_rows, int tile_w
 // The prepare kernel zeroes it; the scan publishes it (release) and the outputs, which run beside the scan on the
 // multiprocessors it leaves free, wait on it (acquire).
 struct ChunkScratch {
-  float *w, *u, *q_factor, *kd, *p, *s0, *decay;  // [C, dk], [C, dv], [C], [C, dk], [C, C], [dk, dv], [1]
+  float *w, *u, *q_factor, *kd, *p, *s0, *decay;  // [C, dk], [C, dv], [C], [dk, C], [C, C], [dk, dv], [1]
   unsigned* progress;                             // [heads][scan_slices]
   int scan_slices;
 };
@@ -383,10 +480,16 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
     p[e] = u <= t ? decay * qk[t * kChunkStride + u] : 0.0f;
   }
   const float gamma_end = gamma[kC - 1];
+  // Kd transposed, [dk][C] (the scan reads it k-contiguous): a warp's 32 elements are keys 4q … 4q + 3 of 8 tokens,
+  // on 32 banks in the keys tile (rows 4 mod 32 floats apart) and four 32-byte pieces in the scratch. A thread's
+  // token t stays the same from one element to its next, so e^{γ_C−γ_t} is taken once.
+  static_assert(kPrepareThreads / 4 % kC == 0);
   float* kd = x.kd + block * kC * s.dk;
-  for (int t = warp; t < kC; t += kPrepareWarps) {  // a warp a row: e^{γ_C−γ_t} once per row
-    const float to_end = expf(gamma_end - gamma[t]);
-    for (int i = lane; i < s.dk; i += 32) kd[t * s.dk + i] = keys[t * ldk + i] * to_end;
+  const int key_quads = (s.dk + 3) / 4, token = tid / 4 % kC;
+  const float token_to_end = expf(gamma_end - gamma[token]);
+  for (int e = tid; e < key_quads * 4 * kC; e += kPrepareThreads) {
+    const int i = e / (4 * kC) * 4 + e % 4;
+    if (i < s.dk) kd[i * kC + token] = keys[token * ldk + i] * token_to_end;
   }
   if (tid < kC) x.q_factor[block * kC + tid] = tid < n ? q_factor[tid] * expf(gamma[tid]) : 0.0f;
   if (tid == 0) x.decay[block] = expf(gamma_end);
@@ -448,18 +551,40 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
 }
 
 // The scan: block (head, slice of 64 value columns), 512 threads, one block an SM (at the release shape 96 blocks,
-// each value head's W and Kd read twice, not four times as with 32-column slices). Its shared memory: two stages of
-// {W [C][ldk], Kd [C][dk + 8], U [C][72]} (the next chunk's operands load during the whole of the current chunk's
-// math), Δ [C][72] and the state slice [kdp][72]: 224 KB at dk = 128.
+// each value head's W and Kd read twice, not four times as with 32-column slices). It works on the transposed state
+// Sᵀ [64][dk], so that every product has both operands k-contiguous in shared memory (k-paired fragments):
+//   Δᵀ = Uᵀ − Sᵀ Wᵀ (k = dk: Sᵀ rows, W rows),  Sᵀ ← e^{γ_C} Sᵀ + Δᵀ Kd (k = C: Δᵀ rows, Kdᵀ rows).
+// Its shared memory: two stages of {W [C][dk + 16], Kdᵀ [dk][C + 16]} (the next chunk's operands load during the
+// whole of the current chunk's math), Δᵀ and Sᵀ in fragment order (A operands; 32 row pairs of 2C + 16 and 2dk + 16
+// floats): 204 KB at dk = 128. Warp w owns the state
+// tiles (value columns 16·(w%4), keys 16·(w/4) and 16·(w/4 + 4)) in registers across the chunks: it writes S₀ to the
+// scratch and the final state from there, and Sᵀ to shared memory once a chunk for the Δ products. U comes to each
+// warp's Δᵀ tile straight from global memory into registers, a chunk ahead; Δ goes back from registers.
 constexpr int kScanThreads = 512;
-constexpr int kScanStride = kScanColumns + 8;  // state, Δ and U: row-major B operands
+constexpr int kTokenStride = kC + 16;      // Kdᵀ rows: a k-paired B operand over the chunk's tokens
+constexpr int kDeltaStride = 2 * kC + 16;  // Δᵀ's row pairs (fragment order)
+constexpr int kScanRowPairs = kScanColumns / kTile * kPairRows;  // of Δᵀ and Sᵀ
 
 __host__ __device__ inline size_t scan_stage_floats(const GdnShape& s) {
-  return size_t(kC) * (stride_of(s.dk) + operand_stride_of(s.dk)) + size_t(kC) * kScanStride;
+  return size_t(kC) * pair_stride_of(s.dk) + size_t(padded(s.dk)) * kTokenStride;
 }
 
 size_t scan_shared_bytes(const GdnShape& s) {
-  return (2 * scan_stage_floats(s) + size_t(kC) * kScanStride + size_t(padded(s.dk)) * kScanStride) * 4;
+  return (2 * scan_stage_floats(s) + size_t(kScanRowPairs) * (kDeltaStride + pair_rows_stride_of(s.dk))) * 4;
+}
+
+// A whole [kRows][kWidth] tile from source (rows kWidth floats apart, 16-byte aligned) into tile (row stride ld) by
+// cp.async, 16 bytes a copy, by the scan's kScanThreads threads: the release's stages need neither stage_tile's zero
+// padding nor its loop, whose index arithmetic took ~20 instructions a copy.
+template <int kRows, int kWidth>
+__device__ inline void stage_whole_tile(float* tile, int ld, const float* source) {
+  constexpr int kVectors = kWidth / 4;  // float4s a row
+  static_assert(kWidth % 4 == 0 && kRows * kVectors % kScanThreads == 0);
+#pragma unroll
+  for (int i = 0; i < kRows * kVectors / kScanThreads; ++i) {
+    const int e = int(threadIdx.x) + i * kScanThreads, t = e / kVectors, c = e % kVectors * 4;
+    __pipeline_memcpy_async(tile + t * ld + c, source + t * kWidth + c, 4 * sizeof(float));
+  }
 }
 
 // The scan's progress counters: a release store after the block's barrier (thread 0's fence orders every thread's
@@ -474,107 +599,140 @@ __device__ inline unsigned load_progress(const unsigned* counter) {
   return value;
 }
 
-// target[t·ld + c] = tile[t][c] (row stride kScanStride) for t < rows, c < columns; whole float4s for full slices.
-__device__ inline void store_slice(float* target, size_t ld, const float* tile, int rows, int columns) {
-  constexpr int kVectors = kScanColumns / 4;  // float4s a full row
-  if (columns == kScanColumns && ld % 4 == 0 && reinterpret_cast<uintptr_t>(target) % 16 == 0) {
-    for (int e = threadIdx.x; e < rows * kVectors; e += kScanThreads) {
-      const int t = e / kVectors, c = e % kVectors * 4;
-      *reinterpret_cast<float4*>(target + t * ld + c) = *reinterpret_cast<const float4*>(tile + t * kScanStride + c);
-    }
-    return;
-  }
-  for (int e = threadIdx.x; e < rows * columns; e += kScanThreads)
-    target[e / columns * ld + e % columns] = tile[e / columns * kScanStride + e % columns];
-}
+// The row and column of accumulator element e within its tile (see Accumulator).
+__device__ inline int row_of(int e) { return threadIdx.x % 32 / 4 + 8 * (e / 2 % 2); }
+__device__ inline int column_of(int e) { return 8 * (e / 4) + 2 * (threadIdx.x % 4) + e % 2; }
 
-// Per chunk, in order: S₀ to the scratch; Δ = U − W S (warp w: the tile at rows 16·(w/4), columns 16·(w%4)), Δ to
-// the scratch (over U); S ← e^{γ_C} S + Kdᵀ Δ. Two barriers a chunk: the one at its start also frees the stage that
-// the next chunk's operands then load into (the previous chunk's update was its last reader).
+// Per chunk, in order: S₀ to the scratch (from the owners' registers); Δᵀ = Uᵀ − Sᵀ Wᵀ (warp w: the tile at value
+// columns 16·(w%4), tokens 16·(w/4)), Δᵀ to shared memory and Δ to the scratch (over U); Sᵀ ← e^{γ_C} Sᵀ + Δᵀ Kd
+// (two key tiles a warp sharing the Δᵀ operand), Sᵀ to shared memory. Two barriers a chunk: the one at its start also
+// frees the stage that the next chunk's operands then load into (the previous chunk's update was its last reader).
 template <bool kRelease>
 __global__ void __launch_bounds__(kScanThreads, 1)
     gdn_chunk_scan_kernel(GdnShape shape, int rows, ChunkScratch x, float* recurrent) {
   const GdnShape s = fixed<kRelease>(shape);
   allow_dependents();
   extern __shared__ __align__(128) float4 shared4[];
-  const int kdp = padded(s.dk), ldk = stride_of(s.dk), ldkd = operand_stride_of(s.dk);
+  const int kdp = padded(s.dk), ldw = pair_stride_of(s.dk), lds = pair_rows_stride_of(s.dk);
   const size_t stage_floats = scan_stage_floats(s);
-  float* stages = reinterpret_cast<float*>(shared4);  // 2 × {W [C][ldk], Kd [C][ldkd], U [C][72]}
-  float* delta = stages + 2 * stage_floats;           // [C][72]
-  float* state = delta + kC * kScanStride;            // [kdp][72]
+  float* stages = reinterpret_cast<float*>(shared4);    // 2 × {W [C][ldw], Kdᵀ [kdp][C + 16]}
+  float* delta = stages + 2 * stage_floats;             // Δᵀ [32 row pairs][2C + 16]
+  float* state = delta + kScanRowPairs * kDeltaStride;  // Sᵀ [32 row pairs][lds]
   const int h = blockIdx.x, tid = threadIdx.x, warp = tid / 32;
   const int j0 = blockIdx.y * kScanColumns, columns = min(kScanColumns, s.dv - j0);
   const int chunks = (rows + kC - 1) / kC;
   const size_t dv = size_t(s.dv);
   float* head_state = recurrent + size_t(h) * s.dk * dv + j0;
   unsigned* progress = x.progress + h * x.scan_slices + blockIdx.y;
+  const bool whole_tiles = kRelease && reinterpret_cast<uintptr_t>(x.w) % 16 == 0 &&
+                           reinterpret_cast<uintptr_t>(x.kd) % 16 == 0;  // (the engine's scratch is 256-byte aligned)
   auto stage_chunk = [&](int chunk) {
     float* w = stages + (chunk % 2) * stage_floats;
     const size_t block = size_t(chunk) * s.heads + h;
-    stage_tile(w, ldk, kC, kdp, x.w + block * kC * s.dk, size_t(s.dk), kC, s.dk);
-    stage_tile(w + kC * ldk, ldkd, kC, kdp, x.kd + block * kC * s.dk, size_t(s.dk), kC, s.dk);
-    stage_tile(w + kC * (ldk + ldkd), kScanStride, kC, kScanColumns, x.u + block * kC * dv + j0, dv, kC, columns);
+    const float *w_rows = x.w + block * kC * s.dk, *kd_rows = x.kd + block * kC * s.dk;
+    if (whole_tiles) {
+      stage_whole_tile<kC, kReleaseDim>(w, ldw, w_rows);
+      stage_whole_tile<kReleaseDim, kC>(w + kC * ldw, kTokenStride, kd_rows);
+      return;
+    }
+    stage_tile(w, ldw, kC, kdp, w_rows, size_t(s.dk), kC, s.dk);
+    stage_tile(w + kC * ldw, kTokenStride, kdp, kC, kd_rows, size_t(kC), s.dk, kC);
   };
-  stage_tile(state, kScanStride, kdp, kScanColumns, head_state, dv, s.dk, columns);
   stage_chunk(0);
 
-  const int delta_row = warp / 4 * kTile, delta_column = warp % 4 * kTile;
-  const int row_tiles = kdp / kTile, c0 = warp % 4 * kTile;  // the state update's
+  // This warp's tiles: value columns c0 … c0 + 15 (Δᵀ and Sᵀ rows), Δᵀ's tokens d0 …, the state's key tiles.
+  const int c0 = warp % 4 * kTile, d0 = warp / 4 * kTile, first_key_tile = warp / 4;
+  float* state_rows = state + c0 / 2 * lds;           // this warp's tile of Sᵀ (its first row pair)
+  float* delta_rows = delta + c0 / 2 * kDeltaStride;  // and of Δᵀ
+  const int key_tiles = kdp / kTile;                  // ≤ 8 (dk ≤ 128): a warp owns at most two
+  const bool owns[2] = {first_key_tile < key_tiles, first_key_tile + 4 < key_tiles};
+  auto in_slice = [&](int e) { return c0 + row_of(e) < columns; };
+  auto key_of = [&](int tile, int e) { return (first_key_tile + 4 * tile) * kTile + column_of(e); };
+  Accumulator owned[2];  // Sᵀ at the owned key tiles; zero past dk and past the slice's columns
+#pragma unroll
+  for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int key = key_of(tile, e);
+      owned[tile].x[e] = owns[tile] && key < s.dk && in_slice(e) ? head_state[key * dv + c0 + row_of(e)] : 0.0f;
+    }
+  auto store_owned = [&] {
+#pragma unroll
+    for (int tile = 0; tile < 2; ++tile)
+      if (owns[tile]) store_a_pair(state_rows + 2 * (first_key_tile + 4 * tile) * kTile, owned[tile], lds);
+  };
+  store_owned();
+
+  // U of this warp's Δᵀ tile (element e: value column c0 + row_of(e), token d0 + column_of(e)), a chunk ahead.
+  auto u_at = [&](int chunk) { return x.u + (size_t(chunk) * s.heads + h) * kC * dv + j0 + c0; };
+  auto load_u = [&](float(&u)[8], int chunk) {
+    const float* source = u_at(chunk);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) u[e] = in_slice(e) ? source[(d0 + column_of(e)) * dv + row_of(e)] : 0.0f;
+  };
+  float u_next[8];
+  load_u(u_next, 0);
+
   for (int chunk = 0; chunk < chunks; ++chunk) {
     const size_t block = size_t(chunk) * s.heads + h;
     const float decay = x.decay[block];  // loaded here, used in the state update
-    wait_copies();                       // this chunk's stage (and before the first chunk the state)
-    __syncthreads();                     // ... for every thread; and the previous chunk is done with the other stage
+    float u[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) u[e] = u_next[e];
+    if (chunk + 1 < chunks) load_u(u_next, chunk + 1);
+    float* s0 = x.s0 + block * s.dk * dv + j0 + c0;  // S₀, for the outputs
+#pragma unroll
+    for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const int key = key_of(tile, e);
+        if (owns[tile] && key < s.dk && in_slice(e)) s0[key * dv + row_of(e)] = owned[tile].x[e];
+      }
+    wait_copies();    // this chunk's stage
+    __syncthreads();  // ... for every thread, and Sᵀ; and the previous chunk is done with the other stage and Δᵀ
     if (chunk + 1 < chunks) stage_chunk(chunk + 1);
     const float* w = stages + (chunk % 2) * stage_floats;
-    const float* kd = w + kC * ldk;
-    const float* u = kd + kC * ldkd;
-    store_slice(x.s0 + block * s.dk * dv + j0, dv, state, s.dk, columns);  // S₀, for the outputs
+    const float* kd = w + kC * ldw;  // Kdᵀ
 
-    {  // Δ = U − W S
-      Accumulator product, result;
+    {  // Δᵀ = Uᵀ − Sᵀ Wᵀ
+      Accumulator product;
       fill(product, 0.0f);
-      mma_3xtf32<RowMajor, RowMajor>(product, w + delta_row * ldk, ldk, state + delta_column, kScanStride, kdp / kStep);
-      load_tile(result, u + delta_row * kScanStride + delta_column, kScanStride);
+      mma_3xtf32_paired(product, state_rows, lds, w + d0 * ldw, ldw, kdp / kPairK);
+      float* target = u_at(chunk);  // Δ replaces U
 #pragma unroll
-      for (int e = 0; e < 8; ++e) result.x[e] -= product.x[e];
-      store_tile(delta + delta_row * kScanStride + delta_column, result, kScanStride);
+      for (int e = 0; e < 8; ++e) {
+        product.x[e] = u[e] - product.x[e];
+        if (in_slice(e)) target[(d0 + column_of(e)) * dv + row_of(e)] = product.x[e];
+      }
+      store_a_pair(delta_rows + 2 * d0, product, kDeltaStride);
     }
     __syncthreads();
     // Every thread stored the previous chunk's S₀ and Δ before this chunk's first barrier: the outputs may read them.
     // (Published here, half a chunk later, so that thread 0's fence finds those stores drained.)
     if (tid == 0 && chunk > 0) publish_progress(progress, unsigned(chunk));
-    store_slice(x.u + block * kC * dv + j0, dv, delta, kC, columns);  // Δ replaces U
 
-    // S ← e^{γ_C} S + Kdᵀ Δ: warp w updates column tile w % 4 of the row tiles w / 4, w / 4 + 4, … two at a time.
-    auto decayed = [&](Accumulator& tile, int row_tile) {
-      load_tile(tile, state + row_tile * kTile * kScanStride + c0, kScanStride);
+      // Sᵀ ← e^{γ_C} Sᵀ + Δᵀ Kd on the owned tiles (every warp is done reading Sᵀ from shared memory).
 #pragma unroll
-      for (int e = 0; e < 8; ++e) tile.x[e] *= decay;
-    };
-    auto store = [&](const Accumulator& tile, int row_tile) {
-      store_tile(state + row_tile * kTile * kScanStride + c0, tile, kScanStride);
-    };
-    int row_tile = warp / 4;
-    for (; row_tile + 4 < row_tiles; row_tile += 8) {
-      Accumulator first, second;
-      decayed(first, row_tile);
-      decayed(second, row_tile + 4);
-      mma_pair_3xtf32<ColMajor, RowMajor>(first, second, kd + row_tile * kTile, kd + (row_tile + 4) * kTile, ldkd,
-                                          delta + c0, kScanStride, kC / kStep);
-      store(first, row_tile);
-      store(second, row_tile + 4);
-    }
-    if (row_tile < row_tiles) {
-      Accumulator next;
-      decayed(next, row_tile);
-      mma_3xtf32<ColMajor, RowMajor>(next, kd + row_tile * kTile, ldkd, delta + c0, kScanStride, kC / kStep);
-      store(next, row_tile);
-    }
+    for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) owned[tile].x[e] *= decay;
+    const float* kd_first = kd + first_key_tile * kTile * kTokenStride;
+    if (owns[1])
+      mma_pair_3xtf32_paired(owned[0], owned[1], delta_rows, kDeltaStride, kd_first,
+                             kd_first + 4 * kTile * kTokenStride, kTokenStride, kC / kPairK);
+    else if (owns[0])
+      mma_3xtf32_paired(owned[0], delta_rows, kDeltaStride, kd_first, kTokenStride, kC / kPairK);
+    store_owned();
   }
   __syncthreads();
   if (tid == 0) publish_progress(progress, unsigned(chunks));
-  store_slice(head_state, dv, state, s.dk, columns);
+#pragma unroll
+  for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int key = key_of(tile, e);
+      if (owns[tile] && key < s.dk && in_slice(e)) head_state[key * dv + c0 + row_of(e)] = owned[tile].x[e];
+    }
 }
 
 // The raw q rows of head h's key head in chunk `chunk` (zero past the input) into tile [C][ld] (tile_width ≥ dk
