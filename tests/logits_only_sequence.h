@@ -56,6 +56,8 @@ class LogitsOnlySequence final : public SequenceBackend {
     return max_element_of(logits.data());
   }
   void truncate_head(int64_t position) override { inner_->truncate_head(position); }
+  void export_state(SequenceState& state) override { inner_->export_state(state); }
+  void import_state(const SequenceState& state) override { inner_->import_state(state); }
 
   int64_t logits_requests = 0, greedy_requests = 0;  // calls that asked for logits, for greedy ids
 

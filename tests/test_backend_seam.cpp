@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "engine/backend.h"
 #include "engine/generate.h"
@@ -60,6 +62,12 @@ class ContractCheckingSequence final : public SequenceBackend {
     inner_->truncate_head(position);
     head_ = position;
   }
+  void export_state(SequenceState& state) override { inner_->export_state(state); }
+  void import_state(const SequenceState& state) override {
+    inner_->import_state(state);
+    head_ = state.mtp_position;
+    recorded_rows_ = 0;
+  }
   int64_t calls() const { return calls_; }
   int64_t logits_requests() const { return logits_requests_; }
 
@@ -103,6 +111,108 @@ TEST_P(BackendSeam, DeviceStyleDecoderKeepsTheContractAndEqualsPlainGreedy) {
       EXPECT_GT(sequence.calls(), 0);
       EXPECT_EQ(sequence.logits_requests(), 0) << "greedy decoding downloaded logits";
     }
+}
+
+// Prefix caching through the seam alone: a device-style decoder (no CPU state) hands out its chunk-boundary states
+// by export_state, equal to the CPU decoder's own, and device-style decoders started from them (import_state) emit
+// the uninterrupted decoder's tokens.
+TEST_P(BackendSeam, DeviceStyleDecoderExportsChunkStatesAndResumesFromThem) {
+  auto model = load_model(GetParam().string());
+  std::ifstream in(GetParam() / "reference.json");
+  const auto prompt = nlohmann::json::parse(in)["prompt_ids"].get<std::vector<int32_t>>();
+  GenerateOptions options;
+  options.max_tokens = kTokens;
+  options.ignore_eos = true;
+  options.prefill_chunk = 8;
+  SpeculativeOptions speculative;
+  speculative.drafts = 2;
+  const SequenceFactory device = [&]() -> std::unique_ptr<SequenceBackend> {
+    return std::make_unique<ContractCheckingSequence>(*model);
+  };
+  auto run = [&](const SequenceFactory& factory, const SequenceState* prefix, std::vector<SequenceState>* saved) {
+    Decoder decoder(*model, options, speculative, factory);
+    std::vector<int32_t> tokens{decoder.start(prompt, prefix, [&](const SequenceState& state) {
+      if (saved) saved->push_back(state);
+    })};
+    while (int64_t(tokens.size()) < kTokens) {
+      const std::vector<int32_t> more = decoder.step();
+      tokens.insert(tokens.end(), more.begin(), more.end());
+    }
+    tokens.resize(size_t(kTokens));
+    return tokens;
+  };
+  std::vector<SequenceState> on_cpu, exported;
+  const std::vector<int32_t> want = run({}, nullptr, &on_cpu);
+  EXPECT_EQ(run(device, nullptr, &exported), want);
+  ASSERT_EQ(exported.size(), (prompt.size() - 1) / 8);
+  ASSERT_EQ(exported.size(), on_cpu.size());
+  for (size_t i = 0; i < exported.size(); ++i) {
+    EXPECT_EQ(exported[i].position, on_cpu[i].position);
+    EXPECT_EQ(exported[i].mtp_position, on_cpu[i].mtp_position);
+    EXPECT_EQ(exported[i].layers.size(), on_cpu[i].layers.size());
+    for (size_t l = 0; l < exported[i].layers.size(); ++l) {
+      EXPECT_EQ(exported[i].layers[l].gdn.recurrent, on_cpu[i].layers[l].gdn.recurrent) << "layer " << l;
+      EXPECT_EQ(exported[i].layers[l].attn.keys, on_cpu[i].layers[l].attn.keys) << "layer " << l;
+      EXPECT_EQ(exported[i].layers[l].ple.conv_rows, on_cpu[i].layers[l].ple.conv_rows) << "layer " << l;
+    }
+    EXPECT_EQ(exported[i].mtp.attn.values, on_cpu[i].mtp.attn.values);
+  }
+  for (const SequenceState& prefix : {exported.front(), exported.back()})
+    EXPECT_EQ(run(device, &prefix, nullptr), want) << "prefix of " << prefix.position << " tokens";
+}
+
+std::string import_error(SequenceBackend& sequence, const SequenceState& state) {
+  try {
+    sequence.import_state(state);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// States that do not fit the model are refused with the field named (and the layer), and the sequence keeps its own.
+TEST_P(BackendSeam, ImportRefusesStatesOfAnotherShape) {
+  auto model = load_model(GetParam().string());
+  const ModelConfig& c = model->config;
+  auto sequence = cpu_sequence(*model);
+  const std::vector<int32_t> ids{3, 1, 4, 1, 5, 9, 2};
+  std::vector<float> stacks(ids.size() * size_t(c.hc_hidden())), head(size_t(c.hc_hidden()));
+  sequence->forward(std::span(ids).first(6), {false, nullptr, stacks.data(), false});
+  sequence->mtp_forward(stacks.data(), std::span(ids).subspan(1), head.data(), MtpRows::Last);
+  SequenceState own;
+  sequence->export_state(own);
+  size_t gdn = 0, attention = 0, ple = 0;
+  for (int i = 0; i < c.num_layers; ++i) {
+    if (c.layer_kinds[size_t(i)] == LayerKind::GatedDeltaNet) gdn = size_t(i);
+    if (c.layer_kinds[size_t(i)] == LayerKind::SparseAttention) attention = size_t(i);
+    if (c.is_ple_layer(i)) ple = size_t(i);
+  }
+  const auto refused = [&](const std::function<void(SequenceState&)>& edit, const std::string& expected) {
+    SequenceState state = own;
+    edit(state);
+    const std::string error = import_error(*sequence, state);
+    EXPECT_NE(error.find(expected), std::string::npos) << "expected '" << expected << "' in: " << error;
+  };
+  refused([](SequenceState& s) { s.layers.pop_back(); }, "sequence state: " + std::to_string(c.num_layers - 1) +
+                                                             " layers, this model has " + std::to_string(c.num_layers));
+  refused([&](SequenceState& s) { s.layers[gdn].gdn.recurrent.pop_back(); },
+          "layer " + std::to_string(gdn) + " GDN recurrent state has");
+  refused([&](SequenceState& s) { s.layers[gdn].gdn.conv.push_back(0); },
+          "layer " + std::to_string(gdn) + " GDN conv state has");
+  refused([&](SequenceState& s) { s.layers[attention].attn.values.resize(0); },
+          "layer " + std::to_string(attention) + " attention values has 0 values");
+  refused([&](SequenceState& s) { ++s.position; }, "attention keys");  // caches shorter than the position
+  refused([&](SequenceState& s) { s.mtp.attn.index_keys.pop_back(); }, "MTP layer indexer keys");
+  refused([&](SequenceState& s) { s.mtp_position = s.position + 1; }, "MTP position");
+  if (c.is_ple_layer(int(ple))) {
+    refused([&](SequenceState& s) { s.layers[ple].ple.conv_rows.pop_back(); },
+            "layer " + std::to_string(ple) + " PLE conv window");
+    refused([&](SequenceState& s) { s.layers[ple].ple.previous_ids.back() = c.vocab_size; }, "PLE previous id");
+  }
+  EXPECT_EQ(sequence->position(), 6);
+  SequenceState after;
+  sequence->export_state(after);
+  EXPECT_EQ(after.layers[gdn].gdn.recurrent, own.layers[gdn].gdn.recurrent);
 }
 
 INSTANTIATE_TEST_SUITE_P(MtpFixtures, BackendSeam, ::testing::ValuesIn(test::fixture_dirs(test::mtp_fixtures())),

@@ -103,7 +103,7 @@ void register_serve(CLI::App& app) {
   add_experts_option(command, o.experts);
   command
       ->add_option("--device", args->device,
-                   "cpu (default), cuda, or auto (the GPU when present); on the GPU the prefix cache is off")
+                   "cpu (default), cuda, or auto (the GPU when present); the prefix cache works on either")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   command
       ->add_option(

@@ -23,6 +23,7 @@
 #include "cuda/ple.cuh"
 #include "cuda/product_groups.h"
 #include "cuda/quant_gemm.cuh"
+#include "cuda/state_transfer.h"
 #include "cuda/step_runner.h"
 
 namespace vavilov::cuda {
@@ -364,7 +365,52 @@ class CudaSequence final : public SequenceBackend {
     mtp_position_ = position;
   }
 
+  // Device→host copies on the sequence's stream (state_transfer.h), synchronised before the state is returned.
+  void export_state(SequenceState& state) override {
+    state.position = position_;
+    state.mtp_position = mtp_position_;
+    state.layers.resize(layers_.size());
+    for (size_t i = 0; i < layers_.size(); ++i)
+      download_layer_state(c_, state_view(model_->layers[i].kind, layers_[i]), position_, state.layers[i], stream_);
+    if (model_->mtp)
+      download_layer_state(c_, state_view(model_->mtp->layer.kind, mtp_state_), mtp_position_, state.mtp, stream_);
+    else
+      state.mtp = {};
+    cuda_check(cudaStreamSynchronize(stream_), "state export");
+  }
+
+  // The caches grow to the state's positions first (invalidating captured graphs as any growth does); the recorded
+  // rows of the last pass no longer apply.
+  void import_state(const SequenceState& state) override {
+    check_state_fits(state, c_, model_->mtp.has_value());
+    reserve_trunk(state.position);
+    if (model_->mtp && model_->mtp->layer.kind == LayerKind::SparseAttention)
+      reserve_attention(mtp_state_.attention, state.mtp_position);
+    for (size_t i = 0; i < layers_.size(); ++i)
+      upload_layer_state(c_, state_view(model_->layers[i].kind, layers_[i]), state.position, state.layers[i], stream_);
+    if (model_->mtp)
+      upload_layer_state(c_, state_view(model_->mtp->layer.kind, mtp_state_), state.mtp_position, state.mtp, stream_);
+    cuda_check(cudaStreamSynchronize(stream_), "state import");
+    position_ = state.position;
+    mtp_position_ = state.mtp_position;
+    recorded_from_ = -1;
+    recorded_rows_ = 0;
+  }
+
  private:
+  static DeviceLayerStateView state_view(LayerKind kind, const LayerState& state) {
+    const AttentionCache& cache = state.attention;
+    return {.gdn_conv = state.gdn_conv.state<float>(),
+            .gdn_recurrent = state.gdn_recurrent.state<float>(),
+            .attention = kind == LayerKind::SparseAttention,
+            .keys = ptr<float>(cache.keys),
+            .values = ptr<float>(cache.values),
+            .index_keys = ptr<float>(cache.index_keys),
+            .block_keys = ptr<float>(cache.block_keys),
+            .attention_capacity = cache.capacity,
+            .ple_previous = state.ple_previous.state<int64_t>(),
+            .ple_conv = state.ple_conv.state<float>()};
+  }
   // A pass's token ids and the first positions of its attention passes (kAttentionRows rows each), to the device
   // ahead of its launches.
   void stage(std::span<const int32_t> ids, int64_t first) {

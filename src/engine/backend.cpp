@@ -61,6 +61,11 @@ class CpuSequence final : public SequenceBackend {
     truncate_attention(state_.mtp.attn, position, model_.config);
     state_.mtp_position = position;
   }
+  void export_state(SequenceState& state) override { state = state_; }
+  void import_state(const SequenceState& state) override {
+    check_state_fits(state, model_.config, model_.mtp.has_value());
+    state_ = state;
+  }
   SequenceState* cpu_state() override { return &state_; }
   RowStates* cpu_row_states() override { return &rows_; }
 

@@ -55,7 +55,14 @@ class SequenceBackend {
   }
   // Drops the head's cache entries from `position` on.
   virtual void truncate_head(int64_t position) = 0;
-  // The state as the CPU engine holds it; null on other devices (prefix caching and batched CPU steps use it).
+  // The state in the CPU engine's layout (engine/state.h), whatever the device: position, attention and indexer
+  // caches up to the position, GDN, PLE and the MTP head's caches. A state is portable: any backend of the same model
+  // geometry imports it (prefix caching keeps these).
+  virtual void export_state(SequenceState& state) = 0;
+  // Continues from `state` instead of the sequence's own; an error naming the field (and layer) whose shape does not
+  // fit this model (check_state_fits), leaving the sequence as it was.
+  virtual void import_state(const SequenceState& state) = 0;
+  // The state as the CPU engine holds it, without a copy; null on other devices (batched CPU steps use it).
   virtual SequenceState* cpu_state() { return nullptr; }
   virtual RowStates* cpu_row_states() { return nullptr; }
 };

@@ -54,6 +54,13 @@ SequenceState& Decoder::state() {
   return *state;
 }
 
+// The CPU engine's own state, else the device's exported into exported_ (its storage reused from chunk to chunk).
+const SequenceState& Decoder::chunk_state() {
+  if (const SequenceState* state = sequence_->cpu_state()) return *state;
+  sequence_->export_state(exported_);
+  return exported_;
+}
+
 bool Decoder::is_stop(int32_t token) const {
   return !options_.ignore_eos && std::find(stops_.begin(), stops_.end(), token) != stops_.end();
 }
@@ -70,7 +77,7 @@ void Decoder::begin(std::span<const int32_t> prompt, const SequenceState* prefix
   if (prefix) {
     check(prefix->position < int64_t(prompt.size()) && (spec_.drafts == 0 || prefix->mtp_position == prefix->position),
           "prefix state at position {} cannot start a {}-token prompt", prefix->position, prompt.size());
-    state() = *prefix;
+    sequence_->import_state(*prefix);
   }
   history_.add_prompt(prompt);
   prompt_.assign(prompt.begin(), prompt.end());
@@ -99,7 +106,7 @@ int32_t Decoder::prefill_next(const std::function<void(const SequenceState&)>& o
     next_ids.push_back(last ? next : prompt[size_t(begin + count)]);
     fold_head(stacks.data(), next_ids, last);
   }
-  if (!last && on_chunk) on_chunk(state());
+  if (!last && on_chunk) on_chunk(chunk_state());
   if (last) prompt_.clear();
   return next;
 }

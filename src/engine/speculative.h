@@ -67,8 +67,10 @@ class Decoder {
           const SequenceFactory& device = {});
 
   // Prefills the prompt (in chunks of options.prefill_chunk) and chooses the first token; returns it. With `prefix`,
-  // starts from that state (a copy of an earlier decoder's state after a prefix of this prompt: prefix caching).
-  // `on_chunk` sees the state after every complete prompt chunk but the last (trunk and head both at its end).
+  // starts from that state (an earlier decoder's state after a prefix of this prompt, from any device: prefix
+  // caching; the backend's import_state checks its shapes). `on_chunk` sees the state after every complete prompt
+  // chunk but the last (trunk and head both at its end), in the CPU engine's layout: a device backend exports it for
+  // the call (SequenceBackend::export_state), so pass no on_chunk when nothing keeps it.
   int32_t start(std::span<const int32_t> prompt, const SequenceState* prefix = nullptr,
                 const std::function<void(const SequenceState&)>& on_chunk = {});
   // start() in steps, for schedulers that run other sequences between prompt chunks: begin() takes the prompt (and
@@ -93,7 +95,7 @@ class Decoder {
   bool greedy_ids() const { return greedy_ids_; }
 
   bool is_stop(int32_t token) const;
-  // The CPU engine's state (prefix caching, tests); an error on other devices.
+  // The CPU engine's own state (tests, the on_step hook); an error on other devices (export_state copies any).
   SequenceState& state();
   SequenceBackend& backend() { return *sequence_; }
   const SpeculativeStats& stats() const { return stats_; }
@@ -104,6 +106,7 @@ class Decoder {
   void add_draft(int32_t draft, std::vector<double> q, int64_t position);
   int32_t verify_row(const float* logits, const int32_t* greedy, int64_t row);
   void truncate_head(int64_t position);
+  const SequenceState& chunk_state();
 
   const Model& model_;
   const ModelConfig& c_;
@@ -121,7 +124,8 @@ class Decoder {
   TokenHistory history_;                      // prompt and emitted tokens (the penalties' input)
   Rng rng_;                                   // this sequence's own stream: batching cannot change it
   int drafts_wanted_;
-  bool greedy_ids_;  // greedy without logit adjustments: the backend returns ids, not logits
+  bool greedy_ids_;         // greedy without logit adjustments: the backend returns ids, not logits
+  SequenceState exported_;  // a device backend's state at the last prompt chunk boundary (on_chunk's argument)
 };
 
 // One verify step for several decoders with a single batched trunk pass. Returns each decoder's emitted tokens.

@@ -1,5 +1,8 @@
 #include "engine/state.h"
 
+#include <fmt/core.h>
+
+#include <string>
 #include <utility>
 
 #include "core/error.h"
@@ -30,6 +33,56 @@ SequenceState new_sequence_state(const Model& model) {
   for (int i = 0; i < c.num_layers; ++i)
     state.layers.push_back(new_layer_state(c, c.layer_kinds[i], c.is_ple_layer(i)));
   return state;
+}
+
+namespace {
+
+void check_size(size_t have, size_t want, const char* field, const std::string& where) {
+  check(have == want, "sequence state: {} {} has {} values, this model's takes {} (a state of another geometry?)",
+        where, field, have, want);
+}
+
+// One layer's vectors against their shapes at `position` tokens: those of the parts it has, empty for the others.
+void check_layer_fits(const LayerState& layer, const ModelConfig& c, bool gdn, bool attention, bool ple,
+                      int64_t position, const std::string& where) {
+  const size_t p = size_t(position), kv = size_t(c.num_key_value_heads) * size_t(c.head_dim);
+  const size_t index = size_t(c.indexer_head_dim);
+  check_size(layer.gdn.conv.size(), gdn ? size_t(c.linear_conv_kernel_dim - 1) * size_t(c.gdn_conv_dim()) : 0,
+             "GDN conv state", where);
+  check_size(
+      layer.gdn.recurrent.size(),
+      gdn ? size_t(c.linear_num_value_heads) * size_t(c.linear_key_head_dim) * size_t(c.linear_value_head_dim) : 0,
+      "GDN recurrent state", where);
+  check_size(layer.attn.keys.size(), attention ? p * kv : 0, "attention keys", where);
+  check_size(layer.attn.values.size(), attention ? p * kv : 0, "attention values", where);
+  check_size(layer.attn.index_keys.size(), attention ? p * index : 0, "indexer keys", where);
+  check_size(layer.attn.block_keys.size(), attention ? size_t(position / c.indexer_compress_ratio) * index : 0,
+             "indexer block keys", where);
+  check_size(layer.ple.previous_ids.size(), ple ? size_t(c.ngram_size - 1) : 0, "PLE previous ids", where);
+  check_size(layer.ple.conv_rows.size(),
+             ple ? size_t(c.ple_conv_kernel_size - 1) * size_t(c.ngram_size) * size_t(c.hc_hidden()) : 0,
+             "PLE conv window", where);
+  for (int64_t id : layer.ple.previous_ids)
+    check(id == c.eos() || (id >= 0 && id < c.vocab_size), "sequence state: {} PLE previous id {} is outside [0, {})",
+          where, id, c.vocab_size);
+}
+
+}  // namespace
+
+void check_state_fits(const SequenceState& state, const ModelConfig& c, bool has_mtp) {
+  check(state.layers.size() == size_t(c.num_layers), "sequence state: {} layers, this model has {}",
+        state.layers.size(), c.num_layers);
+  check(state.position >= 0 && state.mtp_position >= 0 && state.mtp_position <= state.position,
+        "sequence state: position {} and MTP position {} are not 0 ≤ MTP ≤ position", state.position,
+        state.mtp_position);
+  check(has_mtp || state.mtp_position == 0, "sequence state: MTP position {} for a model without an MTP head",
+        state.mtp_position);
+  for (int i = 0; i < c.num_layers; ++i) {
+    const LayerKind kind = c.layer_kinds[size_t(i)];
+    check_layer_fits(state.layers[size_t(i)], c, kind == LayerKind::GatedDeltaNet, kind == LayerKind::SparseAttention,
+                     c.is_ple_layer(i), state.position, fmt::format("layer {}", i));
+  }
+  check_layer_fits(state.mtp, c, false, has_mtp, false, state.mtp_position, "MTP layer");
 }
 
 StateSnapshot snapshot(const SequenceState& state) {

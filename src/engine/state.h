@@ -56,6 +56,10 @@ void shape_row_states(std::vector<GatedDeltaNetState>& rows, size_t count, const
 void shape_row_states(std::vector<PleState>& rows, size_t count, const PleState& like);
 
 SequenceState new_sequence_state(const Model& model);
+// Checks that `state` is shaped for a model of this config (with an MTP head or not) at its own positions: the layer
+// count, each layer's GDN, attention and PLE vectors, the MTP caches; PLE ids inside the vocabulary. Throws an error
+// naming the first field that does not fit and both sizes (a state of another geometry).
+void check_state_fits(const SequenceState& state, const ModelConfig& config, bool has_mtp);
 StateSnapshot snapshot(const SequenceState& state);
 // Returns the state to a snapshot taken earlier in the same sequence (caches truncated, recurrences copied back).
 void restore(SequenceState& state, const StateSnapshot& snap, const ModelConfig& config);

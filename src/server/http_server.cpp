@@ -148,8 +148,9 @@ void Server::Impl::load() {
   SchedulerOptions scheduling;
   if (options.select_device) scheduling.device = options.select_device(*model);
   const bool gpu = bool(scheduling.device);
-  // The prefix cache stores CPU engine states; GPU sequences keep theirs on the device and start afresh.
-  cache = std::make_unique<PrefixCache>(gpu ? 0 : options.cache_bytes);
+  // The prefix cache keeps states in the CPU engine's layout; GPU sequences export theirs at prompt chunk boundaries
+  // and import a cached one to start from (SequenceBackend::export_state / import_state).
+  cache = std::make_unique<PrefixCache>(options.cache_bytes);
   scheduling.parallel = options.parallel;
   scheduling.queue = options.queue;
   scheduling.speculative.drafts = options.drafts >= 0 ? options.drafts : default_drafts(*model, gpu);

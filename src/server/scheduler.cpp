@@ -82,7 +82,7 @@ void Scheduler::start(std::shared_ptr<Job> job) {
       Active{job, nullptr, tokenizer::StreamDecoder(tokenizer_, true), StopMatcher(input.stop), 0, true});
   try {
     active->decoder = std::make_unique<Decoder>(model_, input.options, options_.speculative, options_.device);
-    const auto entry = options_.device ? nullptr : cache_.lookup(input.prompt);
+    const auto entry = cache_.lookup(input.prompt);
     const int64_t cached = entry ? int64_t(entry->tokens.size()) : 0;
     job->set_cached_tokens(cached);
     metrics_.add_prompt(int64_t(input.prompt.size()), cached);
@@ -100,11 +100,13 @@ void Scheduler::prefill() {
     if (!active->prefilling || !active->decoder) continue;
     const std::vector<int32_t>& prompt = active->job->input().prompt;
     try {
-      const auto to_cache = [&](const SequenceState& state) {
-        cache_.insert(std::span(prompt).first(size_t(state.position)), state);
-      };
-      const int32_t first = active->decoder->prefill_next(
-          options_.device ? std::function<void(const SequenceState&)>() : std::function<void(const SequenceState&)>(to_cache));
+      // A device exports its state for each call (device→host copies): none when the cache keeps nothing.
+      std::function<void(const SequenceState&)> to_cache;
+      if (cache_.stats().budget > 0)
+        to_cache = [&](const SequenceState& state) {
+          cache_.insert(std::span(prompt).first(size_t(state.position)), state);
+        };
+      const int32_t first = active->decoder->prefill_next(to_cache);
       if (first < 0) continue;
       active->prefilling = false;
       if (!emit(*active, {first})) retire(*active);

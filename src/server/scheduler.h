@@ -25,7 +25,7 @@ struct SchedulerOptions {
   int parallel = 4;  // sequences decoding together
   int queue = 64;    // jobs waiting beyond those
   SpeculativeOptions speculative;
-  SequenceFactory device;  // GPU sequences; empty: the CPU engine (whose states the prefix cache keeps)
+  SequenceFactory device;  // GPU sequences; empty: the CPU engine (the prefix cache keeps either's states)
 };
 
 class Scheduler {

@@ -1,5 +1,7 @@
 """Starts `vavilov serve` on a test model for the server tests. VAVILOV_BINARY names the binary;
-VAVILOV_TEST_THREADS its CPU threads (default 2)."""
+VAVILOV_TEST_THREADS its CPU threads (default 2); VAVILOV_TEST_DEVICE its --device (default: the server's own);
+VAVILOV_TEST_MODEL_DIR a test model directory made beforehand by make_test_model.py (for machines without the
+`tokenizers` package, such as the GPU machine)."""
 import atexit
 import http.client
 import json
@@ -24,6 +26,8 @@ _model_dir = None
 def model_dir():
     """The test model directory (fixture checkpoint + generated tokenizer), built once per process."""
     global _model_dir
+    if _model_dir is None and os.environ.get("VAVILOV_TEST_MODEL_DIR"):
+        _model_dir = os.environ["VAVILOV_TEST_MODEL_DIR"]
     if _model_dir is None:
         work = tempfile.mkdtemp(prefix="vavilov-server-test-")
         atexit.register(shutil.rmtree, work, True)
@@ -44,6 +48,8 @@ class Server:
         binary = os.environ["VAVILOV_BINARY"]
         command = [binary, "serve", "--model", model_dir(), "--model-name", MODEL_NAME, "--port", "0",
                    "--threads", os.environ.get("VAVILOV_TEST_THREADS", "2"), *args]
+        if os.environ.get("VAVILOV_TEST_DEVICE"):
+            command += ["--device", os.environ["VAVILOV_TEST_DEVICE"]]
         self.process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
         self.log = []
         self.port = None

@@ -10,5 +10,5 @@ pip=(python3 -m pip install --quiet --disable-pip-version-check)
 "${pip[@]}" -r "$root/tools/requirements-server.txt" 2>/dev/null ||
   "${pip[@]}" --break-system-packages -r "$root/tools/requirements-server.txt"
 cd "$here"
-if [ $# -eq 0 ]; then set -- test_openai test_http test_load; fi
+if [ $# -eq 0 ]; then set -- test_openai test_http test_load test_prefix_device; fi
 VAVILOV_BINARY=$binary python3 -m unittest -v "$@"
