@@ -61,6 +61,22 @@ const SequenceState& Decoder::chunk_state() {
   return exported_;
 }
 
+// Whether on_chunk sees the state at prompt position `end` (a chunk boundary before the last chunk). A device's
+// state crosses to the host to be kept (~118 MB at Flash-Next: the GDN states), so a device snapshots only after 1, 2,
+// 4, 8, ... chunks (a shared system prompt is found again to within half its length) and before the last chunk (where
+// a continued conversation resumes): O(log n) copies a prompt instead of one a chunk. The CPU engine's state costs no
+// transfer and is offered at every boundary.
+bool Decoder::wants_chunk_state(int64_t end) const {
+  if (sequence_->cpu_state() != nullptr) return true;
+  return snapshot_boundary(end, int64_t(prompt_.size()), options_.prefill_chunk);
+}
+
+bool snapshot_boundary(int64_t end, int64_t prompt_size, int64_t chunk) {
+  if (chunk <= 0) return false;  // one chunk: no boundary before the last
+  const int64_t chunks = end / chunk;
+  return end + chunk >= prompt_size || (chunks & (chunks - 1)) == 0;
+}
+
 bool Decoder::is_stop(int32_t token) const {
   return !options_.ignore_eos && std::find(stops_.begin(), stops_.end(), token) != stops_.end();
 }
@@ -106,7 +122,7 @@ int32_t Decoder::prefill_next(const std::function<void(const SequenceState&)>& o
     next_ids.push_back(last ? next : prompt[size_t(begin + count)]);
     fold_head(stacks.data(), next_ids, last);
   }
-  if (!last && on_chunk) on_chunk(chunk_state());
+  if (!last && on_chunk && wants_chunk_state(begin + count)) on_chunk(chunk_state());
   if (last) prompt_.clear();
   return next;
 }

@@ -68,9 +68,10 @@ class Decoder {
 
   // Prefills the prompt (in chunks of options.prefill_chunk) and chooses the first token; returns it. With `prefix`,
   // starts from that state (an earlier decoder's state after a prefix of this prompt, from any device: prefix
-  // caching; the backend's import_state checks its shapes). `on_chunk` sees the state after every complete prompt
-  // chunk but the last (trunk and head both at its end), in the CPU engine's layout: a device backend exports it for
-  // the call (SequenceBackend::export_state), so pass no on_chunk when nothing keeps it.
+  // caching; the backend's import_state checks its shapes). `on_chunk` sees the state after complete prompt chunks
+  // (trunk and head both at its end), in the CPU engine's layout: the CPU engine's after every chunk but the last; a
+  // device backend's, exported for the call (SequenceBackend::export_state), only at snapshot_boundary()'s chunks.
+  // Pass no on_chunk when nothing keeps it.
   int32_t start(std::span<const int32_t> prompt, const SequenceState* prefix = nullptr,
                 const std::function<void(const SequenceState&)>& on_chunk = {});
   // start() in steps, for schedulers that run other sequences between prompt chunks: begin() takes the prompt (and
@@ -107,6 +108,7 @@ class Decoder {
   int32_t verify_row(const float* logits, const int32_t* greedy, int64_t row);
   void truncate_head(int64_t position);
   const SequenceState& chunk_state();
+  bool wants_chunk_state(int64_t end) const;
 
   const Model& model_;
   const ModelConfig& c_;
@@ -127,6 +129,10 @@ class Decoder {
   bool greedy_ids_;         // greedy without logit adjustments: the backend returns ids, not logits
   SequenceState exported_;  // a device backend's state at the last prompt chunk boundary (on_chunk's argument)
 };
+
+// Whether a device-resident sequence offers its state to on_chunk at prompt position `end` (a boundary of `chunk`-token
+// chunks before the last chunk of a `prompt_size`-token prompt): after 1, 2, 4, ... chunks and before the last one.
+bool snapshot_boundary(int64_t end, int64_t prompt_size, int64_t chunk);
 
 // One verify step for several decoders with a single batched trunk pass. Returns each decoder's emitted tokens.
 std::vector<std::vector<int32_t>> step_batch(const Model& model, std::span<Decoder* const> decoders);

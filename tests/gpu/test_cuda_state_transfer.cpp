@@ -168,7 +168,12 @@ TEST_P(GpuStateTransfer, DecoderResumesFromChunkStates) {
     want.insert(want.end(), more.begin(), more.end());
   }
   want.resize(size_t(options.max_tokens));
-  ASSERT_EQ(saved.size(), (fixture->prompt.size() - 1) / 5);
+  // A device's states come at snapshot_boundary()'s chunks only: after 1, 2, 4, ... chunks and before the last.
+  std::vector<int64_t> boundaries;
+  for (int64_t end = 5; end < int64_t(fixture->prompt.size()); end += 5)
+    if (snapshot_boundary(end, int64_t(fixture->prompt.size()), 5)) boundaries.push_back(end);
+  ASSERT_EQ(saved.size(), boundaries.size());
+  for (size_t i = 0; i < saved.size(); ++i) EXPECT_EQ(saved[i].position, boundaries[i]);
   ASSERT_FALSE(saved.empty());
   for (const SequenceState& prefix : {saved.front(), saved.back()}) {
     Decoder resumed(*model, options, speculative, gpu);
