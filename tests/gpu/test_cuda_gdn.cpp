@@ -220,20 +220,20 @@ TEST(CudaGdn, DecodeWithoutRowStatesAdvancesTheState) {
 // u = 2⁻¹¹ (10 explicit mantissa bits). A product a·b then carries ≤ (2u + u²)|a·b|, and a dot product over n ≤ 128
 // terms (dk, or C = 64 tokens) accumulated in fp32 adds ≤ n·2⁻²⁴ ≈ 0.016u of Σ|a_i b_i|: ≤ 2.02u·Σ|a_i b_i| a
 // product, i.e. ~2u of the magnitudes involved (normalised q and k, |A[t, s]| < 1, the decays ≤ 1). The longest chain
-// of dependent products inside a chunk is eight: K Kᵀ → A, the blocked solve for W and U (one subtraction product and
-// one product with the diagonal block's inverse for each later row block: 3 + 3 after the first block's inverse, 7
-// with it), then Δ = U − W S₀ — the state update Kdᵀ Δ and the output products P Δ, Q S₀ are one more. To first order
-// the relative errors along a chain add: ≤ 8 · 2u = 16u per chunk. From chunk to chunk the state passes through
-// e^{γ_C} ∏(I − β_t k_t k_tᵀ), whose norm is ≤ 1 (β ∈ (0, 1), ‖k‖ = 1), so an error made in one chunk is not
-// amplified later, and the chunks' errors are damped by the decays; the state bound is 16u ≈ 7.8e-3. The outputs pass
-// through the gated RMS norm, which divides o by rms(o): where o is the small difference of larger terms (e^{γ_t}S₀ᵀq
-// against Σ(q·k)δ) their error grows relative to it; at these random inputs rms(o) is ≥ ~1/4 of those terms'
-// magnitude, so outputs get 4 · 16u = 64u ≈ 3.1e-2. (A float64 model of the chunk algorithm with its operands rounded
-// to tf32 stays ≤ 7.1e-3 on outputs and ≤ 7.5e-4 on the state on these inputs; a lost chain or a wrong index
-// gives errors of order one.) The 3×TF32 default keeps kTolerance.
+// of dependent products in a chunk is ten: K Kᵀ (→ A); the blocked solve for W and U, seven deep (the first row
+// block's product with its diagonal block's inverse, then for each of the three later row blocks the product with the
+// solved rows, subtracted, and the product with its inverse); Δ = U − W S₀; the state update Kdᵀ Δ or the output
+// product P Δ. To first order the relative errors along a chain add: ≤ 10 · 2u = 20u a chunk. From chunk to chunk the
+// state passes through e^{γ_C} ∏(I − β_t k_t k_tᵀ), whose norm is ≤ 1 (β ∈ (0, 1), ‖k‖ = 1), so an error made in one
+// chunk is not amplified later, and the chunks' errors are damped by the decays: the state bound is 20u ≈ 9.8e-3. The
+// outputs pass through the gated RMS norm, which divides o by rms(o): where o is the small difference of larger terms
+// (e^{γ_t}S₀ᵀq against Σ(q·k)δ) their error grows relative to it; at these random inputs rms(o) is ≥ ~1/4 of those
+// terms' magnitude, so outputs get 4 · 20u = 80u ≈ 3.9e-2. (Measured on the H200: outputs ≤ 7.1e-3, state ≤ 7.5e-4 on
+// these inputs, printed by the tests; a lost chain or a wrong index gives errors of order one.) The 3×TF32 default
+// keeps kTolerance.
 constexpr double kTf32Unit = 1.0 / 2048.0;
-constexpr double kOnePassStateTolerance = 16 * kTf32Unit;
-constexpr double kOnePassOutputTolerance = 64 * kTf32Unit;
+constexpr double kOnePassStateTolerance = 20 * kTf32Unit;
+constexpr double kOnePassOutputTolerance = 80 * kTf32Unit;
 
 struct PrefillCheck {
   cuda::GdnProducts products = cuda::GdnProducts::Tf32x3;
