@@ -3,12 +3,13 @@
 
 Shape of Qwen3.8-Flash-Next: batch 1, 48 value heads on 16 key heads (fla's GVA), dk = dv = 128, T = 512 and 8192.
 
-- Timing: ours through `vavilov_gdn_bench time` (3×TF32 tensor cores, fp32 accuracy; l2 norms, gates, the chunk
-  kernels and the gated RMS norm), fla in float32 (Triton's tl.dot on fp32 inputs: TF32 tensor cores) and bfloat16 inputs, with
+- Timing: ours through `vavilov_gdn_bench prefill` (l2 norms, gates, the chunk kernels and the gated RMS norm) at
+  each of --precisions: fp32 (3×TF32 tensor cores, fp32 accuracy) and tf32 (one TF32 pass a product), the bench run
+  with VAVILOV_GEMM_PRECISION set to it; fla in float32 (Triton's tl.dot on fp32 inputs: TF32 tensor cores) and bfloat16 inputs, with
   use_qk_l2norm_in_kernel and precomputed g, beta (their computation is left out of fla's time). Median of CUDA-event
   timings after warm-up (Triton compiles and autotunes in the warm-up).
-- Agreement: on the same random inputs (zero initial state), ours (`vavilov_gdn_bench check`), fla fp32 and a float64
-  recurrence of the spec (torch, token by token): the gated, normalised outputs and the final state.
+- Agreement: on the same random inputs (zero initial state), ours at each precision (`vavilov_gdn_bench check`), fla
+  and a float64 recurrence of the spec (torch, token by token): the gated, normalised outputs and the final state.
 
 Needs torch and triton (the GPU machine's image) plus fla-core==0.6.0 and einops==0.8.2 (its only pure-python
 import). The GPU machine has no internet: fetch the wheels elsewhere with
@@ -16,6 +17,7 @@ import). The GPU machine has no internet: fetch the wheels elsewhere with
 DIR on PYTHONPATH. fla compiles and autotunes each dtype on first use (over a minute on the H200).
 
 Usage: gdn_vs_fla.py --bench BUILD/vavilov_gdn_bench --out RESULT.json [--commit C] [--budget-s S] [--bf16-only]
+                     [--precisions fp32 tf32]
 (--bf16-only: fla with bf16 inputs only, its agreement check included; fp32 inputs compile and autotune for minutes)
 """
 import argparse
@@ -76,13 +78,18 @@ def reference(x, device):
     return gated_norm(out, x), state
 
 
-def run_ours(bench, x, t):
+def with_precision(precision):
+    """The environment our bench runs in: VAVILOV_GEMM_PRECISION picks the prefill's products."""
+    return dict(os.environ, VAVILOV_GEMM_PRECISION=precision)
+
+
+def run_ours(bench, x, t, precision):
     with tempfile.TemporaryDirectory() as d:
         qkv = torch.cat([x["q"].reshape(t, -1), x["k"].reshape(t, -1), x["v"].reshape(t, -1)], dim=1)
         for name, tensor in {"qkv": qkv, "b": x["b"], "a": x["a"], "a_log": x["a_log"], "dt_bias": x["dt_bias"],
                              "z": x["z"], "norm": x["norm"]}.items():
             tensor.contiguous().float().numpy().tofile(os.path.join(d, name + ".f32"))
-        subprocess.run([bench, "check", d, str(t)], check=True)
+        subprocess.run([bench, "check", d, str(t)], check=True, env=with_precision(precision))
         out = torch.from_file(os.path.join(d, "ours_out.f32"), size=t * HV * D, dtype=torch.float32)
         state = torch.from_file(os.path.join(d, "ours_state.f32"), size=HV * D * D, dtype=torch.float32)
         return out.reshape(t, HV, D).clone(), state.reshape(HV, D, D).clone()
@@ -123,6 +130,8 @@ def main():
     parser.add_argument("--commit", default="unknown")
     parser.add_argument("--budget-s", type=float, default=110.0, help="skip what is left after this many seconds")
     parser.add_argument("--bf16-only", action="store_true", help="run fla with bf16 inputs only")
+    parser.add_argument("--precisions", nargs="+", default=["fp32"], choices=["fp32", "tf32"],
+                        help="our prefill's products: fp32 (3×TF32, the default) and/or tf32 (one pass)")
     args = parser.parse_args()
     begin = time.time()
     device = torch.device("cuda")
@@ -132,7 +141,8 @@ def main():
         "commit": args.commit,
         "torch": torch.__version__,
         "shape": {"batch": 1, "value_heads": HV, "key_heads": H, "dk": D, "dv": D},
-        "ours": "vavilov_gdn_bench: 3×TF32 tensor cores (fp32 accuracy), gates and l2 norms in the kernels, gated RMS norm included",
+        "ours": "vavilov_gdn_bench: ours_fp32 3×TF32 tensor cores (fp32 accuracy), ours_tf32 one TF32 pass a product; "
+                "gates and l2 norms in the kernels, gated RMS norm included",
         "fla": "chunk_gated_delta_rule(use_qk_l2norm_in_kernel=True, output_final_state=True), g and beta precomputed; "
                "no gated norm",
         "timings_us": {},
@@ -150,13 +160,16 @@ def main():
         chunk_gated_delta_rule = None
         result["fla_error"] = repr(error)
 
-    ours_json = args.out + ".ours.json"
-    subprocess.run([args.bench, "time", ours_json], check=True)
-    with open(ours_json) as f:
-        ours = json.load(f)
-    os.remove(ours_json)
-    result["ours_kernels"] = ours
-    ours_prefill = {p["T"]: p["us"] for p in ours["prefill"]}
+    ours_prefill = {}  # precision → T → µs
+    result["ours_kernels"] = {}
+    for precision in args.precisions:
+        ours_json = args.out + ".ours.json"
+        subprocess.run([args.bench, "prefill", ours_json], check=True, env=with_precision(precision))
+        with open(ours_json) as f:
+            ours = json.load(f)
+        os.remove(ours_json)
+        result["ours_kernels"][precision] = ours
+        ours_prefill[precision] = {p["T"]: p["us"] for p in ours["prefill"]}
 
     fla_dtype, fla_name = (torch.bfloat16, "fla_bf16") if args.bf16_only else (torch.float32, "fla_fp32")
 
@@ -167,16 +180,20 @@ def main():
         print(f"[{time.time() - begin:.1f} s] agreement T={t}", flush=True)
         x = random_inputs(t, 2)
         want_out, want_state = reference(x, device)
-        got_out, got_state = run_ours(args.bench, x, t)
-        entry = {"ours_vs_float64": {"out": relative_error(got_out, want_out),
-                                     "state": relative_error(got_state, want_state)}}
+        entry, ours_out = {}, {}
+        for precision in args.precisions:
+            got_out, got_state = run_ours(args.bench, x, t, precision)
+            entry[f"ours_{precision}_vs_float64"] = {"out": relative_error(got_out, want_out),
+                                                     "state": relative_error(got_state, want_state)}
+            ours_out[precision] = got_out
         if with_fla and chunk_gated_delta_rule is not None:
             try:
                 o, state = fla_call(chunk_gated_delta_rule, x, fla_dtype, device)()
                 fla_out = gated_norm(o[0], x)
                 entry[fla_name + "_vs_float64"] = {"out": relative_error(fla_out, want_out),
                                                    "state": relative_error(state[0], want_state)}
-                entry["ours_vs_" + fla_name] = {"out": relative_error(got_out, fla_out)}
+                for precision, got_out in ours_out.items():
+                    entry[f"ours_{precision}_vs_{fla_name}"] = {"out": relative_error(got_out, fla_out)}
             except Exception as error:  # noqa: BLE001 - recorded in the result
                 entry["fla_error"] = repr(error)
         entry["metric"] = "max |x − ref| / max(1, max |ref|) over the gated normalised outputs / the final state"
@@ -189,7 +206,8 @@ def main():
             json.dump(result, f, indent=1)
 
     def fla_timing(t, dtype, name):
-        timing = result["timings_us"].setdefault(str(t), {"ours_fp32": ours_prefill.get(t)})
+        timing = result["timings_us"].setdefault(
+            str(t), {f"ours_{precision}": ours_prefill[precision].get(t) for precision in args.precisions})
         if chunk_gated_delta_rule is None:
             return
         if time.time() - begin > args.budget_s:
@@ -198,7 +216,8 @@ def main():
         print(f"[{time.time() - begin:.1f} s] {name} T={t}", flush=True)
         try:
             timing[name] = median_us(fla_call(chunk_gated_delta_rule, random_inputs(t, 1), dtype, device), 3, 20)
-            timing["fla_over_ours_" + name] = timing[name] / timing["ours_fp32"]
+            for precision in args.precisions:
+                timing[f"fla_over_ours_{precision}_{name}"] = timing[name] / timing[f"ours_{precision}"]
         except Exception as error:  # noqa: BLE001 - recorded in the result
             timing[name + "_error"] = repr(error)
         print(t, timing, flush=True)

@@ -2,8 +2,8 @@
 // Gated DeltaNet on the GPU (spec §7, CPU mirror: src/cpu/gated_deltanet.cpp): the causal conv, the decode step
 // (conv, gates, delta rule and gated output norm in one launch, a block per value head) and the
 // chunk-parallel prefill (64-token chunks in the WY form, the state passed from chunk to chunk). All data fp32; the
-// prefill's matrix products run on tensor cores as 3×TF32 (fp32 accuracy). No kernel allocates or waits for the host,
-// so a captured CUDA graph can hold them.
+// prefill's matrix products run on tensor cores as 3×TF32 (fp32 accuracy) or, where asked, as one TF32 pass
+// (GdnProducts). No kernel allocates or waits for the host, so a captured CUDA graph can hold them.
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -71,11 +71,18 @@ bool gdn_conv_decode_fused(const GdnShape& shape, int conv_kernel);
 // where it is not fused at a conv width of 4, −1 on a CUDA error): for the benchmark.
 int gdn_conv_decode_resident_clusters(const GdnShape& shape);
 
+// The arithmetic of the prefill's matrix products (tensor cores, fp32 accumulators, data fp32 either way).
+// Tf32x3: every fp32 operand split into a tf32 hi and lo, three mma a product (fp32 accuracy: ~3e-5 of the float64
+// recurrence at the release shape). Tf32: each operand rounded to tf32 once (unit roundoff 2⁻¹¹), one mma a product.
+// gdn_prefill_products(): Tf32x3 unless VAVILOV_GEMM_PRECISION (cuda/gemm.cuh) is tf32 or bf16.
+enum class GdnProducts { Tf32x3, Tf32 };
+GdnProducts gdn_prefill_products();
+
 // Prefill: any number of rows, 64-token chunks in parallel (no per-row states). scratch holds
 // gdn_chunk_scratch_floats(shape, rows) floats; out as for gdn_decode.
 constexpr int kGdnChunk = 64;
 size_t gdn_chunk_scratch_floats(const GdnShape& shape, int rows);
 void gdn_prefill(const GdnShape& shape, const GdnInputs& in, float* recurrent, float* scratch, float* out,
-                 cudaStream_t stream);
+                 cudaStream_t stream, GdnProducts products = gdn_prefill_products());
 
 }  // namespace vavilov::cuda

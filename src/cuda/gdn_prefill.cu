@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "cuda/gdn_common.cuh"
+#include "cuda/gemm.cuh"
 #include "cuda/launch.cuh"
 
 namespace vavilov::cuda {
@@ -31,7 +32,10 @@ constexpr int kC = kGdnChunk;  // tokens per chunk
 //
 // Every matrix product runs on tensor cores as 3×TF32: each fp32 operand x is split into a tf32 hi and lo = x − hi
 // (split_tf32), and hi·hi + hi·lo + lo·hi is accumulated in fp32. The dropped lo·lo term and the truncation of lo are
-// ~2⁻²⁰ relative, so the products keep fp32 accuracy (plain TF32, ~2⁻¹¹, would not meet the tests' 1e-4).
+// ~2⁻²⁰ relative, so the products keep fp32 accuracy (plain TF32, ~2⁻¹¹, would not meet the tests' 1e-4). In
+// one-pass mode (GdnProducts::Tf32, the kernels' kOnePass) each operand is rounded to tf32 once instead and each
+// product is one mma (a third of the tensor work, no split instructions); the error bound that gives is derived in
+// tests/gpu/test_cuda_gdn.cpp.
 // Tiles are 16 × 16 (k-steps of 8); shared-memory tiles are zero-padded to multiples of 16 and their row strides are
 // a multiple of 16 plus 4 floats, so the fragment loads (one 32-bit word a lane, rows 4 banks apart) are free of bank
 // conflicts.
@@ -98,19 +102,42 @@ __device__ inline Split split_tf32(float x) {
   return {hi, __float_as_uint(x - __uint_as_float(hi))};
 }
 
-// The A operand of one k-step: the 16 × 8 tile at a (element (m, k) as Layout says), split.
-template <typename Layout>
+// x rounded to the nearest tf32 (ties away from zero): relative error ≤ 2⁻¹¹, low 13 mantissa bits zero.
+__device__ inline float round_tf32(float x) {
+  uint32_t rounded;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(rounded) : "f"(x));
+  return __uint_as_float(rounded);
+}
+
+// One operand word as the products take it. 3×TF32 (kOnePass false): split into hi and lo. One pass: rounded to tf32
+// (lo unused), or passed as it is where its producer stored it rounded (kStored: the scan's operands, see the scan).
+template <bool kOnePass, bool kStored = false>
+__device__ inline Split operand(float x) {
+  if constexpr (!kOnePass) return split_tf32(x);
+  if constexpr (kStored) return {__float_as_uint(x), 0u};
+  return {__float_as_uint(round_tf32(x)), 0u};
+}
+
+// What a producer of a kStored operand writes: in one-pass mode x rounded to tf32, else x.
+template <bool kOnePass>
+__device__ inline float stored_operand(float x) {
+  if constexpr (kOnePass) return round_tf32(x);
+  return x;
+}
+
+// The A operand of one k-step: the 16 × 8 tile at a (element (m, k) as Layout says), as `operand` takes it.
+template <bool kOnePass, typename Layout>
 __device__ inline void load_a(Split (&f)[4], const float* a, int lda) {
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     const int m = g + 8 * (e % 2), k = t + 4 * (e / 2);
-    f[e] = split_tf32(std::is_same_v<Layout, RowMajor> ? a[m * lda + k] : a[k * lda + m]);
+    f[e] = operand<kOnePass>(std::is_same_v<Layout, RowMajor> ? a[m * lda + k] : a[k * lda + m]);
   }
 }
 
-// The B operand of one k-step: the 8 × 16 tile at b (element (k, n) as Layout says), split; f[h]: columns 8h….
-template <typename Layout>
+// The B operand of one k-step: the 8 × 16 tile at b (element (k, n) as Layout says); f[h]: columns 8h….
+template <bool kOnePass, typename Layout>
 __device__ inline void load_b(Split (&f)[2][2], const float* b, int ldb) {
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
 #pragma unroll
@@ -118,7 +145,7 @@ __device__ inline void load_b(Split (&f)[2][2], const float* b, int ldb) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int k = t + 4 * e, n = 8 * h + g;
-      f[h][e] = split_tf32(std::is_same_v<Layout, RowMajor> ? b[k * ldb + n] : b[n * ldb + k]);
+      f[h][e] = operand<kOnePass>(std::is_same_v<Layout, RowMajor> ? b[k * ldb + n] : b[n * ldb + k]);
     }
 }
 
@@ -130,15 +157,31 @@ __device__ inline void mma(float* d, uint32_t a0, uint32_t a1, uint32_t a2, uint
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// The three products of 3×TF32 for one k-step and both column halves: hi·hi to acc, lo·hi and hi·lo to the cross
-// accumulators (their own dependency chains).
-__device__ inline void mma_3x(Accumulator& acc, Accumulator& lo_hi, Accumulator& hi_lo, const Split (&a)[4],
-                              const Split (&b)[2][2]) {
+// The products of one k-step for both column halves. 3×TF32: hi·hi to acc, lo·hi and hi·lo to the cross accumulators
+// (their own dependency chains). One pass: hi·hi only, to acc.
+template <bool kOnePass>
+__device__ inline void mma_step(Accumulator& acc, Accumulator& lo_hi, Accumulator& hi_lo, const Split (&a)[4],
+                                const Split (&b)[2][2]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    mma(lo_hi.x + 4 * h, a[0].lo, a[1].lo, a[2].lo, a[3].lo, b[h][0].hi, b[h][1].hi);
-    mma(hi_lo.x + 4 * h, a[0].hi, a[1].hi, a[2].hi, a[3].hi, b[h][0].lo, b[h][1].lo);
+    if constexpr (!kOnePass) {
+      mma(lo_hi.x + 4 * h, a[0].lo, a[1].lo, a[2].lo, a[3].lo, b[h][0].hi, b[h][1].hi);
+      mma(hi_lo.x + 4 * h, a[0].hi, a[1].hi, a[2].hi, a[3].hi, b[h][0].lo, b[h][1].lo);
+    }
     mma(acc.x + 4 * h, a[0].hi, a[1].hi, a[2].hi, a[3].hi, b[h][0].hi, b[h][1].hi);
+  }
+}
+
+// acc += the second chain of a product: 3×TF32's cross terms, or (one pass) the odd k-steps' sums (`odd`, passed as
+// the first cross accumulator: a second chain of mma beside acc's; hi_lo is then unused).
+template <bool kOnePass>
+__device__ inline void add_chains(Accumulator& acc, const Accumulator& lo_hi_or_odd, const Accumulator& hi_lo) {
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    if constexpr (kOnePass)
+      acc.x[e] += lo_hi_or_odd.x[e];
+    else
+      acc.x[e] += lo_hi_or_odd.x[e] + hi_lo.x[e];
   }
 }
 
@@ -146,30 +189,42 @@ __device__ inline int a_offset(bool rows, int k, int ld) { return rows ? k * kSt
 __device__ inline int b_offset(bool rows, int k, int ld) { return rows ? k * kStep * ld : k * kStep; }
 
 // acc += A B over `steps` k-steps of 8: A is 16 × 8·steps at a (layout LayoutA, stride lda), B is 8·steps × 16 at b
-// (layout LayoutB, stride ldb); one warp, 3×TF32. The hi·hi products and the two kinds of cross terms go to three
-// accumulators, so three chains of dependent mma run side by side instead of one three times as long.
-template <typename LayoutA, typename LayoutB>
-__device__ inline void mma_3xtf32(Accumulator& acc, const float* a, int lda, const float* b, int ldb, int steps) {
+// (layout LayoutB, stride ldb); one warp. 3×TF32: the hi·hi products and the two kinds of cross terms go to three
+// accumulators, so three chains of dependent mma run side by side instead of one three times as long. One pass: the
+// even and odd k-steps form two chains (`steps` is even: every k extent here is a multiple of 16).
+template <bool kOnePass, typename LayoutA, typename LayoutB>
+__device__ inline void mma_tile(Accumulator& acc, const float* a, int lda, const float* b, int ldb, int steps) {
   constexpr bool a_rows = std::is_same_v<LayoutA, RowMajor>, b_rows = std::is_same_v<LayoutB, RowMajor>;
   Accumulator lo_hi, hi_lo;
   fill(lo_hi, 0.0f);
   fill(hi_lo, 0.0f);
-#pragma unroll 4  // lets the fragment loads of later k-steps run ahead of the mma chains
-  for (int k = 0; k < steps; ++k) {
-    Split a_frag[4], b_frag[2][2];
-    load_a<LayoutA>(a_frag, a + a_offset(a_rows, k, lda), lda);
-    load_b<LayoutB>(b_frag, b + b_offset(b_rows, k, ldb), ldb);
-    mma_3x(acc, lo_hi, hi_lo, a_frag, b_frag);
-  }
+  if constexpr (kOnePass) {
+#pragma unroll 2
+    for (int k = 0; k < steps; k += 2)
 #pragma unroll
-  for (int e = 0; e < 8; ++e) acc.x[e] += lo_hi.x[e] + hi_lo.x[e];
+      for (int j = 0; j < 2; ++j) {
+        Split a_frag[4], b_frag[2][2];
+        load_a<true, LayoutA>(a_frag, a + a_offset(a_rows, k + j, lda), lda);
+        load_b<true, LayoutB>(b_frag, b + b_offset(b_rows, k + j, ldb), ldb);
+        mma_step<true>(j == 0 ? acc : lo_hi, hi_lo, hi_lo, a_frag, b_frag);
+      }
+  } else {
+#pragma unroll 4  // lets the fragment loads of later k-steps run ahead of the mma chains
+    for (int k = 0; k < steps; ++k) {
+      Split a_frag[4], b_frag[2][2];
+      load_a<false, LayoutA>(a_frag, a + a_offset(a_rows, k, lda), lda);
+      load_b<false, LayoutB>(b_frag, b + b_offset(b_rows, k, ldb), ldb);
+      mma_step<false>(acc, lo_hi, hi_lo, a_frag, b_frag);
+    }
+  }
+  add_chains<kOnePass>(acc, lo_hi, hi_lo);
 }
 
-// first += A₀ B and second += A₁ B (as mma_3xtf32; A₀ at a0, A₁ at a1, one B): two independent tiles interleaved, B
-// loaded and split once.
-template <typename LayoutA, typename LayoutB>
-__device__ inline void mma_pair_3xtf32(Accumulator& first, Accumulator& second, const float* a0, const float* a1,
-                                       int lda, const float* b, int ldb, int steps) {
+// first += A₀ B and second += A₁ B (as mma_tile; A₀ at a0, A₁ at a1, one B): two independent tiles interleaved, B
+// loaded (and split) once.
+template <bool kOnePass, typename LayoutA, typename LayoutB>
+__device__ inline void mma_tile_pair(Accumulator& first, Accumulator& second, const float* a0, const float* a1, int lda,
+                                     const float* b, int ldb, int steps) {
   constexpr bool a_rows = std::is_same_v<LayoutA, RowMajor>, b_rows = std::is_same_v<LayoutB, RowMajor>;
   Accumulator lo_hi0, hi_lo0, lo_hi1, hi_lo1;
   fill(lo_hi0, 0.0f);
@@ -179,17 +234,14 @@ __device__ inline void mma_pair_3xtf32(Accumulator& first, Accumulator& second, 
 #pragma unroll 2
   for (int k = 0; k < steps; ++k) {
     Split a0_frag[4], a1_frag[4], b_frag[2][2];
-    load_b<LayoutB>(b_frag, b + b_offset(b_rows, k, ldb), ldb);
-    load_a<LayoutA>(a0_frag, a0 + a_offset(a_rows, k, lda), lda);
-    load_a<LayoutA>(a1_frag, a1 + a_offset(a_rows, k, lda), lda);
-    mma_3x(first, lo_hi0, hi_lo0, a0_frag, b_frag);
-    mma_3x(second, lo_hi1, hi_lo1, a1_frag, b_frag);
+    load_b<kOnePass, LayoutB>(b_frag, b + b_offset(b_rows, k, ldb), ldb);
+    load_a<kOnePass, LayoutA>(a0_frag, a0 + a_offset(a_rows, k, lda), lda);
+    load_a<kOnePass, LayoutA>(a1_frag, a1 + a_offset(a_rows, k, lda), lda);
+    mma_step<kOnePass>(first, lo_hi0, hi_lo0, a0_frag, b_frag);
+    mma_step<kOnePass>(second, lo_hi1, hi_lo1, a1_frag, b_frag);
   }
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    first.x[e] += lo_hi0.x[e] + hi_lo0.x[e];
-    second.x[e] += lo_hi1.x[e] + hi_lo1.x[e];
-  }
+  add_chains<kOnePass>(first, lo_hi0, hi_lo0);
+  add_chains<kOnePass>(second, lo_hi1, hi_lo1);
 }
 
 // ---- k-paired operands: two k-steps from one 128-bit load a row --------------------------------------------------
@@ -199,7 +251,8 @@ __device__ inline void mma_pair_3xtf32(Accumulator& first, Accumulator& second, 
 // steps are then B[4t … 4t + 3][column], one float4 when B is column-major (k-contiguous), and its A words are one
 // float4 a k-step when A is stored in fragment order (below). Four 128-bit loads a pair of k-steps replace sixteen
 // scalar ones. Rows of such tiles are 16 mod 32 floats apart: a quarter warp's eight 16-byte loads (rows g, g + 1,
-// t = 0 … 3) then cover the 32 banks once.
+// t = 0 … 3) then cover the 32 banks once. Only the scan reads such operands, and in one-pass mode their producers
+// store them rounded to tf32 (stored_operand), so the loads take them as they are.
 __host__ __device__ inline int pair_stride_of(int width) { return padded(width) + 16; }
 constexpr int kPairK = 2 * kStep;  // the k extent of one pair of k-steps
 
@@ -208,63 +261,69 @@ constexpr int kPairK = 2 * kStep;  // the k extent of one pair of k-steps
 // eight register moves a pair of k-steps to regroup). Row r of a tile group is in row pair p = 8·(r / 16) + r % 8
 // (rows of the group's storage, stride ld ≡ 16 mod 32); in its k block b (16 wide) element (r, 4t + 2j + i) sits at
 // 32b + 16j + 4t + 2i + (r / 8) % 2. a: the tile's first row pair, at its k block.
+template <bool kOnePass>
 __device__ inline void load_a_pair(Split (&f)[2][4], const float* a, int ld) {
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const float4 words = *reinterpret_cast<const float4*>(a + g * ld + 16 * j + 4 * t);
-    f[j][0] = split_tf32(words.x);
-    f[j][1] = split_tf32(words.y);
-    f[j][2] = split_tf32(words.z);
-    f[j][3] = split_tf32(words.w);
+    f[j][0] = operand<kOnePass, true>(words.x);
+    f[j][1] = operand<kOnePass, true>(words.y);
+    f[j][2] = operand<kOnePass, true>(words.z);
+    f[j][3] = operand<kOnePass, true>(words.w);
   }
 }
 
-// c stored in fragment order (as load_a_pair reads it) at a: its 16 columns are the k block's.
+// c stored in fragment order (as load_a_pair reads it) at a: its 16 columns are the k block's (stored_operand).
+template <bool kOnePass>
 __device__ inline void store_a_pair(float* a, const Accumulator& c, int ld) {
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
 #pragma unroll
   for (int h = 0; h < 2; ++h)  // column 8h + 2t + i of rows g, g + 8: k = 4(2h + t/2) + 2(t % 2) + i
     *reinterpret_cast<float4*>(a + g * ld + 16 * (t % 2) + 4 * (2 * h + t / 2)) =
-        make_float4(c.x[4 * h], c.x[4 * h + 2], c.x[4 * h + 1], c.x[4 * h + 3]);
+        make_float4(stored_operand<kOnePass>(c.x[4 * h]), stored_operand<kOnePass>(c.x[4 * h + 2]),
+                    stored_operand<kOnePass>(c.x[4 * h + 1]), stored_operand<kOnePass>(c.x[4 * h + 3]));
 }
 __host__ __device__ inline int pair_rows_stride_of(int width) { return 2 * padded(width) + 16; }
 constexpr int kPairRows = kTile / 2;  // row pairs a tile
 
 // B (16 × 16, column-major at b: element (k, n) at n·ldb + k) of k-steps j = 0, 1: f[j][h] for columns 8h ….
+template <bool kOnePass>
 __device__ inline void load_b_pair(Split (&f)[2][2][2], const float* b, int ldb) {
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float4 column = *reinterpret_cast<const float4*>(b + (8 * h + g) * ldb + 4 * t);
-    f[0][h][0] = split_tf32(column.x);
-    f[0][h][1] = split_tf32(column.y);
-    f[1][h][0] = split_tf32(column.z);
-    f[1][h][1] = split_tf32(column.w);
+    f[0][h][0] = operand<kOnePass, true>(column.x);
+    f[0][h][1] = operand<kOnePass, true>(column.y);
+    f[1][h][0] = operand<kOnePass, true>(column.z);
+    f[1][h][1] = operand<kOnePass, true>(column.w);
   }
 }
 
-// acc += A B (as mma_3xtf32) over k = 16·pairs: A in fragment order at a, B column-major at b.
-__device__ inline void mma_3xtf32_paired(Accumulator& acc, const float* a, int lda, const float* b, int ldb,
-                                         int pairs) {
+// acc += A B (as mma_tile) over k = 16·pairs: A in fragment order at a, B column-major at b. One pass: k-step j of
+// each pair goes to chain j.
+template <bool kOnePass>
+__device__ inline void mma_tile_kpaired(Accumulator& acc, const float* a, int lda, const float* b, int ldb, int pairs) {
   Accumulator lo_hi, hi_lo;
   fill(lo_hi, 0.0f);
   fill(hi_lo, 0.0f);
 #pragma unroll 4
   for (int k = 0; k < pairs; ++k) {
     Split a_frag[2][4], b_frag[2][2][2];
-    load_a_pair(a_frag, a + k * 2 * kPairK, lda);
-    load_b_pair(b_frag, b + k * kPairK, ldb);
+    load_a_pair<kOnePass>(a_frag, a + k * 2 * kPairK, lda);
+    load_b_pair<kOnePass>(b_frag, b + k * kPairK, ldb);
 #pragma unroll
-    for (int j = 0; j < 2; ++j) mma_3x(acc, lo_hi, hi_lo, a_frag[j], b_frag[j]);
+    for (int j = 0; j < 2; ++j)
+      mma_step<kOnePass>(kOnePass && j == 1 ? lo_hi : acc, lo_hi, hi_lo, a_frag[j], b_frag[j]);
   }
-#pragma unroll
-  for (int e = 0; e < 8; ++e) acc.x[e] += lo_hi.x[e] + hi_lo.x[e];
+  add_chains<kOnePass>(acc, lo_hi, hi_lo);
 }
 
-// first += A B₀ and second += A B₁ (as mma_3xtf32_paired; B₀ at b0, B₁ at b1, A loaded and split once).
-__device__ inline void mma_pair_3xtf32_paired(Accumulator& first, Accumulator& second, const float* a, int lda,
-                                              const float* b0, const float* b1, int ldb, int pairs) {
+// first += A B₀ and second += A B₁ (as mma_tile_kpaired; B₀ at b0, B₁ at b1, A loaded once).
+template <bool kOnePass>
+__device__ inline void mma_tile_pair_kpaired(Accumulator& first, Accumulator& second, const float* a, int lda,
+                                             const float* b0, const float* b1, int ldb, int pairs) {
   Accumulator lo_hi0, hi_lo0, lo_hi1, hi_lo1;
   fill(lo_hi0, 0.0f);
   fill(hi_lo0, 0.0f);
@@ -273,20 +332,17 @@ __device__ inline void mma_pair_3xtf32_paired(Accumulator& first, Accumulator& s
 #pragma unroll 2
   for (int k = 0; k < pairs; ++k) {
     Split a_frag[2][4], b0_frag[2][2][2], b1_frag[2][2][2];
-    load_a_pair(a_frag, a + k * 2 * kPairK, lda);
-    load_b_pair(b0_frag, b0 + k * kPairK, ldb);
-    load_b_pair(b1_frag, b1 + k * kPairK, ldb);
+    load_a_pair<kOnePass>(a_frag, a + k * 2 * kPairK, lda);
+    load_b_pair<kOnePass>(b0_frag, b0 + k * kPairK, ldb);
+    load_b_pair<kOnePass>(b1_frag, b1 + k * kPairK, ldb);
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      mma_3x(first, lo_hi0, hi_lo0, a_frag[j], b0_frag[j]);
-      mma_3x(second, lo_hi1, hi_lo1, a_frag[j], b1_frag[j]);
+      mma_step<kOnePass>(kOnePass && j == 1 ? lo_hi0 : first, lo_hi0, hi_lo0, a_frag[j], b0_frag[j]);
+      mma_step<kOnePass>(kOnePass && j == 1 ? lo_hi1 : second, lo_hi1, hi_lo1, a_frag[j], b1_frag[j]);
     }
   }
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    first.x[e] += lo_hi0.x[e] + hi_lo0.x[e];
-    second.x[e] += lo_hi1.x[e] + hi_lo1.x[e];
-  }
+  add_chains<kOnePass>(first, lo_hi0, hi_lo0);
+  add_chains<kOnePass>(second, lo_hi1, hi_lo1);
 }
 
 // tile[t][c] (row stride ld) for t < tile_rows, c < tile_width (a multiple of 4): source[t·source_stride + c]
@@ -391,7 +447,7 @@ size_t prepare_shared_bytes(const GdnShape& s) {
 constexpr int kPrepareThreads = 512;
 constexpr int kPrepareWarps = kPrepareThreads / 32;
 
-template <bool kRelease>
+template <bool kRelease, bool kOnePass>
 __global__ void __launch_bounds__(kPrepareThreads, 2)
     gdn_chunk_prepare_kernel(GdnShape shape, GdnInputs in, ChunkScratch x) {
   const GdnShape s = fixed<kRelease>(shape);
@@ -465,8 +521,8 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
     const int r0 = row * kTile, c0 = (lower - row * (row + 1) / 2) * kTile;
     Accumulator acc;
     fill(acc, 0.0f);
-    mma_3xtf32<RowMajor, ColMajor>(acc, (q_rows_tile ? queries : keys) + r0 * ldk, ldk, keys + c0 * ldk, ldk,
-                                   kdp / kStep);
+    mma_tile<kOnePass, RowMajor, ColMajor>(acc, (q_rows_tile ? queries : keys) + r0 * ldk, ldk, keys + c0 * ldk, ldk,
+                                           kdp / kStep);
     store_tile((q_rows_tile ? qk : a) + r0 * kChunkStride + c0, acc, kChunkStride);
   }
   __syncthreads();
@@ -489,7 +545,7 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
   const float token_to_end = expf(gamma_end - gamma[token]);
   for (int e = tid; e < key_quads * 4 * kC; e += kPrepareThreads) {
     const int i = e / (4 * kC) * 4 + e % 4;
-    if (i < s.dk) kd[i * kC + token] = keys[token * ldk + i] * token_to_end;
+    if (i < s.dk) kd[i * kC + token] = stored_operand<kOnePass>(keys[token * ldk + i] * token_to_end);
   }
   if (tid < kC) x.q_factor[block * kC + tid] = tid < n ? q_factor[tid] * expf(gamma[tid]) : 0.0f;
   if (tid == 0) x.decay[block] = expf(gamma_end);
@@ -526,7 +582,7 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
       if (r0 > 0) {
         Accumulator solved, rest;
         fill(solved, 0.0f);
-        mma_3xtf32<RowMajor, RowMajor>(solved, a + r0 * kChunkStride, kChunkStride, rhs, ld, r0 / kStep);
+        mma_tile<kOnePass, RowMajor, RowMajor>(solved, a + r0 * kChunkStride, kChunkStride, rhs, ld, r0 / kStep);
         load_tile(rest, rhs + r0 * ld, ld);
 #pragma unroll
         for (int e = 0; e < 8; ++e) rest.x[e] -= solved.x[e];
@@ -535,8 +591,8 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
       }
       Accumulator solution;
       fill(solution, 0.0f);
-      mma_3xtf32<RowMajor, RowMajor>(solution, inverses + r0 * kChunkStride + r0, kChunkStride, rhs + r0 * ld, ld,
-                                     kTile / kStep);
+      mma_tile<kOnePass, RowMajor, RowMajor>(solution, inverses + r0 * kChunkStride + r0, kChunkStride, rhs + r0 * ld,
+                                             ld, kTile / kStep);
       __syncwarp();  // every lane has read the block before it is overwritten
       store_tile(rhs + r0 * ld, solution, ld);
       __syncwarp();
@@ -545,7 +601,8 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
   __syncthreads();
 
   float* w_out = x.w + block * kC * s.dk;
-  for (int e = tid; e < kC * s.dk; e += kPrepareThreads) w_out[e] = keys[e / s.dk * ldk + e % s.dk];
+  for (int e = tid; e < kC * s.dk; e += kPrepareThreads)
+    w_out[e] = stored_operand<kOnePass>(keys[e / s.dk * ldk + e % s.dk]);
   float* u_out = x.u + block * kC * s.dv;
   for (int e = tid; e < kC * s.dv; e += kPrepareThreads) u_out[e] = values[e / s.dv * ldv + e % s.dv];
 }
@@ -607,7 +664,7 @@ __device__ inline int column_of(int e) { return 8 * (e / 4) + 2 * (threadIdx.x %
 // columns 16·(w%4), tokens 16·(w/4)), Δᵀ to shared memory and Δ to the scratch (over U); Sᵀ ← e^{γ_C} Sᵀ + Δᵀ Kd
 // (two key tiles a warp sharing the Δᵀ operand), Sᵀ to shared memory. Two barriers a chunk: the one at its start also
 // frees the stage that the next chunk's operands then load into (the previous chunk's update was its last reader).
-template <bool kRelease>
+template <bool kRelease, bool kOnePass>
 __global__ void __launch_bounds__(kScanThreads, 1)
     gdn_chunk_scan_kernel(GdnShape shape, int rows, ChunkScratch x, float* recurrent) {
   const GdnShape s = fixed<kRelease>(shape);
@@ -659,7 +716,7 @@ __global__ void __launch_bounds__(kScanThreads, 1)
   auto store_owned = [&] {
 #pragma unroll
     for (int tile = 0; tile < 2; ++tile)
-      if (owns[tile]) store_a_pair(state_rows + 2 * (first_key_tile + 4 * tile) * kTile, owned[tile], lds);
+      if (owns[tile]) store_a_pair<kOnePass>(state_rows + 2 * (first_key_tile + 4 * tile) * kTile, owned[tile], lds);
   };
   store_owned();
 
@@ -697,14 +754,14 @@ __global__ void __launch_bounds__(kScanThreads, 1)
     {  // Δᵀ = Uᵀ − Sᵀ Wᵀ
       Accumulator product;
       fill(product, 0.0f);
-      mma_3xtf32_paired(product, state_rows, lds, w + d0 * ldw, ldw, kdp / kPairK);
+      mma_tile_kpaired<kOnePass>(product, state_rows, lds, w + d0 * ldw, ldw, kdp / kPairK);
       float* target = u_at(chunk);  // Δ replaces U
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         product.x[e] = u[e] - product.x[e];
         if (in_slice(e)) target[(d0 + column_of(e)) * dv + row_of(e)] = product.x[e];
       }
-      store_a_pair(delta_rows + 2 * d0, product, kDeltaStride);
+      store_a_pair<kOnePass>(delta_rows + 2 * d0, product, kDeltaStride);
     }
     __syncthreads();
     // Every thread stored the previous chunk's S₀ and Δ before this chunk's first barrier: the outputs may read them.
@@ -718,10 +775,10 @@ __global__ void __launch_bounds__(kScanThreads, 1)
       for (int e = 0; e < 8; ++e) owned[tile].x[e] *= decay;
     const float* kd_first = kd + first_key_tile * kTile * kTokenStride;
     if (owns[1])
-      mma_pair_3xtf32_paired(owned[0], owned[1], delta_rows, kDeltaStride, kd_first,
-                             kd_first + 4 * kTile * kTokenStride, kTokenStride, kC / kPairK);
+      mma_tile_pair_kpaired<kOnePass>(owned[0], owned[1], delta_rows, kDeltaStride, kd_first,
+                                      kd_first + 4 * kTile * kTokenStride, kTokenStride, kC / kPairK);
     else if (owns[0])
-      mma_3xtf32_paired(owned[0], delta_rows, kDeltaStride, kd_first, kTokenStride, kC / kPairK);
+      mma_tile_kpaired<kOnePass>(owned[0], delta_rows, kDeltaStride, kd_first, kTokenStride, kC / kPairK);
     store_owned();
   }
   __syncthreads();
@@ -761,6 +818,7 @@ size_t output_shared_bytes(const GdnShape& s) {
 
 // Block (head, chunk, slice of 32 value columns): O = Qd S₀ + P Δ, written to out [rows, heads·dv]. Warp w computes
 // the tile (rows 16·(w/2), columns 16·(w%2)).
+template <bool kOnePass>
 __global__ void __launch_bounds__(kThreads)
     gdn_chunk_output_kernel(GdnShape s, GdnInputs in, ChunkScratch x, float* out) {
   allow_dependents();
@@ -786,9 +844,10 @@ __global__ void __launch_bounds__(kThreads)
   const int r0 = warp / 2 * kTile, c0 = warp % 2 * kTile;
   Accumulator acc;
   fill(acc, 0.0f);
-  mma_3xtf32<RowMajor, RowMajor>(acc, qd + r0 * ldk, ldk, s0 + c0, kSliceStride, kdp / kStep);
+  mma_tile<kOnePass, RowMajor, RowMajor>(acc, qd + r0 * ldk, ldk, s0 + c0, kSliceStride, kdp / kStep);
   scale_rows(acc, factors + r0);
-  mma_3xtf32<RowMajor, RowMajor>(acc, p + r0 * kChunkStride, kChunkStride, delta + c0, kSliceStride, kC / kStep);
+  mma_tile<kOnePass, RowMajor, RowMajor>(acc, p + r0 * kChunkStride, kChunkStride, delta + c0, kSliceStride,
+                                         kC / kStep);
   __syncthreads();  // every warp is done with Qd
   store_tile(o + r0 * kSliceStride + c0, acc, kSliceStride);
   __syncthreads();
@@ -836,7 +895,7 @@ __device__ inline void wait_for_scan(const ChunkScratch& x, int h, int chunk) {
 }
 
 // Block (head, chunk): O = Qd S₀ + P Δ, then out = w ⊙ rmsnorm(O) ⊙ gate(z).
-template <bool kRelease>
+template <bool kRelease, bool kOnePass>
 __global__ void __launch_bounds__(kThreads, 2)
     gdn_chunk_output_norm_kernel(GdnShape shape, GdnInputs in, ChunkScratch x, float* out) {
   const GdnShape s = fixed<kRelease>(shape);
@@ -867,8 +926,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (computes)
 #pragma unroll
     for (int r = 0; r < kC / kTile; r += 2)
-      mma_pair_3xtf32<RowMajor, RowMajor>(acc[r], acc[r + 1], qd + r * kTile * ldq, qd + (r + 1) * kTile * ldq, ldq,
-                                          s0 + c0, ldo, s.dk / kStep);
+      mma_tile_pair<kOnePass, RowMajor, RowMajor>(acc[r], acc[r + 1], qd + r * kTile * ldq, qd + (r + 1) * kTile * ldq,
+                                                  ldq, s0 + c0, ldo, s.dk / kStep);
 #pragma unroll
   for (int r = 0; r < kC / kTile; ++r) scale_rows(acc[r], factors + r * kTile);
   __syncthreads();  // Q, S₀ and the factors are used up
@@ -881,9 +940,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (computes)
 #pragma unroll
     for (int r = 0; r < kC / kTile; r += 2)
-      mma_pair_3xtf32<RowMajor, RowMajor>(acc[r], acc[r + 1], p + r * kTile * kChunkStride,
-                                          p + (r + 1) * kTile * kChunkStride, kChunkStride, delta + c0, ldo,
-                                          kC / kStep);
+      mma_tile_pair<kOnePass, RowMajor, RowMajor>(acc[r], acc[r + 1], p + r * kTile * kChunkStride,
+                                                  p + (r + 1) * kTile * kChunkStride, kChunkStride, delta + c0, ldo,
+                                                  kC / kStep);
   __syncthreads();  // every warp is done with Δ
   if (computes)
 #pragma unroll
@@ -923,35 +982,55 @@ size_t gdn_chunk_scratch_floats(const GdnShape& s, int rows) {
   return total;
 }
 
-void gdn_prefill(const GdnShape& s, const GdnInputs& in, float* recurrent, float* scratch, float* out,
-                 cudaStream_t stream) {
-  if (in.rows <= 0) return;
-  const ChunkScratch x = chunk_scratch(s, in.rows, scratch, nullptr);
+GdnProducts gdn_prefill_products() {
+  return gemm_precision() == GemmPrecision::Fp32 ? GdnProducts::Tf32x3 : GdnProducts::Tf32;
+}
+
+namespace {
+
+// The three (or four) launches at one arithmetic; gdn_prefill picks the instantiation.
+template <bool kOnePass>
+void launch_prefill(const GdnShape& s, const GdnInputs& in, const ChunkScratch& x, float* recurrent, float* out,
+                    cudaStream_t stream) {
   const unsigned chunks = unsigned((in.rows + kC - 1) / kC), heads = unsigned(s.heads);
   const unsigned slices = unsigned((s.dv + kSliceColumns - 1) / kSliceColumns);
   const bool release = is_release(s);
-  const auto prepare = release ? gdn_chunk_prepare_kernel<true> : gdn_chunk_prepare_kernel<false>;
+  const auto prepare = release ? gdn_chunk_prepare_kernel<true, kOnePass> : gdn_chunk_prepare_kernel<false, kOnePass>;
   const size_t prepare_bytes = prepare_shared_bytes(s);
   cudaFuncSetAttribute(prepare, cudaFuncAttributeMaxDynamicSharedMemorySize, int(prepare_bytes));
   prepare<<<dim3(heads, chunks), kPrepareThreads, prepare_bytes, stream>>>(s, in, x);
   const size_t scan_bytes = scan_shared_bytes(s);
   const unsigned scan_slices = unsigned(x.scan_slices);
-  const auto scan = release ? gdn_chunk_scan_kernel<true> : gdn_chunk_scan_kernel<false>;
+  const auto scan = release ? gdn_chunk_scan_kernel<true, kOnePass> : gdn_chunk_scan_kernel<false, kOnePass>;
   cudaFuncSetAttribute(scan, cudaFuncAttributeMaxDynamicSharedMemorySize, int(scan_bytes));
   scan<<<dim3(heads, scan_slices), kScanThreads, scan_bytes, stream>>>(s, in.rows, x, recurrent);
   if (fused_output_fits(s)) {
     const size_t bytes = output_norm_shared_bytes(s);
-    const auto output = release ? gdn_chunk_output_norm_kernel<true> : gdn_chunk_output_norm_kernel<false>;
+    const auto output =
+        release ? gdn_chunk_output_norm_kernel<true, kOnePass> : gdn_chunk_output_norm_kernel<false, kOnePass>;
     cudaFuncSetAttribute(output, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
     launch_dependent(output, dim3(heads, chunks), dim3(kThreads), bytes, stream, s, in, x, out);
     return;
   }
   const size_t output_bytes = output_shared_bytes(s);
-  cudaFuncSetAttribute(gdn_chunk_output_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(output_bytes));
-  gdn_chunk_output_kernel<<<dim3(heads, chunks, slices), kThreads, output_bytes, stream>>>(s, in, x, out);
+  const auto output = gdn_chunk_output_kernel<kOnePass>;
+  cudaFuncSetAttribute(output, cudaFuncAttributeMaxDynamicSharedMemorySize, int(output_bytes));
+  output<<<dim3(heads, chunks, slices), kThreads, output_bytes, stream>>>(s, in, x, out);
   const int groups = in.rows * s.heads;
   gdn_gated_norm_kernel<<<blocks_for(groups, kWarps), kThreads, 0, stream>>>(out, in.z, in.norm, groups, s.dv, in.eps,
                                                                              in.sigmoid_gate);
+}
+
+}  // namespace
+
+void gdn_prefill(const GdnShape& s, const GdnInputs& in, float* recurrent, float* scratch, float* out,
+                 cudaStream_t stream, GdnProducts products) {
+  if (in.rows <= 0) return;
+  const ChunkScratch x = chunk_scratch(s, in.rows, scratch, nullptr);
+  if (products == GdnProducts::Tf32)
+    launch_prefill<true>(s, in, x, recurrent, out, stream);
+  else
+    launch_prefill<false>(s, in, x, recurrent, out, stream);
 }
 
 }  // namespace vavilov::cuda

@@ -1,4 +1,5 @@
-// The prefill GEMMs' precision: fp32 unless VAVILOV_GEMM_PRECISION names another (for measurements, gemm.cuh).
+// The prefill GEMMs' precision (and the GDN prefill's products): fp32 unless VAVILOV_GEMM_PRECISION names another
+// (for measurements, gemm.cuh).
 #include <cstdlib>
 #include <string>
 
