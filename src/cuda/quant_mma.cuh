@@ -268,7 +268,8 @@ __device__ inline int slice_start(int k, int slices, int groups) {
   return min(k * units / slices * kUnroll, groups);
 }
 
-// Σ over groups [begin, end) of one warp's tile: acc[r] = row g + 8r's product with batch row t (lane (g, t), t < B).
+// Σ over groups [begin, end) of one warp's tile: acc[r] = row g + 8r's product with batch row t (lane (g, t), t < B;
+// the accumulators of lanes t ≥ B hold sums that mean nothing).
 template <int Bits, int B>
 __device__ inline void tile_products(WarpLoads& current, const uint32_t* const (&codes)[2], const __nv_bfloat16* affine,
                                      AffineWidth width, int begin, int end, int groups, const uint4* fragments,
@@ -280,6 +281,8 @@ __device__ inline void tile_products(WarpLoads& current, const uint32_t* const (
   const uint4* b_lane = fragments + min(lane, 8 * B - 1);
   const float2* terms_row = group_terms + min(t, B - 1) * groups;
   for (int first = begin; first < end; first += kUnroll) {
+    // All of the next unit's loads go out at this unit's top (issued group by group into `current`'s registers instead,
+    // with no copy, the step measured 3-5 % slower: docs/CUDA-KERNELS.md).
     WarpLoads next;
     load_group_block<Bits>(next, codes, affine, first + kUnroll, end, width, t);
     uint32_t scale_bias[4];  // bf16 pairs of two groups: scale row g, scale row g + 8, bias g, bias g + 8
