@@ -2,7 +2,8 @@
 // formulas (qwen4_exp.md §4) on the host, with the exact (dequantised) Q4 weights the GPU reads: every weight, norm
 // weight, stack, pending output and inject value random; 1–4 rows; with and without the previous write folded in; at
 // Flash-Next's geometry and at small ones (other stream counts, a partial inject tile, no inject, fewer column groups
-// than hc_down's warps).
+// than hc_down's warps); as two kernels and, for 1–2 rows, as one (hc_read_kernel), which must give the same bits,
+// also when the stack arrives late (a producer that lets the read start before it writes).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +14,7 @@
 
 #include "cuda/hyper_connection.cuh"
 #include "device_matrices.h"
+#include "late_producer.h"
 
 namespace vavilov {
 namespace {
@@ -142,12 +144,22 @@ class CudaHcRead : public ::testing::Test {
     float* y_device = memory_.copy(y);
     float* scratch = memory_.zeros<float>(cuda::hc_fused_read_scratch_floats(read.shape.rank + read.inject_rows()));
     float* input = memory_.zeros<float>(size_t(kRows) * h);
-    const cuda::HcFusedRead weights{
-        read.down.device, read.up.device, shape.inject ? read.inject.device : cuda::DeviceMatrix{}, norm, s, h, kEps};
+    unsigned* arrivals = memory_.zeros<unsigned>(2);
+    std::vector<float> two_kernels;  // the two kernels' outputs of the same read, for the one-kernel read to match
     for (bool pending : {false, true})
-      for (int rows = 1; rows <= kRows; ++rows) {
+      for (int rows = 1; rows <= kRows; ++rows)
+        for (bool one_kernel : {false, true}) {
         SCOPED_TRACE(testing::Message() << "streams " << s << ", hidden " << h << ", rank " << shape.rank
-                                        << (pending ? ", pending write" : "") << ", rows " << rows);
+                                        << (pending ? ", pending write" : "") << ", rows " << rows
+                                        << (one_kernel ? ", one kernel" : ""));
+        const cuda::HcFusedRead weights{read.down.device,
+                                        read.up.device,
+                                        shape.inject ? read.inject.device : cuda::DeviceMatrix{},
+                                        norm,
+                                        s,
+                                        h,
+                                        kEps,
+                                        one_kernel ? arrivals : nullptr};
         float* stack_device = memory_.copy(stack);
         float* inject_device = memory_.copy(old_inject);
         ASSERT_EQ(
@@ -175,6 +187,20 @@ class CudaHcRead : public ::testing::Test {
           else
             ASSERT_EQ(got_inject[i], old_inject[i]) << "inject " << i << " is not the read's to write";
         }
+        // One kernel and two: the same sums in the same order, the same bits; the counters left at zero.
+        std::vector<float> outputs = got_stack;
+        outputs.insert(outputs.end(), got_input.begin(), got_input.end());
+        outputs.insert(outputs.end(), got_inject.begin(), got_inject.end());
+        if (!one_kernel) {
+          two_kernels = std::move(outputs);
+          continue;
+        }
+        ASSERT_EQ(std::memcmp(outputs.data(), two_kernels.data(), outputs.size() * sizeof(float)), 0)
+            << "one kernel and two differ";
+        unsigned counters[2];
+        ASSERT_EQ(cudaMemcpy(counters, arrivals, sizeof(counters), cudaMemcpyDeviceToHost), cudaSuccess);
+        ASSERT_EQ(counters[0], 0u);
+        ASSERT_EQ(counters[1], 0u);
       }
   }
 
@@ -223,6 +249,65 @@ TEST_F(CudaHcRead, RepeatedReadsAreBitIdentical) {
   for (int run = 1; run < 3; ++run)
     ASSERT_EQ(std::memcmp(outputs[0].data(), outputs[size_t(run)].data(), outputs[0].size() * sizeof(float)), 0)
         << "run " << run << " differs from the first";
+}
+
+// The one-kernel read (1–2 rows) after a producer that lets it start at once and writes its stack ~100 µs later
+// (tests/gpu/late_producer.h), eagerly and from a graph: the same bits as after a finished producer. A down block that
+// read the stack before its wait, or an up block that took the partial products before every down block had published
+// them, would differ; a read that does not reset its counters would hang or differ on the next one.
+TEST_F(CudaHcRead, OneKernelAfterLateProducerMatchesFinishedProducer) {
+  const Geometry shape{4, 2560, 320, true};
+  const Read read = make_read(memory_, rng_, shape);
+  const int s = shape.streams, h = shape.hidden, n = read.sh();
+  const std::vector<float> stack = normal_values(rng_, size_t(kRows) * n, 1.0f);
+  const std::vector<float> y = normal_values(rng_, size_t(kRows) * h, 1.0f);
+  const std::vector<float> old_inject = normal_values(rng_, size_t(kRows) * s, 2.0f);
+  unsigned* arrivals = memory_.zeros<unsigned>(2);
+  const cuda::HcFusedRead weights{
+      read.down.device, read.up.device, read.inject.device, memory_.copy(read.norm), s, h, kEps, arrivals};
+  const float* stack_source = memory_.copy(stack);
+  float* y_device = memory_.copy(y);
+  float* scratch = memory_.zeros<float>(cuda::hc_fused_read_scratch_floats(shape.rank + read.inject_rows()));
+  const size_t outputs = stack.size() + size_t(kRows) * h + old_inject.size();
+  for (int rows = 1; rows <= 2; ++rows) {
+    // Runs the read after the stack is copied in (`late`: by the late producer) and returns stack, input and inject.
+    const auto run = [&](bool late, bool graph) {
+      float* stack_device = memory_.zeros<float>(stack.size());
+      float* inject_device = memory_.copy(old_inject);
+      float* input = memory_.zeros<float>(size_t(kRows) * h);
+      const auto read_after = [&](cudaStream_t stream) {
+        EXPECT_EQ(cuda::hc_fused_read(weights, rows, stack_device, true, y_device, inject_device, scratch, input,
+                                      stream),
+                  cudaSuccess);
+      };
+      if (late) {
+        test::after_late_producer(stack_source, stack_device, stack.size() * sizeof(float), graph, read_after);
+      } else {
+        EXPECT_EQ(cudaMemcpy(stack_device, stack_source, stack.size() * sizeof(float), cudaMemcpyDeviceToDevice),
+                  cudaSuccess);
+        read_after(nullptr);
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      }
+      std::vector<float> got(outputs);
+      float* at = got.data();
+      for (const auto& [from, count] : {std::pair{stack_device, stack.size()}, std::pair{input, size_t(kRows) * h},
+                                        std::pair{inject_device, old_inject.size()}}) {
+        EXPECT_EQ(cudaMemcpy(at, from, count * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+        at += count;
+      }
+      return got;
+    };
+    const std::vector<float> finished = run(false, false);
+    for (bool graph : {false, true}) {
+      const std::vector<float> late = run(true, graph);
+      EXPECT_EQ(std::memcmp(late.data(), finished.data(), outputs * sizeof(float)), 0)
+          << rows << " rows, graph " << graph;
+    }
+  }
+  unsigned counters[2];
+  ASSERT_EQ(cudaMemcpy(counters, arrivals, sizeof(counters), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(counters[0], 0u);
+  EXPECT_EQ(counters[1], 0u);
 }
 
 TEST_F(CudaHcRead, FitsOnlyQ4MixersOfWholeGroups) {

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the repository root, in one device call: the one-kernel hyper-connection read
+# (src/cuda/hc_fused_read.cu's hc_read_kernel) checked and measured against a base binary.
+#   bench/cuda/hc_one_check.sh BUILD_DIR BASE_VAVILOV [OUT_DIR]
+# BUILD_DIR holds this branch's vavilov and vavilov_gpu_tests. Stages (each under its own timeout, a summary line
+# each): the hyper-connection tests, `vavilov bench --synthetic flash-next --layers 12 --steps 10 --prefill 64`
+# base/new interleaved twice, memcheck over the hyper-connection tests, racecheck over the small and late-producer
+# ones, one 48-layer run of each binary. STAGES picks stages (default "tests bench memcheck racecheck"; "bench48" adds
+# the 48-layer pair); BUDGET (seconds, default 105) bounds the whole call: each stage's timeout is cut to what is left.
+set -uo pipefail
+build=${1:?BUILD_DIR}
+base=${2:?BASE_VAVILOV}
+out=${3:-${OUT:-/tmp/hcone}}
+stages=${STAGES:-tests bench memcheck racecheck}
+budget=${BUDGET:-105}
+mkdir -p "$out"
+export VAVILOV_SOURCE_DIR=${VAVILOV_SOURCE_DIR:-$PWD}
+tests=$build/vavilov_gpu_tests
+summary=$out/summary.txt
+note() { echo "$1" | tee -a "$summary"; }
+has() { [[ " $stages " == *" $1 "* ]]; }
+gtest() {  # NAME SECONDS FILTER [TOOL...]
+  local name=$1 seconds=$2 filter=$3
+  shift 3
+  ((seconds > budget - SECONDS)) && seconds=$((budget - SECONDS))
+  if ((seconds < 5)); then
+    note "$name: skipped (out of time)"
+    return
+  fi
+  local start=$SECONDS
+  if timeout "$seconds" "$@" "$tests" --gtest_brief=1 --gtest_filter="$filter" > "$out/$name.log" 2>&1; then
+    note "$name ($filter): PASS in $((SECONDS - start)) s"
+  else
+    note "$name ($filter): FAIL or timeout after $((SECONDS - start)) s"
+    tail -30 "$out/$name.log" | tee -a "$summary"
+  fi
+}
+step_ms() { python3 -c "import json,sys;print(json.load(open(sys.argv[1]))['step_ms'])" "$1" 2>/dev/null || echo none; }
+bench() {  # NAME BINARY LAYERS
+  local start=$SECONDS seconds=$((budget - SECONDS))
+  ((seconds > 60)) && seconds=60
+  if ((seconds < 5)); then
+    note "$1: skipped (out of time)"
+    return
+  fi
+  timeout "$seconds" "$2" bench --synthetic models/configs/flash-next.json --layers "$3" --steps 10 --prefill 64 \
+    --out "$out/$1.json" > "$out/$1.log" 2>&1
+  note "$1: step_ms $(step_ms "$out/$1.json") ($((SECONDS - start)) s)"
+}
+
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$summary"
+has tests && gtest tests 40 'CudaHc*:GpuModel*'
+if has bench; then
+  for round in 1 2; do
+    bench "base-12-$round" "$base" 12
+    bench "new-12-$round" "$build/vavilov" 12
+  done
+fi
+sanitizer="compute-sanitizer --error-exitcode 3 --print-limit 20"
+has memcheck && gtest memcheck 30 'CudaHc*' $sanitizer --tool memcheck
+has racecheck && gtest racecheck 20 'CudaHcRead.SmallGeometries*:CudaHcRead.OneKernel*' $sanitizer --tool racecheck
+if has bench48; then
+  bench base-48 "$base" 48
+  bench new-48 "$build/vavilov" 48
+fi
