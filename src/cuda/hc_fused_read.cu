@@ -494,7 +494,8 @@ __device__ void compute_low(const UpParams& p, float inverse_streams, float* u) 
 // scales, gates) is written and visible to every thread of the block: a no-op in hc_up_kernel, whose wait already
 // implies hc_down's completion; the in-kernel barrier in hc_read_kernel.
 template <int B, typename AwaitPartials>
-__device__ __forceinline__ void up_block(const UpParams& p, int first_tile, int items, const AwaitPartials& await_partials) {
+__device__ __forceinline__ void up_block(const UpParams& p, int first_tile, int items,
+                                         const AwaitPartials& await_partials) {
   // Weights only before the wait (launch.cuh's rule): their loads are in flight while the down kernel finishes.
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int item = warp / p.streams, c = warp - item * p.streams;

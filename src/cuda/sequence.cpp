@@ -42,7 +42,7 @@ constexpr int kAttentionRows = 64;  // rows per attention pass (bounds the scrat
 constexpr int kAttentionPasses = kChunkRows / kAttentionRows;
 constexpr int kRecordedRows = 4;   // rows whose recurrent state a pass can record for rollback; graphs up to this many
 constexpr int kMaxDecodeRows = 4;  // passes of more rows take the prefill branches (grouped expert GEMMs)
-constexpr size_t kHcArrivals = 2;   // HcFusedRead::arrivals
+constexpr size_t kHcArrivals = 2;  // HcFusedRead::arrivals
 static_assert(kRecordedRows <= kGdnDecodeMaxRows, "recorded rows run through the GDN decode kernel");
 
 // The passes a sequence captures as graphs.

@@ -149,59 +149,59 @@ class CudaHcRead : public ::testing::Test {
     for (bool pending : {false, true})
       for (int rows = 1; rows <= kRows; ++rows)
         for (bool one_kernel : {false, true}) {
-        SCOPED_TRACE(testing::Message() << "streams " << s << ", hidden " << h << ", rank " << shape.rank
-                                        << (pending ? ", pending write" : "") << ", rows " << rows
-                                        << (one_kernel ? ", one kernel" : ""));
-        const cuda::HcFusedRead weights{read.down.device,
-                                        read.up.device,
-                                        shape.inject ? read.inject.device : cuda::DeviceMatrix{},
-                                        norm,
-                                        s,
-                                        h,
-                                        kEps,
-                                        one_kernel ? arrivals : nullptr};
-        float* stack_device = memory_.copy(stack);
-        float* inject_device = memory_.copy(old_inject);
-        ASSERT_EQ(
-            cuda::hc_fused_read(weights, rows, stack_device, pending, y_device, inject_device, scratch, input, nullptr),
-            cudaSuccess);
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        const Reference ref = read.evaluate(stack, y, old_inject, pending, rows);
-        std::vector<float> got_stack(stack.size()), got_input(size_t(rows) * h), got_inject(old_inject.size());
-        ASSERT_EQ(cudaMemcpy(got_stack.data(), stack_device, got_stack.size() * 4, cudaMemcpyDeviceToHost),
-                  cudaSuccess);
-        ASSERT_EQ(cudaMemcpy(got_input.data(), input, got_input.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-        ASSERT_EQ(cudaMemcpy(got_inject.data(), inject_device, got_inject.size() * 4, cudaMemcpyDeviceToHost),
-                  cudaSuccess);
-        // The write is one fused multiply-add per value: within an fp32 rounding of the exact sum. Rows past `rows`
-        // stay as they were.
-        for (size_t i = 0; i < stack.size(); ++i) {
-          const double want = i < ref.stack.size() ? ref.stack[i] : stack[i];
-          ASSERT_NEAR(got_stack[i], want, 1e-6 * (std::fabs(want) + 1.0)) << "stack value " << i;
+          SCOPED_TRACE(testing::Message() << "streams " << s << ", hidden " << h << ", rank " << shape.rank
+                                          << (pending ? ", pending write" : "") << ", rows " << rows
+                                          << (one_kernel ? ", one kernel" : ""));
+          const cuda::HcFusedRead weights{read.down.device,
+                                          read.up.device,
+                                          shape.inject ? read.inject.device : cuda::DeviceMatrix{},
+                                          norm,
+                                          s,
+                                          h,
+                                          kEps,
+                                          one_kernel ? arrivals : nullptr};
+          float* stack_device = memory_.copy(stack);
+          float* inject_device = memory_.copy(old_inject);
+          ASSERT_EQ(cuda::hc_fused_read(weights, rows, stack_device, pending, y_device, inject_device, scratch, input,
+                                        nullptr),
+                    cudaSuccess);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          const Reference ref = read.evaluate(stack, y, old_inject, pending, rows);
+          std::vector<float> got_stack(stack.size()), got_input(size_t(rows) * h), got_inject(old_inject.size());
+          ASSERT_EQ(cudaMemcpy(got_stack.data(), stack_device, got_stack.size() * 4, cudaMemcpyDeviceToHost),
+                    cudaSuccess);
+          ASSERT_EQ(cudaMemcpy(got_input.data(), input, got_input.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+          ASSERT_EQ(cudaMemcpy(got_inject.data(), inject_device, got_inject.size() * 4, cudaMemcpyDeviceToHost),
+                    cudaSuccess);
+          // The write is one fused multiply-add per value: within an fp32 rounding of the exact sum. Rows past `rows`
+          // stay as they were.
+          for (size_t i = 0; i < stack.size(); ++i) {
+            const double want = i < ref.stack.size() ? ref.stack[i] : stack[i];
+            ASSERT_NEAR(got_stack[i], want, 1e-6 * (std::fabs(want) + 1.0)) << "stack value " << i;
+          }
+          for (size_t i = 0; i < ref.input.size(); ++i)
+            ASSERT_NEAR(got_input[i], ref.input[i], ref.input_bound[i]) << "input " << i;
+          for (size_t i = 0; i < got_inject.size(); ++i) {
+            if (i < ref.inject.size())
+              ASSERT_NEAR(got_inject[i], ref.inject[i], ref.inject_bound[i]) << "inject " << i;
+            else
+              ASSERT_EQ(got_inject[i], old_inject[i]) << "inject " << i << " is not the read's to write";
+          }
+          // One kernel and two: the same sums in the same order, the same bits; the counters left at zero.
+          std::vector<float> outputs = got_stack;
+          outputs.insert(outputs.end(), got_input.begin(), got_input.end());
+          outputs.insert(outputs.end(), got_inject.begin(), got_inject.end());
+          if (!one_kernel) {
+            two_kernels = std::move(outputs);
+            continue;
+          }
+          ASSERT_EQ(std::memcmp(outputs.data(), two_kernels.data(), outputs.size() * sizeof(float)), 0)
+              << "one kernel and two differ";
+          unsigned counters[2];
+          ASSERT_EQ(cudaMemcpy(counters, arrivals, sizeof(counters), cudaMemcpyDeviceToHost), cudaSuccess);
+          ASSERT_EQ(counters[0], 0u);
+          ASSERT_EQ(counters[1], 0u);
         }
-        for (size_t i = 0; i < ref.input.size(); ++i)
-          ASSERT_NEAR(got_input[i], ref.input[i], ref.input_bound[i]) << "input " << i;
-        for (size_t i = 0; i < got_inject.size(); ++i) {
-          if (i < ref.inject.size())
-            ASSERT_NEAR(got_inject[i], ref.inject[i], ref.inject_bound[i]) << "inject " << i;
-          else
-            ASSERT_EQ(got_inject[i], old_inject[i]) << "inject " << i << " is not the read's to write";
-        }
-        // One kernel and two: the same sums in the same order, the same bits; the counters left at zero.
-        std::vector<float> outputs = got_stack;
-        outputs.insert(outputs.end(), got_input.begin(), got_input.end());
-        outputs.insert(outputs.end(), got_inject.begin(), got_inject.end());
-        if (!one_kernel) {
-          two_kernels = std::move(outputs);
-          continue;
-        }
-        ASSERT_EQ(std::memcmp(outputs.data(), two_kernels.data(), outputs.size() * sizeof(float)), 0)
-            << "one kernel and two differ";
-        unsigned counters[2];
-        ASSERT_EQ(cudaMemcpy(counters, arrivals, sizeof(counters), cudaMemcpyDeviceToHost), cudaSuccess);
-        ASSERT_EQ(counters[0], 0u);
-        ASSERT_EQ(counters[1], 0u);
-      }
   }
 
   DeviceMemory memory_;
@@ -276,9 +276,9 @@ TEST_F(CudaHcRead, OneKernelAfterLateProducerMatchesFinishedProducer) {
       float* inject_device = memory_.copy(old_inject);
       float* input = memory_.zeros<float>(size_t(kRows) * h);
       const auto read_after = [&](cudaStream_t stream) {
-        EXPECT_EQ(cuda::hc_fused_read(weights, rows, stack_device, true, y_device, inject_device, scratch, input,
-                                      stream),
-                  cudaSuccess);
+        EXPECT_EQ(
+            cuda::hc_fused_read(weights, rows, stack_device, true, y_device, inject_device, scratch, input, stream),
+            cudaSuccess);
       };
       if (late) {
         test::after_late_producer(stack_source, stack_device, stack.size() * sizeof(float), graph, read_after);
