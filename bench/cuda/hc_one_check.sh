@@ -2,16 +2,18 @@
 # On the GPU machine, from the repository root, in one device call: the one-kernel hyper-connection read
 # (src/cuda/hc_fused_read.cu's hc_read_kernel) checked and measured against a base binary.
 #   bench/cuda/hc_one_check.sh BUILD_DIR BASE_VAVILOV [OUT_DIR]
-# BUILD_DIR holds this branch's vavilov and vavilov_gpu_tests. Stages (each under its own timeout, a summary line
+# BUILD_DIR holds this branch's vavilov and vavilov_gpu_tests (and VARIANTS, more vavilov binaries to compare, named
+# relative to BUILD_DIR; default: vavilov). Stages (each under its own timeout, a summary line
 # each): the hyper-connection tests, `vavilov bench --synthetic flash-next --layers 12 --steps 10 --prefill 64`
 # base/new interleaved twice, memcheck over the hyper-connection tests, racecheck over the small and late-producer
 # ones, one 48-layer run of each binary. STAGES picks stages (default "tests bench memcheck racecheck"; "bench48" adds
-# the 48-layer pair); BUDGET (seconds, default 105) bounds the whole call: each stage's timeout is cut to what is left.
+# the 48-layer runs, "ncu" per-kernel times of the hyper-connection kernels, 4 layers, base and vavilov); BUDGET (seconds, default 105) bounds the whole call: each stage's timeout is cut to what is left.
 set -uo pipefail
 build=${1:?BUILD_DIR}
 base=${2:?BASE_VAVILOV}
 out=${3:-${OUT:-/tmp/hcone}}
 stages=${STAGES:-tests bench memcheck racecheck}
+variants=${VARIANTS:-vavilov}
 budget=${BUDGET:-105}
 mkdir -p "$out"
 export VAVILOV_SOURCE_DIR=${VAVILOV_SOURCE_DIR:-$PWD}
@@ -49,11 +51,11 @@ bench() {  # NAME BINARY LAYERS
 }
 
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$summary"
-has tests && gtest tests 40 'CudaHc*:GpuModel*'
+has tests && gtest tests 50 'CudaHc*:*GpuModel*'
 if has bench; then
   for round in 1 2; do
     bench "base-12-$round" "$base" 12
-    bench "new-12-$round" "$build/vavilov" 12
+    for v in $variants; do bench "$v-12-$round" "$build/$v" 12; done
   done
 fi
 sanitizer="compute-sanitizer --error-exitcode 3 --print-limit 20"
@@ -61,5 +63,16 @@ has memcheck && gtest memcheck 30 'CudaHc*' $sanitizer --tool memcheck
 has racecheck && gtest racecheck 20 'CudaHcRead.SmallGeometries*:CudaHcRead.OneKernel*' $sanitizer --tool racecheck
 if has bench48; then
   bench base-48 "$base" 48
-  bench new-48 "$build/vavilov" 48
+  for v in $variants; do bench "$v-48" "$build/$v" 48; done
+fi
+if has ncu; then
+  for b in base:$base vavilov:$build/vavilov; do
+    seconds=$((budget - SECONDS))
+    ((seconds > 30)) && seconds=30
+    ((seconds < 5)) && break
+    timeout "$seconds" ncu --clock-control none --metrics gpu__time_duration.sum -k regex:hc_ --launch-skip 100 \
+      --launch-count 40 --print-summary per-kernel "${b#*:}" bench --synthetic models/configs/flash-next.json \
+      --layers 4 --steps 3 --prefill 64 > "$out/ncu-${b%%:*}.txt" 2>&1
+    note "ncu ${b%%:*}: $(grep -A0 -E 'hc_|Average' "$out/ncu-${b%%:*}.txt" | grep -E 'hc_[a-z_]+kernel' | sed 's/(.*//' | tr -s ' ' | head -4 | paste -sd ';')"
+  done
 fi

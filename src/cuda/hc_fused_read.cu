@@ -48,7 +48,6 @@ constexpr int kBlockDownRows = 2;              // the most rows hc_down_kernel r
 constexpr int kMaxCluster = 8;                 // portable cluster size: hc_down_sliced_kernel's slices of a stream
 constexpr int kSlicedTiles = 4;   // tiles (warps) of an hc_down_sliced_kernel block: Flash-Next's 21 in 6 sets
 constexpr int kScratchHead = 32;  // gates [4 rows][4 streams], then RMS scales [4][4]
-constexpr int kHandoverHead = 4;  // the one-kernel read's handover: its departure count, then hc_down's scratch
 
 // What hc_up's warps hand the block's sum over the streams: per (warp, batch row, index) σ(gate logit) and the
 // normalised value.
@@ -84,9 +83,9 @@ struct UpParams {
   float* stack;
   const float* norm;
   const float* pending_y;  // null: no pending write
-  float* scratch;          // read; in the one-kernel read its last up block also sets it back to kUnwritten
-  float* inject;           // the raw inject projections [rows, inject_rows] (written when inject_rows > 0)
-  float* input;            // [rows, H]
+  const float* scratch;
+  float* inject;  // the raw inject projections [rows, inject_rows] (written when inject_rows > 0)
+  float* input;   // [rows, H]
   int streams, hidden, rank, stride, inject_rows;
 };
 
@@ -165,60 +164,6 @@ __device__ inline int row_of(int i, int per_row) {
 
 __device__ inline float dot4(float4 v) { return fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, v.w * v.w))); }
 
-// The one-kernel read's handover (hc_read_kernel): hc_down's outputs are their own flags. Between reads every word of
-// the handover holds kUnwritten (all bits set: a NaN that no floating-point instruction produces, as the GPU's NaN
-// results are canonical), down blocks store their outputs with relaxed stores at GPU scope, and a consumer reloads each
-// word until it is no longer kUnwritten. A word is stored once, so whatever value it shows besides kUnwritten is the
-// final one; no fence or counter lies between a down block's stores and an up block's loads.
-constexpr uint32_t kUnwritten = 0xFFFFFFFFu;
-
-template <bool kHandover>
-__device__ inline void store_output(float* at, float value) {
-  if constexpr (kHandover)
-    asm volatile("st.relaxed.gpu.global.f32 [%0], %1;" ::"l"(at), "f"(value) : "memory");
-  else
-    *at = value;
-}
-
-__device__ inline float load_relaxed(const float* at) {
-  float value;
-  asm volatile("ld.relaxed.gpu.global.f32 %0, [%1];" : "=f"(value) : "l"(at) : "memory");
-  return value;
-}
-
-__device__ inline float4 load_relaxed(const float4* at) {
-  float4 v;
-  asm volatile("ld.relaxed.gpu.global.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "l"(at)
-               : "memory");
-  return v;
-}
-
-__device__ inline bool unwritten(float v) { return __float_as_uint(v) == kUnwritten; }
-__device__ inline bool unwritten(float4 v) {
-  return unwritten(v.x) || unwritten(v.y) || unwritten(v.z) || unwritten(v.w);
-}
-
-// What hc_down wrote: a coherent load (two kernels: hc_up's wait implies hc_down's completion), or in the one-kernel
-// read the handover's word once written (a first load, then reloads while it is kUnwritten).
-template <bool kHandover, typename T>
-__device__ inline T first_load(const T* at) {
-  if constexpr (kHandover) return load_relaxed(at);
-  return __ldcg(at);
-}
-template <bool kHandover, typename T>
-__device__ inline void until_written(T& value, const T* at) {
-  if constexpr (kHandover)
-    while (unwritten(value)) value = load_relaxed(at);
-}
-template <bool kHandover, typename T>
-__device__ inline T load_written(const T* at) {
-  T value = first_load<kHandover>(at);
-  until_written<kHandover>(value, at);
-  return value;
-}
-
 // The read's arithmetic after the wait uses device_math.cuh's fast_sigmoid, fast_silu and rms_scale; divisions by S
 // become products with 1/S, computed before the wait (exact for S a power of two).
 
@@ -287,7 +232,7 @@ __device__ void stage_stream(const DownParams& p, int s, float inverse_streams, 
 
 // hc_down's block for (tile, stream s): kDownWarps warps. Every block of the kernel that runs it calls
 // wait_for_producers() and allow_dependents() here, after its weight loads.
-template <int B, bool kHandover>
+template <int B>
 __device__ __forceinline__ void down_block(const DownParams& p, int tile, int s) {
   extern __shared__ uint4 shared[];
   __shared__ float partials[kDownWarps][64];  // [warp][r·32 + lane]: lane (g, t)'s sum for row g + 8r, batch t
@@ -360,20 +305,19 @@ __device__ __forceinline__ void down_block(const DownParams& p, int tile, int s)
     float sum = 0.0f;
 #pragma unroll
     for (int w = 0; w < kDownWarps; ++w) sum += partials[w][slot];
-    store_output<kHandover>(out + (size_t(s) * kMaxGemvRows + b) * p.stride + first_row + row_in_tile,
-                            sum * pick(scale, b));
+    out[(size_t(s) * kMaxGemvRows + b) * p.stride + first_row + row_in_tile] = sum * pick(scale, b);
   }
   if (tile == 0 && threadIdx.x < B) {  // the gates from the staging's registers: no load at the block's tail
     const int b = threadIdx.x;
-    store_output<kHandover>(scales_of(p.scratch) + b * kMaxStreams + s, pick(scale, b));
-    store_output<kHandover>(gates_of(p.scratch) + b * kMaxStreams + s, pick(gate, b));
+    scales_of(p.scratch)[b * kMaxStreams + s] = pick(scale, b);
+    gates_of(p.scratch)[b * kMaxStreams + s] = pick(gate, b);
   }
 }
 
 // At most 128 registers a thread (two blocks an SM), so that hc_up's blocks fit beside one while it runs.
 template <int B>
 __global__ void __launch_bounds__(kDownWarps * 32, 2) hc_down_kernel(DownParams p) {
-  down_block<B, false>(p, int(blockIdx.x), int(blockIdx.y));
+  down_block<B>(p, int(blockIdx.x), int(blockIdx.y));
 }
 
 // hc_down for 3–4 rows: a thread-block cluster per (stream, set of kSlicedTiles tiles) whose blocks each take a slice
@@ -514,7 +458,7 @@ __global__ void __launch_bounds__(kSlicedTiles * 32) hc_down_sliced_kernel(DownP
 
 // u = silu(Σ_c partials / S) (the streams' partial products added in stream order) for every batch row and rank
 // index, four values a thread, into u [B][rank] of shared memory, every load of a pass in flight together.
-template <int B, bool kHandover>
+template <int B>
 __device__ void compute_low(const UpParams& p, float inverse_streams, float* u) {
   constexpr int kBatch = B == 1 ? 1 : 3;  // float4s of a pass: Flash-Next's 80·B on 128 threads in one pass
   const int quads = p.rank / 4, items = B * quads, row_quads = p.stride / 4;  // float4 offsets: int arithmetic
@@ -526,17 +470,8 @@ __device__ void compute_low(const UpParams& p, float inverse_streams, float* u) 
       const int i = base + k * int(blockDim.x), b = row_of<B>(i, quads), q = i - b * quads;
 #pragma unroll
       for (int c = 0; c < kMaxStreams; ++c)
-        part[k][c] = i < items && c < p.streams
-                         ? first_load<kHandover>(partials + (c * kMaxGemvRows + b) * row_quads + q)
-                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k) {  // one kernel: reloads of what was not yet written (none: nothing)
-      const int i = base + k * int(blockDim.x), b = row_of<B>(i, quads), q = i - b * quads;
-#pragma unroll
-      for (int c = 0; c < kMaxStreams; ++c)
-        if (i < items && c < p.streams)
-          until_written<kHandover>(part[k][c], partials + (c * kMaxGemvRows + b) * row_quads + q);
+        part[k][c] = i < items && c < p.streams ? __ldcg(partials + (c * kMaxGemvRows + b) * row_quads + q)
+                                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) {
@@ -554,14 +489,13 @@ __device__ void compute_low(const UpParams& p, float inverse_streams, float* u) 
 }
 
 // hc_up's work for `items` tiles of 16 hidden indices from first_tile on (tiles past the end: none), tile j by warps
-// j·S … j·S + S − 1 of the block (warp c of them: stream c; warps beyond items·S idle). Two kernels (kHandover false):
-// hc_down has completed when the wait returns. One kernel (kHandover true, hc_read_kernel): hc_down's outputs are
-// taken from the handover as they get written, and every block takes all of the inject partials too (block 0 alone
-// stores their sums), so that a block has seen every down block's last store before it writes the stack those blocks
-// read. Returns whether this block was the last of `blocks` to finish reading the handover (one kernel only).
-template <int B, bool kHandover>
-__device__ __forceinline__ void up_block(const UpParams& p, int first_tile, int items, unsigned* departures,
-                                         int blocks) {
+// j·S … j·S + S − 1 of the block (warp c of them: stream c; warps beyond items·S idle). await_partials() runs after
+// wait_for_producers() with the epilogue's first operands in flight and returns once hc_down's scratch (partials,
+// scales, gates) is written and visible to every thread of the block: a no-op in hc_up_kernel, whose wait already
+// implies hc_down's completion; the in-kernel barrier in hc_read_kernel.
+template <int B, typename AwaitPartials>
+__device__ __forceinline__ void up_block(const UpParams& p, int first_tile, int items,
+                                         const AwaitPartials& await_partials) {
   // Weights only before the wait (launch.cuh's rule): their loads are in flight while the down kernel finishes.
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int item = warp / p.streams, c = warp - item * p.streams;
@@ -580,21 +514,16 @@ __device__ __forceinline__ void up_block(const UpParams& p, int first_tile, int 
   __shared__ float norm_weight[kDownWarps][kTileRows];
   if (works && lane < kTileRows) norm_weight[warp][lane] = __ldg(p.norm + c * h + first + lane);
   __syncthreads();
-  // The block of tile 0 adds the inject projections over the streams: thread (b, j) of them.
-  const bool takes_inject = (kHandover || first_tile == 0) && int(threadIdx.x) < B * p.inject_rows;
-  const bool injects = first_tile == 0 && takes_inject;
+  // The block of tile 0 also adds the inject projections over the streams: thread (b, j) of them.
+  const bool injects = first_tile == 0 && int(threadIdx.x) < B * p.inject_rows;
   const int inject_row = row_of<B>(threadIdx.x, p.inject_rows);
   const int inject_at = inject_row * p.stride + p.rank + int(threadIdx.x) - inject_row * p.inject_rows;
   const float inverse_streams = 1.0f / float(p.streams);
   wait_for_producers();
-  // Two kernels: let the next launch start. One kernel: only once this block has hc_down's outputs (below), so that the
-  // next kernel's blocks, which start streaming their weights at once, do not take bandwidth from hc_down's blocks.
-  if constexpr (!kHandover) allow_dependents();
   extern __shared__ uint4 shared[];
   __shared__ UpTerms terms;
-  __shared__ bool last;
 
-  // The epilogue's operands (the stack and the pending output come from the kernels before), then hc_down's outputs.
+  // The epilogue's operands (the stack and the pending output come from the kernels before), then hc_down's scratch.
   float stack[2] = {}, y[2] = {}, gate = 0.0f, scale = 0.0f;
   if (finishes)
 #pragma unroll
@@ -602,28 +531,24 @@ __device__ __forceinline__ void up_block(const UpParams& p, int first_tile, int 
       stack[r] = __ldcg(p.stack + stack_at + 8 * r);
       if (p.pending_y) y[r] = __ldcg(p.pending_y + y_at + 8 * r);
     }
+  await_partials();
   if (finishes) {
-    gate = load_written<kHandover>(gates_of(p.scratch) + t * kMaxStreams + c);
-    scale = load_written<kHandover>(scales_of(p.scratch) + t * kMaxStreams + c);
+    gate = __ldcg(gates_of(p.scratch) + t * kMaxStreams + c);
+    scale = __ldcg(scales_of(p.scratch) + t * kMaxStreams + c);
   }
   // The inject sums' operands: loaded here, stored once the staging is done (a store before the staging's loads would
   // hold them back).
   const float* partials = partials_of(p.scratch);
   float inject_parts[kMaxStreams] = {};
-  if (takes_inject)
+  if (injects)
 #pragma unroll
     for (int k = 0; k < kMaxStreams; ++k)
-      if (k < p.streams) inject_parts[k] = load_written<kHandover>(partials + k * kMaxGemvRows * p.stride + inject_at);
+      if (k < p.streams) inject_parts[k] = __ldcg(partials + k * kMaxGemvRows * p.stride + inject_at);
   float* u = reinterpret_cast<float*>(shared);
   uint4* fragments = reinterpret_cast<uint4*>(u + size_t(B) * p.rank);
   float2* group_terms = reinterpret_cast<float2*>(fragments + size_t(groups) * 16 * B);
-  compute_low<B, kHandover>(p, inverse_streams, u);
-  __syncthreads();  // one kernel: every thread of the block has its values of the handover
-  unsigned departed = 0;
-  if constexpr (kHandover) {
-    allow_dependents();
-    if (threadIdx.x == 0) departed = atomicAdd(departures, 1u);  // its result is needed only at the block's end
-  }
+  compute_low<B>(p, inverse_streams, u);
+  __syncthreads();
   stage_computed_activations<4, B>(
       groups, [&](int b, int group, int column, float(&x)[16]) { load_staged(u, p.rank, b, group, column, x); },
       fragments, group_terms);
@@ -644,8 +569,6 @@ __device__ __forceinline__ void up_block(const UpParams& p, int first_tile, int 
       if (p.pending_y) p.stack[stack_at + 8 * r] = v;
       terms[warp][t][g + 8 * r] = make_float2(fast_sigmoid(acc[r]), v * scale * (1.0f + norm_weight[warp][g + 8 * r]));
     }
-  // The departure count starts at kUnwritten (−1) like the rest of the handover: the last block gets blocks − 2.
-  if (kHandover && threadIdx.x == 0) last = departed == unsigned(blocks) - 2u;
   __syncthreads();
   // The gated sum over the streams, in stream order, one thread per (tile, batch row, index).
   for (int i = threadIdx.x; i < items * B * kTileRows; i += blockDim.x) {
@@ -658,55 +581,58 @@ __device__ __forceinline__ void up_block(const UpParams& p, int first_tile, int 
     }
     p.input[size_t(b) * h + (first_tile + j) * kTileRows + d] = sum * inverse_streams;
   }
-  if constexpr (kHandover) {
-    if (!last) return;
-    // Every block has read all of the handover (each departed after its reads): set what hc_down wrote back to
-    // kUnwritten for the next read, and the departure count.
-    float* scratch = p.scratch;
-    for (int i = threadIdx.x; i < kScratchHead; i += blockDim.x) scratch[i] = __uint_as_float(kUnwritten);
-    const int outputs = p.rank + p.inject_rows;
-    for (int i = threadIdx.x; i < p.streams * B * outputs; i += blockDim.x) {
-      const int sb = i / outputs, o = i - sb * outputs, stream = sb / B, b = sb - stream * B;
-      partials_of(scratch)[(stream * kMaxGemvRows + b) * p.stride + o] = __uint_as_float(kUnwritten);
-    }
-    if (threadIdx.x == 0) *departures = kUnwritten;
-  }
 }
 
 // A block of S warps per 16 hidden indices.
 template <int B>
 __global__ void __launch_bounds__(kMaxStreams * 32) hc_up_kernel(UpParams p) {
-  up_block<B, false>(p, int(blockIdx.x), 1, nullptr, 0);
+  up_block<B>(p, int(blockIdx.x), 1, [] { allow_dependents(); });
 }
 
-// The one-kernel read (1–2 rows): blocks [0, down_blocks) are hc_down's (tile, stream) blocks, the others hc_up's,
-// each with kDownWarps / S tiles of 16 hidden indices. An up block needs every down block's outputs (u takes all of
-// the partial products), handed over through `handover` (see kUnwritten): its threads issue the loads of their words
-// with its weights (and the epilogue's stack values) already in flight, and reload those not yet written. handover
-// [0] counts the up blocks that have read everything (from −1); the last one sets the handover back to kUnwritten.
-// The next read on the same handover starts reading it only after its wait, i.e. after this grid has completed.
+// The one-kernel read (1–2 rows): blocks [0, down_blocks) are hc_down's (tile, stream) blocks, the others hc_up's, each
+// with kDownWarps / S tiles of 16 hidden indices. An up block needs every down block's partial products (u takes all
+// of them), so the handover is a barrier of down_blocks arrivals on one counter (arrivals[0]): a down block publishes
+// with one release reduction once all its threads stored their outputs; thread 0 of an up block polls with acquire
+// loads, its own weights (and the epilogue's stack values) already in flight or in registers. The last up block to
+// leave the barrier (arrivals[1] counts them) sets both counters back to zero for the next launch: by then every down
+// block has arrived and every up block has stopped polling, and the next launch reads them only after its wait, i.e.
+// after this grid has completed.
 //
 // Progress: up blocks spin, so every down block must get onto a multiprocessor while they do. The host launches this
 // kernel only when its whole grid fits the GPU at once (occupancy × multiprocessors). Its blocks may start beside the
 // kernel before it, which finishes on its own; the kernel after it starts only once every block of this grid has
-// called allow_dependents() (or exited), so only once every block of this grid is resident, and that kernel's blocks
-// (which then sit in their own wait) can never take the place of a down block not yet started.
-//
-// The stack: up blocks write it (the pending write) once they have seen every down block's last output; a down
-// block's outputs depend on its loads of the stack, so those loads have returned by then.
+// called allow_dependents() (or exited), i.e. once every block of this grid is resident, so that kernel's blocks
+// (which then sit in their own wait) can never take the place of a down block not yet started. Down blocks come first
+// in block order, which the hardware roughly follows when it places blocks, so they are not the ones left waiting.
 //
 // Every sum runs in the same order as in the two kernels (the same device functions), so both give the same bits.
 template <int B>
 __global__ void __launch_bounds__(kDownWarps * 32, 2)
-    hc_read_kernel(DownParams down, UpParams up, float* handover, int down_blocks, int up_blocks) {
+    hc_read_kernel(DownParams down, UpParams up, unsigned* arrivals, int down_blocks, int up_blocks) {
   const int block = int(blockIdx.x);
   if (block < down_blocks) {
     const int tiles = down.down_tiles + (down.inject.codes ? 1 : 0);
-    down_block<B, true>(down, block % tiles, block / tiles);
+    down_block<B>(down, block % tiles, block / tiles);
+    __syncthreads();  // every thread's outputs stored: the release below is cumulative over them
+    if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(arrivals) : "memory");
     return;
   }
-  up_block<B, true>(up, (block - down_blocks) * (kDownWarps / up.streams), kDownWarps / up.streams,
-                    reinterpret_cast<unsigned*>(handover), up_blocks);
+  bool last = false;
+  up_block<B>(up, (block - down_blocks) * (kDownWarps / up.streams), kDownWarps / up.streams, [&] {
+    if (threadIdx.x == 0) {
+      unsigned arrived = 0;
+      do asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(arrived) : "l"(arrivals) : "memory");
+      while (arrived < unsigned(down_blocks));
+      asm volatile("fence.acq_rel.gpu;" ::: "memory");
+      last = atomicAdd(arrivals + 1, 1u) == unsigned(up_blocks) - 1;  // its result is used only at the block's end
+    }
+    __syncthreads();  // the acquire above orders the other threads' loads of the scratch after it too
+    allow_dependents();
+  });
+  if (last) {
+    arrivals[0] = 0;
+    arrivals[1] = 0;
+  }
 }
 
 GemvMatrix q4_matrix(const DeviceMatrix& m) {
@@ -810,12 +736,9 @@ cudaError_t launch(const HcFusedRead& w, float* stack, bool pending, const float
     const int down_blocks = tiles * w.streams, tiles_a_block = kDownWarps / w.streams;
     const int up_blocks = (w.hidden / kTileRows + tiles_a_block - 1) / tiles_a_block;
     const size_t shared = std::max(down_shared_bytes(w.hidden, B), up_shared_bytes(w.mix_up.cols, B));
-    if (w.handover && one_kernel_fits<B>(down_blocks + up_blocks, shared)) {
-      DownParams handed_down = down;
-      UpParams handed_up = up;
-      handed_down.scratch = handed_up.scratch = w.handover + kHandoverHead;
+    if (w.arrivals && one_kernel_fits<B>(down_blocks + up_blocks, shared)) {
       error = launch_dependent(hc_read_kernel<B>, dim3(unsigned(down_blocks + up_blocks)), dim3(kDownWarps * 32),
-                               shared, stream, handed_down, handed_up, w.handover, down_blocks, up_blocks);
+                               shared, stream, down, up, w.arrivals, down_blocks, up_blocks);
       return error != cudaSuccess ? error : cudaGetLastError();
     }
     // Once for all: only a permission (occupancy follows each launch's own size), so it never changes between the
@@ -858,8 +781,6 @@ bool hc_fused_read_fits(const DeviceMatrix& mix_down, const DeviceMatrix& mix_up
 size_t hc_fused_read_scratch_floats(int outputs) {
   return kScratchHead + size_t(kMaxStreams) * kMaxGemvRows * size_t(partial_stride(outputs));
 }
-
-size_t hc_fused_read_handover_floats(int outputs) { return kHandoverHead + hc_fused_read_scratch_floats(outputs); }
 
 cudaError_t hc_fused_read(const HcFusedRead& read, int rows, float* stack, bool pending, const float* y, float* inject,
                           float* scratch, float* input, cudaStream_t stream) {

@@ -3,7 +3,7 @@
 // a row are read through a low-rank mix into one layer input, and the layer's output is written back into every
 // stream with a per-stream gate. The write also normalises the updated streams for the next read, so that a step
 // does not launch a separate RMSNorm for it. Passes of 1–4 rows with Q4 mixers take hc_fused_read instead: the whole
-// read in one launch (1–2 rows, given a handover) or two, with the write before it folded in.
+// read in two launches, with the write before it folded in.
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -32,10 +32,10 @@ struct HcFusedRead {
   const float* norm = nullptr;            // g [S·H]
   int streams = 0, hidden = 0;
   float eps = 0.0f;
-  // hc_fused_read_handover_floats(outputs) floats with every bit set (cudaMemset to 0xFF) before the first read and
-  // left so by every read, through which a read of 1–2 rows runs as one kernel (hc_fused_read.cu's hc_read_kernel).
-  // Null: two kernels. Reads that share it must run in stream order (each kernel waits for the one before).
-  float* handover = nullptr;
+  // Two unsigned counters, zero before the first read and left zero by every read, through which a read of 1–2 rows
+  // runs as one kernel (hc_fused_read.cu's hc_read_kernel). Null: two kernels. Reads that share them must run in
+  // stream order (each kernel waits for the one before).
+  unsigned* arrivals = nullptr;
 };
 
 // Whether hc_fused_read takes these mixers, norm and rows: Q4 (group 64, 8-byte aligned codes), rank a multiple of 64,
@@ -45,9 +45,6 @@ bool hc_fused_read_fits(const DeviceMatrix& mix_down, const DeviceMatrix& mix_up
 
 // Floats of hc_fused_read's scratch for `outputs` = mix_down rows + inject rows.
 size_t hc_fused_read_scratch_floats(int outputs);
-
-// Floats of HcFusedRead::handover for `outputs` = mix_down rows + inject rows.
-size_t hc_fused_read_handover_floats(int outputs);
 
 // input = the read of stack (as hc_write's norm, mix_down, hc_low_activation, mix_up and hc_combine compute it);
 // inject = the read's raw inject projections [rows, inject rows], when it has inject. With `pending`, the previous

@@ -42,6 +42,7 @@ constexpr int kAttentionRows = 64;  // rows per attention pass (bounds the scrat
 constexpr int kAttentionPasses = kChunkRows / kAttentionRows;
 constexpr int kRecordedRows = 4;   // rows whose recurrent state a pass can record for rollback; graphs up to this many
 constexpr int kMaxDecodeRows = 4;  // passes of more rows take the prefill branches (grouped expert GEMMs)
+constexpr size_t kHcArrivals = 2;  // HcFusedRead::arrivals
 static_assert(kRecordedRows <= kGdnDecodeMaxRows, "recorded rows run through the GDN decode kernel");
 
 // The passes a sequence captures as graphs.
@@ -54,7 +55,7 @@ struct Workspace {
   int32_t* ids;
   int64_t* position;  // [kAttentionPasses]: of each attention pass's first row (the pass's first row at [0])
   float *stack, *normed, *low, *mix, *input, *inject, *output, *hidden;
-  float* hc_handover;  // all bits set: the one-kernel hyper-connection read's handover (HcFusedRead::handover)
+  unsigned* hc_arrivals;  // [kHcArrivals], zeroed: the one-kernel hyper-connection read's counters (HcFusedRead)
   float *qkv, *z, *gate_b, *gate_a, *core, *gdn_chunks;  // gate_b, gate_a: in_proj_b, in_proj_a outputs
   float *q, *k, *v, *index_qk, *queries, *index_queries, *attended;
   float *router, *route_weights, *shared_gate_up, *shared_up, *shared_scale, *expert_gate, *expert_up, *expert_out;
@@ -167,12 +168,11 @@ void make_workspace(const ModelConfig& c, Workspace& w) {
   l.add(w.attend.values, attend_value_floats(attention, kAttentionRows));
   l.add(w.attend.stats, attend_stat_count(attention, kAttentionRows));
   l.add(w.attend.arrivals, attend_arrival_count(attention, kAttentionRows));
-  const size_t handover = hc_fused_read_handover_floats(c.hc_lowrank + c.hc_count);
-  l.add(w.hc_handover, handover);
+  l.add(w.hc_arrivals, kHcArrivals);
   w.memory = l.allocate("workspace");
   cuda_check(cudaMemset(w.attend.arrivals, 0, attend_arrival_count(attention, kAttentionRows) * sizeof(unsigned)),
              "workspace");
-  cuda_check(cudaMemset(w.hc_handover, 0xFF, handover * sizeof(float)), "workspace");
+  cuda_check(cudaMemset(w.hc_arrivals, 0, kHcArrivals * sizeof(unsigned)), "workspace");
 }
 
 // Attention caches of one layer, grown by doubling.
@@ -559,7 +559,6 @@ void CudaSequence::hyper_read(const DeviceGatedResidual& w, const ProductGroup& 
   const int s = c_.hc_count, h = int(c_.hidden_size);
   const int64_t sh = c_.hc_hidden();
   if (fused_read(w, rows)) {
-    const int outputs = w.mix_down.rows + (w.has_inject ? w.inject.rows : 0);  // what hc_handover is sized for
     const HcFusedRead read{.mix_down = w.mix_down,
                            .mix_up = w.mix_up,
                            .inject = w.has_inject ? w.inject : DeviceMatrix{},
@@ -567,7 +566,7 @@ void CudaSequence::hyper_read(const DeviceGatedResidual& w, const ProductGroup& 
                            .streams = s,
                            .hidden = h,
                            .eps = c_.rms_norm_eps,
-                           .handover = outputs <= c_.hc_lowrank + c_.hc_count ? work_.hc_handover : nullptr};
+                           .arrivals = work_.hc_arrivals};
     cuda_check(hc_fused_read(read, rows, stack, write_pending_, work_.output, work_.inject, work_.mix, input, stream_),
                "hyper-connection read");
     write_pending_ = false;

@@ -144,7 +144,7 @@ class CudaHcRead : public ::testing::Test {
     float* y_device = memory_.copy(y);
     float* scratch = memory_.zeros<float>(cuda::hc_fused_read_scratch_floats(read.shape.rank + read.inject_rows()));
     float* input = memory_.zeros<float>(size_t(kRows) * h);
-    float* handover = unwritten_handover(shape);
+    unsigned* arrivals = memory_.zeros<unsigned>(2);
     std::vector<float> two_kernels;  // the two kernels' outputs of the same read, for the one-kernel read to match
     for (bool pending : {false, true})
       for (int rows = 1; rows <= kRows; ++rows)
@@ -159,7 +159,7 @@ class CudaHcRead : public ::testing::Test {
                                           s,
                                           h,
                                           kEps,
-                                          one_kernel ? handover : nullptr};
+                                          one_kernel ? arrivals : nullptr};
           float* stack_device = memory_.copy(stack);
           float* inject_device = memory_.copy(old_inject);
           ASSERT_EQ(cuda::hc_fused_read(weights, rows, stack_device, pending, y_device, inject_device, scratch, input,
@@ -187,7 +187,7 @@ class CudaHcRead : public ::testing::Test {
             else
               ASSERT_EQ(got_inject[i], old_inject[i]) << "inject " << i << " is not the read's to write";
           }
-          // One kernel and two: the same sums in the same order, the same bits; the handover left unwritten.
+          // One kernel and two: the same sums in the same order, the same bits; the counters left at zero.
           std::vector<float> outputs = got_stack;
           outputs.insert(outputs.end(), got_input.begin(), got_input.end());
           outputs.insert(outputs.end(), got_inject.begin(), got_inject.end());
@@ -197,23 +197,11 @@ class CudaHcRead : public ::testing::Test {
           }
           ASSERT_EQ(std::memcmp(outputs.data(), two_kernels.data(), outputs.size() * sizeof(float)), 0)
               << "one kernel and two differ";
-          expect_unwritten(handover, shape);
+          unsigned counters[2];
+          ASSERT_EQ(cudaMemcpy(counters, arrivals, sizeof(counters), cudaMemcpyDeviceToHost), cudaSuccess);
+          ASSERT_EQ(counters[0], 0u);
+          ASSERT_EQ(counters[1], 0u);
         }
-  }
-
-  // The one-kernel read's handover for `shape`, every bit set as it must be between reads.
-  float* unwritten_handover(const Geometry& shape) {
-    const size_t floats = cuda::hc_fused_read_handover_floats(shape.rank + (shape.inject ? shape.streams : 0));
-    float* handover = memory_.zeros<float>(floats);
-    EXPECT_EQ(cudaMemset(handover, 0xFF, floats * sizeof(float)), cudaSuccess);
-    return handover;
-  }
-
-  // A read leaves the handover as it found it (every bit set), ready for the next.
-  static void expect_unwritten(const float* handover, const Geometry& shape) {
-    std::vector<uint32_t> words(cuda::hc_fused_read_handover_floats(shape.rank + (shape.inject ? shape.streams : 0)));
-    ASSERT_EQ(cudaMemcpy(words.data(), handover, words.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost), cudaSuccess);
-    for (size_t i = 0; i < words.size(); ++i) ASSERT_EQ(words[i], 0xFFFFFFFFu) << "handover word " << i;
   }
 
   DeviceMemory memory_;
@@ -266,7 +254,7 @@ TEST_F(CudaHcRead, RepeatedReadsAreBitIdentical) {
 // The one-kernel read (1–2 rows) after a producer that lets it start at once and writes its stack ~100 µs later
 // (tests/gpu/late_producer.h), eagerly and from a graph: the same bits as after a finished producer. A down block that
 // read the stack before its wait, or an up block that took the partial products before every down block had published
-// them, would differ; a read that does not leave its handover unwritten would hang or differ on the next one.
+// them, would differ; a read that does not reset its counters would hang or differ on the next one.
 TEST_F(CudaHcRead, OneKernelAfterLateProducerMatchesFinishedProducer) {
   const Geometry shape{4, 2560, 320, true};
   const Read read = make_read(memory_, rng_, shape);
@@ -274,9 +262,9 @@ TEST_F(CudaHcRead, OneKernelAfterLateProducerMatchesFinishedProducer) {
   const std::vector<float> stack = normal_values(rng_, size_t(kRows) * n, 1.0f);
   const std::vector<float> y = normal_values(rng_, size_t(kRows) * h, 1.0f);
   const std::vector<float> old_inject = normal_values(rng_, size_t(kRows) * s, 2.0f);
-  float* handover = unwritten_handover(shape);
+  unsigned* arrivals = memory_.zeros<unsigned>(2);
   const cuda::HcFusedRead weights{
-      read.down.device, read.up.device, read.inject.device, memory_.copy(read.norm), s, h, kEps, handover};
+      read.down.device, read.up.device, read.inject.device, memory_.copy(read.norm), s, h, kEps, arrivals};
   const float* stack_source = memory_.copy(stack);
   float* y_device = memory_.copy(y);
   float* scratch = memory_.zeros<float>(cuda::hc_fused_read_scratch_floats(shape.rank + read.inject_rows()));
@@ -316,7 +304,10 @@ TEST_F(CudaHcRead, OneKernelAfterLateProducerMatchesFinishedProducer) {
           << rows << " rows, graph " << graph;
     }
   }
-  expect_unwritten(handover, shape);
+  unsigned counters[2];
+  ASSERT_EQ(cudaMemcpy(counters, arrivals, sizeof(counters), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(counters[0], 0u);
+  EXPECT_EQ(counters[1], 0u);
 }
 
 TEST_F(CudaHcRead, FitsOnlyQ4MixersOfWholeGroups) {
