@@ -27,8 +27,6 @@
 #include <cooperative_groups.h>
 #include <cuda_pipeline.h>
 
-#include <algorithm>
-
 #include "cuda/device_math.cuh"
 #include "cuda/hyper_connection.cuh"
 #include "cuda/launch.cuh"
@@ -49,9 +47,9 @@ constexpr int kMaxCluster = 8;                 // portable cluster size: hc_down
 constexpr int kSlicedTiles = 4;   // tiles (warps) of an hc_down_sliced_kernel block: Flash-Next's 21 in 6 sets
 constexpr int kScratchHead = 32;  // gates [4 rows][4 streams], then RMS scales [4][4]
 
-// What hc_up's warps hand the block's sum over the streams: per (warp, batch row, index) σ(gate logit) and the
+// What hc_up's warps hand the block's sum over the streams: per (stream, batch row, index) σ(gate logit) and the
 // normalised value.
-using UpTerms = float2[kDownWarps][kMaxGemvRows][kTileRows];
+using UpTerms = float2[kMaxStreams][kMaxGemvRows][kTileRows];
 
 // Scratch layout (floats): gates, scales, then partial products [stream][row (4)][outputs, padded to a multiple of 4].
 template <typename T>
@@ -230,14 +228,14 @@ __device__ void stage_stream(const DownParams& p, int s, float inverse_streams, 
   }
 }
 
-// hc_down's block for (tile, stream s): kDownWarps warps. Every block of the kernel that runs it calls
-// wait_for_producers() and allow_dependents() here, after its weight loads.
+// At most 128 registers a thread (two blocks an SM), so that hc_up's blocks fit beside one while it runs.
 template <int B>
-__device__ __forceinline__ void down_block(const DownParams& p, int tile, int s) {
+__global__ void __launch_bounds__(kDownWarps * 32, 2) hc_down_kernel(DownParams p) {
   extern __shared__ uint4 shared[];
   __shared__ float partials[kDownWarps][64];  // [warp][r·32 + lane]: lane (g, t)'s sum for row g + 8r, batch t
   __shared__ float warp_squares[kDownWarps][B];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int tile = blockIdx.x, s = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4,
+            t = lane % 4;
   const int h = p.hidden, groups = h / kQuantGroup;
   // Shared memory: g of the stream [H], the staged values [B][H], then the fragments and group terms.
   float* norm_weight = reinterpret_cast<float*>(shared);
@@ -312,12 +310,6 @@ __device__ __forceinline__ void down_block(const DownParams& p, int tile, int s)
     scales_of(p.scratch)[b * kMaxStreams + s] = pick(scale, b);
     gates_of(p.scratch)[b * kMaxStreams + s] = pick(gate, b);
   }
-}
-
-// At most 128 registers a thread (two blocks an SM), so that hc_up's blocks fit beside one while it runs.
-template <int B>
-__global__ void __launch_bounds__(kDownWarps * 32, 2) hc_down_kernel(DownParams p) {
-  down_block<B>(p, int(blockIdx.x), int(blockIdx.y));
 }
 
 // hc_down for 3–4 rows: a thread-block cluster per (stream, set of kSlicedTiles tiles) whose blocks each take a slice
@@ -488,53 +480,44 @@ __device__ void compute_low(const UpParams& p, float inverse_streams, float* u) 
   }
 }
 
-// hc_up's work for `items` tiles of 16 hidden indices from first_tile on (tiles past the end: none), tile j by warps
-// j·S … j·S + S − 1 of the block (warp c of them: stream c; warps beyond items·S idle). await_partials() runs after
-// wait_for_producers() with the epilogue's first operands in flight and returns once hc_down's scratch (partials,
-// scales, gates) is written and visible to every thread of the block: a no-op in hc_up_kernel, whose wait already
-// implies hc_down's completion; the in-kernel barrier in hc_read_kernel.
-template <int B, typename AwaitPartials>
-__device__ __forceinline__ void up_block(const UpParams& p, int first_tile, int items,
-                                         const AwaitPartials& await_partials) {
+template <int B>
+__global__ void __launch_bounds__(kMaxStreams * 32) hc_up_kernel(UpParams p) {
   // Weights only before the wait (launch.cuh's rule): their loads are in flight while the down kernel finishes.
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int item = warp / p.streams, c = warp - item * p.streams;
-  const int h = p.hidden, sh = p.streams * h, groups = p.rank / kQuantGroup, tiles = h / kTileRows;
-  const bool works = item < items && first_tile + item < tiles;
-  const int first = (works ? first_tile + item : 0) * kTileRows;  // this warp's hidden indices first..first + 15
+  const int c = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int h = p.hidden, sh = p.streams * h, groups = p.rank / kQuantGroup;
+  const int first = blockIdx.x * kTileRows;  // this block's hidden indices first..first + 15, warp c's stream c
   const AffineWidth width = slice_affine_width(p.up, 0, groups);
   const TileRows rows = tile_rows(p.up, c * h + first, 0, g, t);
   TileLoads loads;
-  if (works) load_tile(loads, rows, width, 0, groups, t);
+  load_tile(loads, rows, width, 0, groups, t);
   // Lane (g, t) finishes indices first + g and first + g + 8 of batch row t in stream c. Their norm weights are
   // weights too: into shared memory before the wait (the barrier keeps the compiler from sinking the loads past it;
   // shared memory is the block's own, launch.cuh's rule is about what other kernels see).
-  const bool finishes = works && t < B;
+  const bool finishes = t < B;
   const int stack_at = t * sh + c * h + first + g, y_at = t * h + first + g;  // offsets computed before the wait
-  __shared__ float norm_weight[kDownWarps][kTileRows];
-  if (works && lane < kTileRows) norm_weight[warp][lane] = __ldg(p.norm + c * h + first + lane);
+  __shared__ float norm_weight[kMaxStreams][kTileRows];
+  if (lane < kTileRows) norm_weight[c][lane] = __ldg(p.norm + c * h + first + lane);
   __syncthreads();
-  // The block of tile 0 also adds the inject projections over the streams: thread (b, j) of them.
-  const bool injects = first_tile == 0 && int(threadIdx.x) < B * p.inject_rows;
+  // Block 0 also adds the inject projections over the streams: thread (b, j) of them.
+  const bool injects = blockIdx.x == 0 && int(threadIdx.x) < B * p.inject_rows;
   const int inject_row = row_of<B>(threadIdx.x, p.inject_rows);
   const int inject_at = inject_row * p.stride + p.rank + int(threadIdx.x) - inject_row * p.inject_rows;
   const float inverse_streams = 1.0f / float(p.streams);
   wait_for_producers();
+  allow_dependents();
   extern __shared__ uint4 shared[];
   __shared__ UpTerms terms;
 
-  // The epilogue's operands (the stack and the pending output come from the kernels before), then hc_down's scratch.
+  // The epilogue's operands, loaded together with the staging's partials.
   float stack[2] = {}, y[2] = {}, gate = 0.0f, scale = 0.0f;
-  if (finishes)
+  if (finishes) {
+    gate = gates_of(p.scratch)[t * kMaxStreams + c];
+    scale = scales_of(p.scratch)[t * kMaxStreams + c];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      stack[r] = __ldcg(p.stack + stack_at + 8 * r);
-      if (p.pending_y) y[r] = __ldcg(p.pending_y + y_at + 8 * r);
+      stack[r] = p.stack[stack_at + 8 * r];
+      if (p.pending_y) y[r] = p.pending_y[y_at + 8 * r];
     }
-  await_partials();
-  if (finishes) {
-    gate = __ldcg(gates_of(p.scratch) + t * kMaxStreams + c);
-    scale = __ldcg(scales_of(p.scratch) + t * kMaxStreams + c);
   }
   // The inject sums' operands: loaded here, stored once the staging is done (a store before the staging's loads would
   // hold them back).
@@ -543,7 +526,7 @@ __device__ __forceinline__ void up_block(const UpParams& p, int first_tile, int 
   if (injects)
 #pragma unroll
     for (int k = 0; k < kMaxStreams; ++k)
-      if (k < p.streams) inject_parts[k] = __ldcg(partials + k * kMaxGemvRows * p.stride + inject_at);
+      if (k < p.streams) inject_parts[k] = partials[k * kMaxGemvRows * p.stride + inject_at];
   float* u = reinterpret_cast<float*>(shared);
   uint4* fragments = reinterpret_cast<uint4*>(u + size_t(B) * p.rank);
   float2* group_terms = reinterpret_cast<float2*>(fragments + size_t(groups) * 16 * B);
@@ -561,77 +544,21 @@ __device__ __forceinline__ void up_block(const UpParams& p, int first_tile, int 
     p.inject[threadIdx.x] = sum;
   }
   float acc[2] = {};
-  if (works) tile_sum<B>(loads, rows, width, 0, groups, groups, fragments, group_terms, acc);
+  tile_sum<B>(loads, rows, width, 0, groups, groups, fragments, group_terms, acc);
   if (finishes)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float v = fmaf(gate, y[r], stack[r]);
       if (p.pending_y) p.stack[stack_at + 8 * r] = v;
-      terms[warp][t][g + 8 * r] = make_float2(fast_sigmoid(acc[r]), v * scale * (1.0f + norm_weight[warp][g + 8 * r]));
+      terms[c][t][g + 8 * r] = make_float2(fast_sigmoid(acc[r]), v * scale * (1.0f + norm_weight[c][g + 8 * r]));
     }
   __syncthreads();
-  // The gated sum over the streams, in stream order, one thread per (tile, batch row, index).
-  for (int i = threadIdx.x; i < items * B * kTileRows; i += blockDim.x) {
-    const int j = i / (B * kTileRows), b = (i / kTileRows) % B, d = i % kTileRows;
-    if (first_tile + j >= tiles) continue;
+  // The gated sum over the streams, in stream order, one thread per (batch row, index).
+  for (int item = threadIdx.x; item < B * kTileRows; item += blockDim.x) {
+    const int b = item / kTileRows, i = item % kTileRows;
     float sum = 0.0f;
-    for (int k = 0; k < p.streams; ++k) {
-      const float2 term = terms[j * p.streams + k][b][d];
-      sum = fmaf(term.x, term.y, sum);
-    }
-    p.input[size_t(b) * h + (first_tile + j) * kTileRows + d] = sum * inverse_streams;
-  }
-}
-
-// A block of S warps per 16 hidden indices.
-template <int B>
-__global__ void __launch_bounds__(kMaxStreams * 32) hc_up_kernel(UpParams p) {
-  up_block<B>(p, int(blockIdx.x), 1, [] { allow_dependents(); });
-}
-
-// The one-kernel read (1–2 rows): blocks [0, down_blocks) are hc_down's (tile, stream) blocks, the others hc_up's, each
-// with kDownWarps / S tiles of 16 hidden indices. An up block needs every down block's partial products (u takes all
-// of them), so the handover is a barrier of down_blocks arrivals on one counter (arrivals[0]): a down block publishes
-// with one release reduction once all its threads stored their outputs; thread 0 of an up block polls with acquire
-// loads, its own weights (and the epilogue's stack values) already in flight or in registers. The last up block to
-// leave the barrier (arrivals[1] counts them) sets both counters back to zero for the next launch: by then every down
-// block has arrived and every up block has stopped polling, and the next launch reads them only after its wait, i.e.
-// after this grid has completed.
-//
-// Progress: up blocks spin, so every down block must get onto a multiprocessor while they do. The host launches this
-// kernel only when its whole grid fits the GPU at once (occupancy × multiprocessors). Its blocks may start beside the
-// kernel before it, which finishes on its own; the kernel after it starts only once every block of this grid has
-// called allow_dependents() (or exited), i.e. once every block of this grid is resident, so that kernel's blocks
-// (which then sit in their own wait) can never take the place of a down block not yet started. Down blocks come first
-// in block order, which the hardware roughly follows when it places blocks, so they are not the ones left waiting.
-//
-// Every sum runs in the same order as in the two kernels (the same device functions), so both give the same bits.
-template <int B>
-__global__ void __launch_bounds__(kDownWarps * 32, 2)
-    hc_read_kernel(DownParams down, UpParams up, unsigned* arrivals, int down_blocks, int up_blocks) {
-  const int block = int(blockIdx.x);
-  if (block < down_blocks) {
-    const int tiles = down.down_tiles + (down.inject.codes ? 1 : 0);
-    down_block<B>(down, block % tiles, block / tiles);
-    __syncthreads();  // every thread's outputs stored: the release below is cumulative over them
-    if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(arrivals) : "memory");
-    return;
-  }
-  bool last = false;
-  up_block<B>(up, (block - down_blocks) * (kDownWarps / up.streams), kDownWarps / up.streams, [&] {
-    if (threadIdx.x == 0) {
-      unsigned arrived = 0;
-      do asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(arrived) : "l"(arrivals) : "memory");
-      while (arrived < unsigned(down_blocks));
-      asm volatile("fence.acq_rel.gpu;" ::: "memory");
-      last = atomicAdd(arrivals + 1, 1u) == unsigned(up_blocks) - 1;  // its result is used only at the block's end
-    }
-    __syncthreads();  // the acquire above orders the other threads' loads of the scratch after it too
-    allow_dependents();
-  });
-  if (last) {
-    arrivals[0] = 0;
-    arrivals[1] = 0;
+    for (int k = 0; k < p.streams; ++k) sum = fmaf(terms[k][b][i].x, terms[k][b][i].y, sum);
+    p.input[size_t(b) * h + first + i] = sum * inverse_streams;
   }
 }
 
@@ -682,23 +609,6 @@ size_t sliced_shared_bytes(int hidden, int batch) {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// Whether hc_read_kernel's `blocks` blocks fit the device all at once (its up blocks wait for its down blocks: see the
-// kernel), with its opt-in to kMaxDownShared of dynamic shared memory made once (only a permission, so it never changes
-// between the launches of a captured graph).
-template <int B>
-bool one_kernel_fits(int blocks, size_t shared) {
-  const auto kernel = hc_read_kernel<B>;
-  static const bool opted_in =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxDownShared)) == cudaSuccess;
-  int device = 0, multiprocessors = 0, per_multiprocessor = 0;
-  if (!opted_in || shared > kMaxDownShared || cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, kernel, kDownWarps * 32, shared) !=
-          cudaSuccess)
-    return false;
-  return blocks <= per_multiprocessor * multiprocessors;
-}
-
 template <int B>
 cudaError_t launch(const HcFusedRead& w, float* stack, bool pending, const float* y, float* inject, float* scratch,
                    float* input, cudaStream_t stream) {
@@ -719,28 +629,8 @@ cudaError_t launch(const HcFusedRead& w, float* stack, bool pending, const float
                         partial_stride(outputs),
                         w.eps};
   const int tiles = down_tiles + (has_inject ? 1 : 0);
-  const UpParams up{q4_matrix(w.mix_up),
-                    stack,
-                    w.norm,
-                    pending ? y : nullptr,
-                    scratch,
-                    inject,
-                    input,
-                    w.streams,
-                    w.hidden,
-                    w.mix_up.cols,
-                    down.stride,
-                    has_inject ? w.inject.rows : 0};
   cudaError_t error = cudaSuccess;
   if constexpr (B <= kBlockDownRows) {
-    const int down_blocks = tiles * w.streams, tiles_a_block = kDownWarps / w.streams;
-    const int up_blocks = (w.hidden / kTileRows + tiles_a_block - 1) / tiles_a_block;
-    const size_t shared = std::max(down_shared_bytes(w.hidden, B), up_shared_bytes(w.mix_up.cols, B));
-    if (w.arrivals && one_kernel_fits<B>(down_blocks + up_blocks, shared)) {
-      error = launch_dependent(hc_read_kernel<B>, dim3(unsigned(down_blocks + up_blocks)), dim3(kDownWarps * 32),
-                               shared, stream, down, up, w.arrivals, down_blocks, up_blocks);
-      return error != cudaSuccess ? error : cudaGetLastError();
-    }
     // Once for all: only a permission (occupancy follows each launch's own size), so it never changes between the
     // launches of a captured graph.
     static const cudaError_t opted_in =
@@ -755,6 +645,19 @@ cudaError_t launch(const HcFusedRead& w, float* stack, bool pending, const float
                              stream, dim3(slices, 1, 1), true, down);
   }
   if (error != cudaSuccess) return error;
+
+  const UpParams up{q4_matrix(w.mix_up),
+                    stack,
+                    w.norm,
+                    pending ? y : nullptr,
+                    scratch,
+                    inject,
+                    input,
+                    w.streams,
+                    w.hidden,
+                    w.mix_up.cols,
+                    down.stride,
+                    has_inject ? w.inject.rows : 0};
   launch_dependent(hc_up_kernel<B>, w.hidden / kTileRows, w.streams * 32, up_shared_bytes(w.mix_up.cols, B), stream,
                    up);
   return cudaGetLastError();

@@ -32,10 +32,6 @@ struct HcFusedRead {
   const float* norm = nullptr;            // g [S·H]
   int streams = 0, hidden = 0;
   float eps = 0.0f;
-  // Two unsigned counters, zero before the first read and left zero by every read, through which a read of 1–2 rows
-  // runs as one kernel (hc_fused_read.cu's hc_read_kernel). Null: two kernels. Reads that share them must run in
-  // stream order (each kernel waits for the one before).
-  unsigned* arrivals = nullptr;
 };
 
 // Whether hc_fused_read takes these mixers, norm and rows: Q4 (group 64, 8-byte aligned codes), rank a multiple of 64,

@@ -42,7 +42,6 @@ constexpr int kAttentionRows = 64;  // rows per attention pass (bounds the scrat
 constexpr int kAttentionPasses = kChunkRows / kAttentionRows;
 constexpr int kRecordedRows = 4;   // rows whose recurrent state a pass can record for rollback; graphs up to this many
 constexpr int kMaxDecodeRows = 4;  // passes of more rows take the prefill branches (grouped expert GEMMs)
-constexpr size_t kHcArrivals = 2;  // HcFusedRead::arrivals
 static_assert(kRecordedRows <= kGdnDecodeMaxRows, "recorded rows run through the GDN decode kernel");
 
 // The passes a sequence captures as graphs.
@@ -55,7 +54,6 @@ struct Workspace {
   int32_t* ids;
   int64_t* position;  // [kAttentionPasses]: of each attention pass's first row (the pass's first row at [0])
   float *stack, *normed, *low, *mix, *input, *inject, *output, *hidden;
-  unsigned* hc_arrivals;  // [kHcArrivals], zeroed: the one-kernel hyper-connection read's counters (HcFusedRead)
   float *qkv, *z, *gate_b, *gate_a, *core, *gdn_chunks;  // gate_b, gate_a: in_proj_b, in_proj_a outputs
   float *q, *k, *v, *index_qk, *queries, *index_queries, *attended;
   float *router, *route_weights, *shared_gate_up, *shared_up, *shared_scale, *expert_gate, *expert_up, *expert_out;
@@ -168,11 +166,9 @@ void make_workspace(const ModelConfig& c, Workspace& w) {
   l.add(w.attend.values, attend_value_floats(attention, kAttentionRows));
   l.add(w.attend.stats, attend_stat_count(attention, kAttentionRows));
   l.add(w.attend.arrivals, attend_arrival_count(attention, kAttentionRows));
-  l.add(w.hc_arrivals, kHcArrivals);
   w.memory = l.allocate("workspace");
   cuda_check(cudaMemset(w.attend.arrivals, 0, attend_arrival_count(attention, kAttentionRows) * sizeof(unsigned)),
              "workspace");
-  cuda_check(cudaMemset(w.hc_arrivals, 0, kHcArrivals * sizeof(unsigned)), "workspace");
 }
 
 // Attention caches of one layer, grown by doubling.
@@ -531,7 +527,7 @@ ProductGroup CudaSequence::read_products(const DeviceGatedResidual& w) const {
   return make_product_group(work_.normed, std::move(products));
 }
 
-// Whether w's read of `rows` rows runs as hc_fused_read (one or two kernels, the previous write folded in).
+// Whether w's read of `rows` rows runs as hc_fused_read (two kernels, the previous write folded in).
 bool CudaSequence::fused_read(const DeviceGatedResidual& w, int rows) const {
   const DeviceMatrix* inject = w.has_inject ? &w.inject : nullptr;
   const int outputs = w.mix_down.rows + (inject ? inject->rows : 0);
@@ -565,8 +561,7 @@ void CudaSequence::hyper_read(const DeviceGatedResidual& w, const ProductGroup& 
                            .norm = w.norm,
                            .streams = s,
                            .hidden = h,
-                           .eps = c_.rms_norm_eps,
-                           .arrivals = work_.hc_arrivals};
+                           .eps = c_.rms_norm_eps};
     cuda_check(hc_fused_read(read, rows, stack, write_pending_, work_.output, work_.inject, work_.mix, input, stream_),
                "hyper-connection read");
     write_pending_ = false;
