@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# On the GPU machine, from the repository root, in one device call: the one-kernel hyper-connection read
-# (src/cuda/hc_fused_read.cu's hc_read_kernel) checked and measured against a base binary.
+# On the GPU machine, from the repository root, in one device call: the hyper-connection read's tests and the decode
+# step against a base binary (session 8: the one-kernel read of branch s8-hcone's commits 9878908, 4423f34 and 4f56dea,
+# each built into its own vavilov and passed in VARIANTS; docs/CUDA.md has what they measured).
 #   bench/cuda/hc_one_check.sh BUILD_DIR BASE_VAVILOV [OUT_DIR]
-# BUILD_DIR holds this branch's vavilov and vavilov_gpu_tests (and VARIANTS, more vavilov binaries to compare, named
-# relative to BUILD_DIR; default: vavilov). Stages (each under its own timeout, a summary line
-# each): the hyper-connection tests, `vavilov bench --synthetic flash-next --layers 12 --steps 10 --prefill 64`
-# base/new interleaved twice, memcheck over the hyper-connection tests, racecheck over the small and late-producer
-# ones, one 48-layer run of each binary. STAGES picks stages (default "tests bench memcheck racecheck"; "bench48" adds
-# the 48-layer runs, "ncu" per-kernel times of the hyper-connection kernels, 4 layers, base and vavilov); BUDGET (seconds, default 105) bounds the whole call: each stage's timeout is cut to what is left.
+# BUILD_DIR holds vavilov_gpu_tests and the vavilov binaries named in VARIANTS (default: vavilov). Stages, each under
+# its own timeout with a summary line: "tests" (CudaHc*, *GpuModel*), "bench" (`vavilov bench --synthetic flash-next
+# --layers 12 --steps 10 --prefill 64`, base and each variant interleaved, twice), "memcheck" (CudaHc*), "racecheck"
+# (the small geometries and the late-producer test), "bench48" (one 48-layer run of each), "ncu" (per-kernel times of
+# the hyper-connection kernels, 4 layers, base and vavilov). STAGES picks them (default "tests bench memcheck
+# racecheck"); BUDGET (seconds, default 105) bounds the call: each stage's timeout is cut to what is left.
 set -uo pipefail
 build=${1:?BUILD_DIR}
 base=${2:?BASE_VAVILOV}
@@ -60,7 +61,8 @@ if has bench; then
 fi
 sanitizer="compute-sanitizer --error-exitcode 3 --print-limit 20"
 has memcheck && gtest memcheck 30 'CudaHc*' $sanitizer --tool memcheck
-has racecheck && gtest racecheck 20 'CudaHcRead.SmallGeometries*:CudaHcRead.OneKernel*' $sanitizer --tool racecheck
+racecheck_filter='CudaHcRead.SmallGeometries*:CudaHcRead.AfterLateProducer*'
+has racecheck && gtest racecheck 20 "$racecheck_filter" $sanitizer --tool racecheck
 if has bench48; then
   bench base-48 "$base" 48
   for v in $variants; do bench "$v-48" "$build/$v" 48; done
@@ -73,6 +75,6 @@ if has ncu; then
     timeout "$seconds" ncu --clock-control none --metrics gpu__time_duration.sum -k regex:hc_ --launch-skip 100 \
       --launch-count 40 --print-summary per-kernel "${b#*:}" bench --synthetic models/configs/flash-next.json \
       --layers 4 --steps 3 --prefill 64 > "$out/ncu-${b%%:*}.txt" 2>&1
-    note "ncu ${b%%:*}: $(grep -A0 -E 'hc_|Average' "$out/ncu-${b%%:*}.txt" | grep -E 'hc_[a-z_]+kernel' | sed 's/(.*//' | tr -s ' ' | head -4 | paste -sd ';')"
+    note "ncu ${b%%:*}: $out/ncu-${b%%:*}.txt"
   done
 fi
