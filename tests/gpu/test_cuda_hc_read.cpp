@@ -2,7 +2,8 @@
 // formulas (qwen4_exp.md §4) on the host, with the exact (dequantised) Q4 weights the GPU reads: every weight, norm
 // weight, stack, pending output and inject value random; 1–4 rows; with and without the previous write folded in; at
 // Flash-Next's geometry and at small ones (other stream counts, a partial inject tile, no inject, fewer column groups
-// than hc_down's warps).
+// than hc_down's warps); after a producer that lets the read start before it writes the stack, the same bits as after
+// a finished one.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +14,7 @@
 
 #include "cuda/hyper_connection.cuh"
 #include "device_matrices.h"
+#include "late_producer.h"
 
 namespace vavilov {
 namespace {
@@ -223,6 +225,58 @@ TEST_F(CudaHcRead, RepeatedReadsAreBitIdentical) {
   for (int run = 1; run < 3; ++run)
     ASSERT_EQ(std::memcmp(outputs[0].data(), outputs[size_t(run)].data(), outputs[0].size() * sizeof(float)), 0)
         << "run " << run << " differs from the first";
+}
+
+// The read (1–4 rows: hc_down_kernel or the sliced kernel, then hc_up_kernel) after a producer that lets it start at
+// once and writes its stack ~100 µs later (tests/gpu/late_producer.h), eagerly and from a graph: the same bits as after
+// a finished producer. A kernel that read the stack (or anything else the kernels before write) before its wait would
+// differ.
+TEST_F(CudaHcRead, AfterLateProducerMatchesFinishedProducer) {
+  const Geometry shape{4, 2560, 320, true};
+  const Read read = make_read(memory_, rng_, shape);
+  const int s = shape.streams, h = shape.hidden, n = read.sh();
+  const std::vector<float> stack = normal_values(rng_, size_t(kRows) * n, 1.0f);
+  const std::vector<float> y = normal_values(rng_, size_t(kRows) * h, 1.0f);
+  const std::vector<float> old_inject = normal_values(rng_, size_t(kRows) * s, 2.0f);
+  const cuda::HcFusedRead weights{
+      read.down.device, read.up.device, read.inject.device, memory_.copy(read.norm), s, h, kEps};
+  const float* stack_source = memory_.copy(stack);
+  float* y_device = memory_.copy(y);
+  float* scratch = memory_.zeros<float>(cuda::hc_fused_read_scratch_floats(shape.rank + read.inject_rows()));
+  const size_t outputs = stack.size() + size_t(kRows) * h + old_inject.size();
+  for (int rows = 1; rows <= kRows; ++rows) {
+    // The read after the stack is copied in (`late`: by the late producer): stack, input and inject.
+    const auto run = [&](bool late, bool graph) {
+      float* stack_device = memory_.zeros<float>(stack.size());
+      float* inject_device = memory_.copy(old_inject);
+      float* input = memory_.zeros<float>(size_t(kRows) * h);
+      const auto read_after = [&](cudaStream_t stream) {
+        EXPECT_EQ(
+            cuda::hc_fused_read(weights, rows, stack_device, true, y_device, inject_device, scratch, input, stream),
+            cudaSuccess);
+      };
+      if (late) {
+        test::after_late_producer(stack_source, stack_device, stack.size() * sizeof(float), graph, read_after);
+      } else {
+        EXPECT_EQ(cudaMemcpy(stack_device, stack_source, stack.size() * sizeof(float), cudaMemcpyDeviceToDevice),
+                  cudaSuccess);
+        read_after(nullptr);
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      }
+      std::vector<float> got(outputs);
+      float* at = got.data();
+      for (const auto& [from, count] : {std::pair{stack_device, stack.size()}, std::pair{input, size_t(kRows) * h},
+                                        std::pair{inject_device, old_inject.size()}}) {
+        EXPECT_EQ(cudaMemcpy(at, from, count * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+        at += count;
+      }
+      return got;
+    };
+    const std::vector<float> finished = run(false, false);
+    for (bool graph : {false, true})
+      EXPECT_EQ(std::memcmp(run(true, graph).data(), finished.data(), outputs * sizeof(float)), 0)
+          << rows << " rows, graph " << graph;
+  }
 }
 
 TEST_F(CudaHcRead, FitsOnlyQ4MixersOfWholeGroups) {
