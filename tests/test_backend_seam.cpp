@@ -12,6 +12,7 @@
 #include "engine/backend.h"
 #include "engine/generate.h"
 #include "engine/speculative.h"
+#include "error_of.h"
 #include "fixture_paths.h"
 #include "model/weights.h"
 
@@ -180,15 +181,6 @@ TEST(SnapshotBoundary, AfterPowersOfTwoChunksAndBeforeTheLast) {
   EXPECT_FALSE(snapshot_boundary(192, 257, 64));  // two chunks left
 }
 
-std::string import_error(SequenceBackend& sequence, const SequenceState& state) {
-  try {
-    sequence.import_state(state);
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
 // States that do not fit the model are refused with the field named (and the layer), and the sequence keeps its own.
 TEST_P(BackendSeam, ImportRefusesStatesOfAnotherShape) {
   auto model = load_model(GetParam().string());
@@ -209,7 +201,7 @@ TEST_P(BackendSeam, ImportRefusesStatesOfAnotherShape) {
   const auto refused = [&](const std::function<void(SequenceState&)>& edit, const std::string& expected) {
     SequenceState state = own;
     edit(state);
-    const std::string error = import_error(*sequence, state);
+    const std::string error = test::error_of([&] { sequence->import_state(state); });
     EXPECT_NE(error.find(expected), std::string::npos) << "expected '" << expected << "' in: " << error;
   };
   refused([](SequenceState& s) { s.layers.pop_back(); }, "sequence state: " + std::to_string(c.num_layers - 1) +

@@ -80,6 +80,11 @@ __device__ inline void fill(Accumulator& c, float value) {
   for (int e = 0; e < 8; ++e) c.x[e] = value;
 }
 
+template <typename... Accumulators>
+__device__ inline void zero(Accumulators&... accumulators) {
+  (fill(accumulators, 0.0f), ...);
+}
+
 // A row-major tile at p (row stride ld) into c / from c.
 __device__ inline void load_tile(Accumulator& c, const float* p, int ld) {
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
@@ -196,8 +201,7 @@ template <bool kOnePass, typename LayoutA, typename LayoutB>
 __device__ inline void mma_tile(Accumulator& acc, const float* a, int lda, const float* b, int ldb, int steps) {
   constexpr bool a_rows = std::is_same_v<LayoutA, RowMajor>, b_rows = std::is_same_v<LayoutB, RowMajor>;
   Accumulator lo_hi, hi_lo;
-  fill(lo_hi, 0.0f);
-  fill(hi_lo, 0.0f);
+  zero(lo_hi, hi_lo);
   if constexpr (kOnePass) {
 #pragma unroll 2
     for (int k = 0; k < steps; k += 2)
@@ -227,10 +231,7 @@ __device__ inline void mma_tile_pair(Accumulator& first, Accumulator& second, co
                                      const float* b, int ldb, int steps) {
   constexpr bool a_rows = std::is_same_v<LayoutA, RowMajor>, b_rows = std::is_same_v<LayoutB, RowMajor>;
   Accumulator lo_hi0, hi_lo0, lo_hi1, hi_lo1;
-  fill(lo_hi0, 0.0f);
-  fill(hi_lo0, 0.0f);
-  fill(lo_hi1, 0.0f);
-  fill(hi_lo1, 0.0f);
+  zero(lo_hi0, hi_lo0, lo_hi1, hi_lo1);
 #pragma unroll 2
   for (int k = 0; k < steps; ++k) {
     Split a0_frag[4], a1_frag[4], b_frag[2][2];
@@ -306,8 +307,7 @@ __device__ inline void load_b_pair(Split (&f)[2][2][2], const float* b, int ldb)
 template <bool kOnePass>
 __device__ inline void mma_tile_kpaired(Accumulator& acc, const float* a, int lda, const float* b, int ldb, int pairs) {
   Accumulator lo_hi, hi_lo;
-  fill(lo_hi, 0.0f);
-  fill(hi_lo, 0.0f);
+  zero(lo_hi, hi_lo);
 #pragma unroll 4
   for (int k = 0; k < pairs; ++k) {
     Split a_frag[2][4], b_frag[2][2][2];
@@ -325,10 +325,7 @@ template <bool kOnePass>
 __device__ inline void mma_tile_pair_kpaired(Accumulator& first, Accumulator& second, const float* a, int lda,
                                              const float* b0, const float* b1, int ldb, int pairs) {
   Accumulator lo_hi0, hi_lo0, lo_hi1, hi_lo1;
-  fill(lo_hi0, 0.0f);
-  fill(hi_lo0, 0.0f);
-  fill(lo_hi1, 0.0f);
-  fill(hi_lo1, 0.0f);
+  zero(lo_hi0, hi_lo0, lo_hi1, hi_lo1);
 #pragma unroll 2
   for (int k = 0; k < pairs; ++k) {
     Split a_frag[2][4], b0_frag[2][2][2], b1_frag[2][2][2];

@@ -193,34 +193,50 @@ TEST_F(CudaHcRead, SmallGeometriesMatchTheSpec) {
   expect_reads({1, 128, 64, true});   // one stream: hc_up's blocks are a single warp
 }
 
-// Every sum runs in a fixed order: the same read repeated gives the same bits (stack, input, inject).
-TEST_F(CudaHcRead, RepeatedReadsAreBitIdentical) {
-  const Geometry shape{4, 2560, 320, true};
-  const Read read = make_read(memory_, rng_, shape);
-  const int s = shape.streams, h = shape.hidden, n = read.sh();
-  const std::vector<float> stack = normal_values(rng_, size_t(kRows) * n, 1.0f);
-  const std::vector<float> y = normal_values(rng_, size_t(kRows) * h, 1.0f);
-  const std::vector<float> old_inject = normal_values(rng_, size_t(kRows) * s, 2.0f);
-  const cuda::HcFusedRead weights{
-      read.down.device, read.up.device, read.inject.device, memory_.copy(read.norm), s, h, kEps};
-  float* y_device = memory_.copy(y);
-  float* scratch = memory_.zeros<float>(cuda::hc_fused_read_scratch_floats(shape.rank + read.inject_rows()));
-  std::vector<std::vector<float>> outputs;
-  for (int run = 0; run < 3; ++run) {
-    float* stack_device = memory_.copy(stack);
-    float* inject_device = memory_.copy(old_inject);
-    float* input = memory_.zeros<float>(size_t(kRows) * h);
-    ASSERT_EQ(cuda::hc_fused_read(weights, kRows, stack_device, true, y_device, inject_device, scratch, input, nullptr),
-              cudaSuccess);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    std::vector<float> got(stack.size() + size_t(kRows) * h + old_inject.size());
+// Flash-Next's read with random inputs on the device, for the bit-identity tests: the stack (on the host; each run
+// copies it), the pending output y and the old inject logits.
+struct BitsCase {
+  static constexpr Geometry kShape{4, 2560, 320, true};
+  Read read;
+  std::vector<float> stack, old_inject;
+  cuda::HcFusedRead weights;
+  float *y = nullptr, *scratch = nullptr;
+
+  BitsCase(DeviceMemory& memory, std::mt19937& rng) : read(make_read(memory, rng, kShape)) {
+    const int s = kShape.streams, h = kShape.hidden;
+    stack = normal_values(rng, size_t(kRows) * read.sh(), 1.0f);
+    y = memory.copy(normal_values(rng, size_t(kRows) * h, 1.0f));
+    old_inject = normal_values(rng, size_t(kRows) * s, 2.0f);
+    weights = {read.down.device, read.up.device, read.inject.device, memory.copy(read.norm), s, h, kEps};
+    scratch = memory.zeros<float>(cuda::hc_fused_read_scratch_floats(kShape.rank + read.inject_rows()));
+  }
+  size_t input_floats() const { return size_t(kRows) * kShape.hidden; }
+  size_t output_floats() const { return stack.size() + input_floats() + old_inject.size(); }
+  // What a read wrote: the stack, the block input and the inject logits, one after the other.
+  std::vector<float> download(const float* stack_device, const float* input, const float* inject_device) const {
+    std::vector<float> got(output_floats());
     float* at = got.data();
-    for (const auto& [from, count] : {std::pair{stack_device, stack.size()}, std::pair{input, size_t(kRows) * h},
+    for (const auto& [from, count] : {std::pair{stack_device, stack.size()}, std::pair{input, input_floats()},
                                       std::pair{inject_device, old_inject.size()}}) {
-      ASSERT_EQ(cudaMemcpy(at, from, count * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(at, from, count * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
       at += count;
     }
-    outputs.push_back(std::move(got));
+    return got;
+  }
+};
+
+// Every sum runs in a fixed order: the same read repeated gives the same bits (stack, input, inject).
+TEST_F(CudaHcRead, RepeatedReadsAreBitIdentical) {
+  const BitsCase c(memory_, rng_);
+  std::vector<std::vector<float>> outputs;
+  for (int run = 0; run < 3; ++run) {
+    float* stack_device = memory_.copy(c.stack);
+    float* inject_device = memory_.copy(c.old_inject);
+    float* input = memory_.zeros<float>(c.input_floats());
+    ASSERT_EQ(cuda::hc_fused_read(c.weights, kRows, stack_device, true, c.y, inject_device, c.scratch, input, nullptr),
+              cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    outputs.push_back(c.download(stack_device, input, inject_device));
   }
   for (int run = 1; run < 3; ++run)
     ASSERT_EQ(std::memcmp(outputs[0].data(), outputs[size_t(run)].data(), outputs[0].size() * sizeof(float)), 0)
@@ -232,49 +248,32 @@ TEST_F(CudaHcRead, RepeatedReadsAreBitIdentical) {
 // a finished producer. A kernel that read the stack (or anything else the kernels before write) before its wait would
 // differ.
 TEST_F(CudaHcRead, AfterLateProducerMatchesFinishedProducer) {
-  const Geometry shape{4, 2560, 320, true};
-  const Read read = make_read(memory_, rng_, shape);
-  const int s = shape.streams, h = shape.hidden, n = read.sh();
-  const std::vector<float> stack = normal_values(rng_, size_t(kRows) * n, 1.0f);
-  const std::vector<float> y = normal_values(rng_, size_t(kRows) * h, 1.0f);
-  const std::vector<float> old_inject = normal_values(rng_, size_t(kRows) * s, 2.0f);
-  const cuda::HcFusedRead weights{
-      read.down.device, read.up.device, read.inject.device, memory_.copy(read.norm), s, h, kEps};
-  const float* stack_source = memory_.copy(stack);
-  float* y_device = memory_.copy(y);
-  float* scratch = memory_.zeros<float>(cuda::hc_fused_read_scratch_floats(shape.rank + read.inject_rows()));
-  const size_t outputs = stack.size() + size_t(kRows) * h + old_inject.size();
+  const BitsCase c(memory_, rng_);
+  const float* stack_source = memory_.copy(c.stack);
+  const size_t stack_bytes = c.stack.size() * sizeof(float);
   for (int rows = 1; rows <= kRows; ++rows) {
     // The read after the stack is copied in (`late`: by the late producer): stack, input and inject.
     const auto run = [&](bool late, bool graph) {
-      float* stack_device = memory_.zeros<float>(stack.size());
-      float* inject_device = memory_.copy(old_inject);
-      float* input = memory_.zeros<float>(size_t(kRows) * h);
+      float* stack_device = memory_.zeros<float>(c.stack.size());
+      float* inject_device = memory_.copy(c.old_inject);
+      float* input = memory_.zeros<float>(c.input_floats());
       const auto read_after = [&](cudaStream_t stream) {
         EXPECT_EQ(
-            cuda::hc_fused_read(weights, rows, stack_device, true, y_device, inject_device, scratch, input, stream),
+            cuda::hc_fused_read(c.weights, rows, stack_device, true, c.y, inject_device, c.scratch, input, stream),
             cudaSuccess);
       };
       if (late) {
-        test::after_late_producer(stack_source, stack_device, stack.size() * sizeof(float), graph, read_after);
+        test::after_late_producer(stack_source, stack_device, stack_bytes, graph, read_after);
       } else {
-        EXPECT_EQ(cudaMemcpy(stack_device, stack_source, stack.size() * sizeof(float), cudaMemcpyDeviceToDevice),
-                  cudaSuccess);
+        EXPECT_EQ(cudaMemcpy(stack_device, stack_source, stack_bytes, cudaMemcpyDeviceToDevice), cudaSuccess);
         read_after(nullptr);
         EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       }
-      std::vector<float> got(outputs);
-      float* at = got.data();
-      for (const auto& [from, count] : {std::pair{stack_device, stack.size()}, std::pair{input, size_t(kRows) * h},
-                                        std::pair{inject_device, old_inject.size()}}) {
-        EXPECT_EQ(cudaMemcpy(at, from, count * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
-        at += count;
-      }
-      return got;
+      return c.download(stack_device, input, inject_device);
     };
     const std::vector<float> finished = run(false, false);
     for (bool graph : {false, true})
-      EXPECT_EQ(std::memcmp(run(true, graph).data(), finished.data(), outputs * sizeof(float)), 0)
+      EXPECT_EQ(std::memcmp(run(true, graph).data(), finished.data(), c.output_floats() * sizeof(float)), 0)
           << rows << " rows, graph " << graph;
   }
 }

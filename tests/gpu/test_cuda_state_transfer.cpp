@@ -11,6 +11,7 @@
 #include "cuda/backend.h"
 #include "engine/backend.h"
 #include "engine/speculative.h"
+#include "error_of.h"
 #include "fixture_paths.h"
 #include "model/weights.h"
 #include "reference_logits.h"
@@ -187,15 +188,6 @@ TEST_P(GpuStateTransfer, DecoderResumesFromChunkStates) {
   }
 }
 
-std::string import_error(SequenceBackend& sequence, const SequenceState& state) {
-  try {
-    sequence.import_state(state);
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
 // Another fixture's state (another geometry), and this model's state with one vector cut short, are refused with the
 // field named; the sequence keeps its own state and still runs.
 TEST_P(GpuStateTransfer, RefusesStateOfAnotherGeometry) {
@@ -214,7 +206,7 @@ TEST_P(GpuStateTransfer, RefusesStateOfAnotherGeometry) {
     // head caches fits a model with a head).
     if (foreign.layers.size() == own.layers.size() && floats_of(foreign, true).size() == floats_of(own, true).size())
       continue;
-    const std::string error = import_error(*sequence, foreign);
+    const std::string error = test::error_of([&] { sequence->import_state(foreign); });
     EXPECT_NE(error.find("sequence state:"), std::string::npos) << other_dir.filename() << ": " << error;
   }
   for (size_t i = 0; i < own.layers.size(); ++i) {
@@ -223,7 +215,7 @@ TEST_P(GpuStateTransfer, RefusesStateOfAnotherGeometry) {
     std::vector<float>& part = layer.gdn.recurrent.empty() ? layer.attn.keys : layer.gdn.recurrent;
     part.pop_back();
     const std::string field = layer.gdn.recurrent.empty() ? "attention keys" : "GDN recurrent state";
-    const std::string error = import_error(*sequence, cut);
+    const std::string error = test::error_of([&] { sequence->import_state(cut); });
     EXPECT_NE(error.find("layer " + std::to_string(i) + " " + field), std::string::npos) << error;
   }
   EXPECT_EQ(sequence->position(), int64_t(split));
