@@ -71,7 +71,7 @@ TEST(ExpertCachePolicy, AgedScoresLetANewFavouriteIn) {
   CacheState s = empty_cache(2, 1);
   plan_round(s, std::vector<uint32_t>{10, 0}, policy);
   EXPECT_EQ(s.key_of_slot[0], 0);
-  EXPECT_TRUE(plan_round(s, std::vector<uint32_t>{0, 2}, policy).empty());  // scores 5 and 2
+  EXPECT_TRUE(plan_round(s, std::vector<uint32_t>{0, 2}, policy).empty());                  // scores 5 and 2
   const std::vector<CacheMove> moves = plan_round(s, std::vector<uint32_t>{0, 2}, policy);  // 2.5 and 3
   ASSERT_EQ(moves.size(), 1u);
   EXPECT_EQ(moves[0].promoted, 1);

@@ -153,10 +153,10 @@ class Uploader {
     return d;
   }
 
-  // The layer's routed experts in pinned host memory behind the model's expert cache: one blob a expert (its
+  // The layer's routed experts in pinned host memory behind the model's expert cache: one blob per expert (its
   // matrices' parts back to back, 256-byte aligned), sized by a first pass that only measures.
-  void cached_experts(const MoeWeights& w, DeviceMoe& d, std::vector<DeviceMatrix>& gate,
-                      std::vector<DeviceMatrix>& up, std::vector<DeviceMatrix>& down) {
+  void cached_experts(const MoeWeights& w, DeviceMoe& d, std::vector<DeviceMatrix>& gate, std::vector<DeviceMatrix>& up,
+                      std::vector<DeviceMatrix>& down) {
     placing_ = true;
     size_t stride = 0;
     for (const FeedForwardWeights& expert : w.experts) {
@@ -316,8 +316,7 @@ std::unique_ptr<DeviceModel> upload_model(const Model& model, int64_t expert_cac
   check_supported(c, model.directory);
   d->config = c;
   d->name = model.directory;
-  if (expert_cache_bytes >= 0)
-    d->expert_cache = std::make_shared<ExpertCache>(expert_cache_bytes, "--expert-cache-mb");
+  if (expert_cache_bytes >= 0) d->expert_cache = std::make_shared<ExpertCache>(expert_cache_bytes, "--expert-cache-mb");
   Uploader up(*d);
   d->embed = up.matrix(model.embed);
   const bool tied = model.lm_head.data == model.embed.data && model.lm_head.bits == model.embed.bits;

@@ -106,9 +106,9 @@ int ExpertCache::add_layer(HostAllocation host, size_t stride, std::vector<Devic
   layer.entries = device_alloc(3 * gate.size() * sizeof(DeviceMatrix), "expert cache entries");
   std::vector<DeviceMatrix> entries;
   for (const auto* list : {&gate, &up, &down}) entries.insert(entries.end(), list->begin(), list->end());
-  cuda_check(cudaMemcpy(layer.entries.get(), entries.data(), entries.size() * sizeof(DeviceMatrix),
-                        cudaMemcpyHostToDevice),
-             "expert cache entries");
+  cuda_check(
+      cudaMemcpy(layer.entries.get(), entries.data(), entries.size() * sizeof(DeviceMatrix), cudaMemcpyHostToDevice),
+      "expert cache entries");
   layer.host_gate = std::move(gate);
   layer.host_up = std::move(up);
   layer.host_down = std::move(down);
@@ -178,7 +178,7 @@ void ExpertCache::between_calls(cudaStream_t stream) {
   if (slots_ == 0) return;
   const cudaError_t busy = cudaEventQuery(round_done_);
   if (busy == cudaErrorNotReady) {  // the last round's copies still run: its counts keep adding up on the device
-    cudaGetLastError();              // not an error: keep it from the next cudaGetLastError check
+    cudaGetLastError();             // not an error: keep it from the next cudaGetLastError check
     ++rounds_busy_;
     return;
   }
@@ -217,7 +217,8 @@ void ExpertCache::apply(const std::vector<experts::CacheMove>& moves) {
   int promoted = evicted;
   for (const experts::CacheMove& move : moves) {
     const Layer& layer = layers_[size_t(move.promoted / experts_)];
-    const auto* blob = static_cast<const std::byte*>(layer.host.get()) + size_t(move.promoted % experts_) * layer.stride;
+    const auto* blob =
+        static_cast<const std::byte*>(layer.host.get()) + size_t(move.promoted % experts_) * layer.stride;
     auto* slot = static_cast<std::byte*>(slot_memory_.get()) + size_t(move.slot) * slot_bytes_;
     cuda_check(cudaMemcpyAsync(slot, blob, layer.stride, cudaMemcpyHostToDevice, side_), "expert cache promotion");
     promoted = stage_entries(move.promoted, move.slot, promoted);
@@ -262,8 +263,8 @@ std::string ExpertCache::stats_line() {
   return fmt::format(
       "expert cache: {:g} MB, {} of {} slots held ({:.0f} MB); hit rate {:.1f} % of {} expert reads; {:.1f} MB read "
       "from host memory; {} promotions ({:.1f} MB), {} evictions",
-      megabytes(double(s.budget_bytes)), s.resident, s.slots, s.resident_bytes / (1024.0 * 1024.0), 100.0 * s.hit_rate(),
-      s.expert_reads, s.missed_bytes / 1e6, s.promotions, s.promoted_bytes / 1e6, s.evictions);
+      megabytes(double(s.budget_bytes)), s.resident, s.slots, s.resident_bytes / (1024.0 * 1024.0),
+      100.0 * s.hit_rate(), s.expert_reads, s.missed_bytes / 1e6, s.promotions, s.promoted_bytes / 1e6, s.evictions);
 }
 
 }  // namespace vavilov::cuda

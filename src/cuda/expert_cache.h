@@ -16,7 +16,8 @@
 //   3. Only after that write, in side-stream order, does the slot receive the promoted expert's bytes, and only after
 //      that copy are the promoted expert's entries pointed at the slot (round_done_). A step running meanwhile reads
 //      the entry either before (host blob) or after (complete device copy); the entry is written in 8-byte words and
-//      every word other than the pointers is unchanged, so even a half-updated entry names two copies of the same bytes.
+//      every word other than the pointers is unchanged, so even a half-updated entry names two copies of the same
+//      bytes.
 //   4. A round starts only when the previous round's copies are done (round_done_ queried, never waited on): the
 //      staging memory of the entry writes is reused only then, and promotions never queue up behind a slow bus.
 // Tests: tests/gpu/test_cuda_expert_cache.cpp (bit-identical to all-resident weights under churn), the policy alone
@@ -100,9 +101,9 @@ class ExpertCache {
   int experts_ = 0;
   size_t slot_bytes_ = 0;
   int slots_ = 0;
-  DeviceAllocation slot_memory_;  // slots_ · slot_bytes_
-  DeviceAllocation uses_;         // uint32 [layers, experts]: picks since the last round
-  DeviceAllocation reads_;        // unsigned long long [layers, 2]: distinct reads, hits
+  DeviceAllocation slot_memory_;                     // slots_ · slot_bytes_
+  DeviceAllocation uses_;                            // uint32 [layers, experts]: picks since the last round
+  DeviceAllocation reads_;                           // unsigned long long [layers, 2]: distinct reads, hits
   HostAllocation host_uses_, host_reads_, staging_;  // staging_: ExpertEntryUpdate [2 · 3 · max_moves]
   experts::CacheState state_;
   experts::CachePolicy policy_;

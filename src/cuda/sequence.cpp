@@ -828,7 +828,8 @@ SequenceFactory sequence_factory(std::shared_ptr<const DeviceModel> weights) {
 
 SequenceFactory sequence_factory(const Model& model) { return sequence_factory(model, -1); }
 
-SequenceFactory sequence_factory(const Model& model, int64_t expert_cache_mb, std::function<std::string()>* stats_line) {
+SequenceFactory sequence_factory(const Model& model, int64_t expert_cache_mb,
+                                 std::function<std::string()>* stats_line) {
   check(device_count() > 0, "--device cuda: no CUDA device is available");
   std::shared_ptr<const DeviceModel> weights(
       upload_model(model, expert_cache_mb < 0 ? -1 : expert_cache_mb * 1024 * 1024));

@@ -91,7 +91,7 @@ class Builder {
     d.down_format = down.front().format;
     d.expert_bytes = 2 * matrix_bytes(gate.front()) + matrix_bytes(down.front());
     if (model_.expert_cache) {
-      // The same values, moved to pinned host memory (one blob an expert) and their device arrays freed.
+      // The same values, moved to pinned host memory (one blob per expert) and their device arrays freed.
       HostAllocation host = to_host_blobs({&gate, &up, &down});
       const size_t stride = host_stride_;
       model_.memory.resize(allocations);
@@ -124,10 +124,11 @@ class Builder {
       DeviceMatrix& m = list->front();
       const MatrixParts p = matrix_parts(m);
       std::vector<Part> parts;
-      const std::pair<const void**, size_t> fields[] = {{&m.data, p.data},
-                                                        {reinterpret_cast<const void**>(&m.scales), p.scales},
-                                                        {reinterpret_cast<const void**>(&m.biases), p.biases},
-                                                        {reinterpret_cast<const void**>(&m.block_scales), p.block_scales}};
+      const std::pair<const void**, size_t> fields[] = {
+          {&m.data, p.data},
+          {reinterpret_cast<const void**>(&m.scales), p.scales},
+          {reinterpret_cast<const void**>(&m.biases), p.biases},
+          {reinterpret_cast<const void**>(&m.block_scales), p.block_scales}};
       for (const auto& [field, size] : fields)
         if (size) {
           parts.push_back({field, size, stride});

@@ -180,7 +180,7 @@ TEST(GpuExpertCacheSynthetic, FlashNextQ4BitIdenticalToResidentExpertsAtEveryBud
   for (const auto& [name, bytes] : budgets(expert_bytes, int64_t(c.num_experts) * 3)) {
     options.expert_cache_bytes = bytes;
     std::shared_ptr<const cuda::DeviceModel> weights = cuda::synthetic_model(c, options);
-    EXPECT_EQ(weights->expert_cache->stats().slot_bytes, expert_bytes) << "one blob an expert, no padding";
+    EXPECT_EQ(weights->expert_cache->stats().slot_bytes, expert_bytes) << "one blob per expert, no padding";
     expect_identical(run_synthetic(c, weights), resident, name);
     expect_cache_worked(*weights->expert_cache, name);
   }
