@@ -25,6 +25,7 @@ namespace {
 struct BenchArgs {
   std::string synthetic, model, weights = "q4", out, trace, commit = "unknown", prefill = "512,8192";
   int layers = 0, experts = 0;
+  int64_t expert_cache_mb = -1;
   uint64_t seed = 1;
   int64_t context = 64;
   int steps = 20;
@@ -39,7 +40,7 @@ std::shared_ptr<const cuda::DeviceModel> bench_weights(const BenchArgs& args, nl
     auto model = load_model_quantized(args.model, QuantizeOptions{args.weights == "q4" ? "q4" : "none", args.experts});
     geometry["model"] = args.model;
     if (args.experts) geometry["expert_bits"] = args.experts;
-    return cuda::upload_model(*model);
+    return cuda::upload_model(*model, args.expert_cache_mb < 0 ? -1 : args.expert_cache_mb * 1024 * 1024);
   }
   ModelConfig c = load_model_config(args.synthetic);
   if (args.layers > 0) {
@@ -52,6 +53,7 @@ std::shared_ptr<const cuda::DeviceModel> bench_weights(const BenchArgs& args, nl
   cuda::SyntheticOptions options;
   options.seed = args.seed;
   options.format = args.weights == "q4" ? cuda::WeightFormat::Q4 : cuda::WeightFormat::BF16;
+  options.expert_cache_bytes = args.expert_cache_mb < 0 ? -1 : args.expert_cache_mb * 1024 * 1024;
   geometry["synthetic_config"] = args.synthetic;
   geometry["seed"] = args.seed;
   geometry["ngram_head_rows"] = options.ngram_head_rows;
@@ -85,6 +87,7 @@ void run_bench(const BenchArgs& args) {
   geometry["experts_per_token"] = c.num_experts_per_tok;
   geometry["mtp"] = weights->mtp.has_value();
   geometry["context"] = args.context;
+  if (args.expert_cache_mb >= 0) geometry["expert_cache_mb"] = args.expert_cache_mb;
 
   cuda::BenchOptions options;
   options.context = args.context;
@@ -124,6 +127,7 @@ void run_bench(const BenchArgs& args) {
   nlohmann::json prefill;
   for (const auto& [length, speed] : r.prefill_tokens_per_second) prefill[std::to_string(length)] = speed;
   out["prefill_tok_s"] = prefill;
+  if (!r.expert_cache.is_null()) out["expert_cache"] = r.expert_cache;
   if (!args.trace.empty()) {
     write_trace(args, {{"date", out["date"]}, {"gpu", r.gpu}, {"commit", args.commit}, {"geometry", geometry}}, r);
     out["trace_file"] = args.trace;
@@ -164,6 +168,7 @@ void register_bench(CLI::App& app) {
   command->add_option("--context", args->context, "Prompt tokens before the decode steps")->check(CLI::PositiveNumber);
   command->add_option("--steps", args->steps, "Timed decode steps per draft count")->check(CLI::PositiveNumber);
   command->add_option("--prefill", args->prefill, "Prefill lengths, comma-separated");
+  add_expert_cache_option(command, args->expert_cache_mb);
   command->add_option("--commit", args->commit, "The commit measured (recorded in the JSON)");
   command->add_option("--out", args->out, "JSON output file (default: stdout)");
   command->add_option("--trace", args->trace,

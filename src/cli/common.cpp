@@ -116,10 +116,23 @@ bool cuda_selected(const std::string& device, Model& model) {
 #endif
 }
 
-SequenceFactory device_sequences(const Model& model, bool cuda) {
+void add_expert_cache_option(CLI::App* command, int64_t& expert_cache_mb) {
+  command
+      ->add_option("--expert-cache-mb", expert_cache_mb,
+                   "GPU: keep the routed experts in pinned host memory and copies of the most used ones in a device "
+                   "cache of N MB (0: none, every expert read over PCIe); for models larger than the GPU (default: "
+                   "every weight on the GPU)")
+      ->check(CLI::NonNegativeNumber);
+}
+
+SequenceFactory device_sequences(const Model& model, bool cuda, int64_t expert_cache_mb,
+                                 std::function<std::string()>* stats_line) {
 #ifdef VAVILOV_HAVE_CUDA
-  if (cuda) return cuda::sequence_factory(model);
+  if (cuda) return cuda::sequence_factory(model, expert_cache_mb, stats_line);
+#else
+  (void)stats_line;
 #endif
+  check(expert_cache_mb < 0, "--expert-cache-mb: the expert cache is for the GPU (--device cuda)");
   return [&model] { return cpu_sequence(model); };
 }
 

@@ -2,6 +2,7 @@
 // Argument helpers shared by subcommands.
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,8 +36,13 @@ std::unique_ptr<Model> load_model_quantized(const std::string& directory, const 
 void add_device_option(CLI::App* command, std::string& device);
 // Whether --device selects the GPU for this loaded model; a clear error when cuda is asked for but unavailable.
 bool cuda_selected(const std::string& device, Model& model);
-// Sequences on the selected device (the GPU one uploads the weights now, once).
-SequenceFactory device_sequences(const Model& model, bool cuda);
+// --expert-cache-mb N (GPU): the routed experts in pinned host memory behind a device cache of N MB (0: every expert
+// read from host memory); absent (-1): every weight on the GPU.
+void add_expert_cache_option(CLI::App* command, int64_t& expert_cache_mb);
+// Sequences on the selected device (the GPU one uploads the weights now, once). `stats_line` (GPU with an expert
+// cache): set to a function giving the cache's statistics line, else left empty.
+SequenceFactory device_sequences(const Model& model, bool cuda, int64_t expert_cache_mb = -1,
+                                 std::function<std::string()>* stats_line = nullptr);
 
 // --threads N (0: all hardware threads); applied before the engine starts.
 void add_threads_option(CLI::App* command, int& threads);

@@ -26,6 +26,7 @@ struct GenerateArgs {
   bool raw = false;
   QuantizeOptions quantize;
   std::string device = "auto";
+  int64_t expert_cache_mb = -1;
   int64_t max_tokens = 64;
   int64_t chunk = 0;
   bool ignore_eos = false;
@@ -110,6 +111,7 @@ void run_generate(const GenerateArgs& args) {
   }
   auto model = load_model_quantized(model_dir, args.quantize);
   const bool cuda = cuda_selected(args.device, *model);
+  check(cuda || args.expert_cache_mb < 0, "--expert-cache-mb: the expert cache is for the GPU (--device cuda)");
   GenerateOptions options;
   options.max_tokens = args.max_tokens;
   options.prefill_chunk = args.chunk;
@@ -129,11 +131,12 @@ void run_generate(const GenerateArgs& args) {
   };
   std::vector<int32_t> generated;
   SpeculativeStats spec_stats;
+  std::function<std::string()> cache_stats;
   // The GPU always decodes through the Decoder (with 0 drafts it is plain decoding); the CPU's plain path stays the
   // independent reference.
   if (cuda)
     generated = generate_speculative(*model, prompt, options, speculative, stats, spec_stats, on_token,
-                                     device_sequences(*model, true));
+                                     device_sequences(*model, true, args.expert_cache_mb, &cache_stats));
   else if (speculative.drafts > 0)
     generated = generate_speculative(*model, prompt, options, speculative, stats, spec_stats, on_token);
   else
@@ -147,6 +150,7 @@ void run_generate(const GenerateArgs& args) {
   fmt::print(stderr, "prefill: {} tokens, {:.1f} tok/s | decode: {} tokens, {:.2f} tok/s\n", stats.prompt_tokens,
              stats.prompt_tokens / std::max(stats.prefill_seconds, 1e-9), stats.generated_tokens,
              stats.generated_tokens / std::max(stats.decode_seconds, 1e-9));
+  if (cache_stats) fmt::print(stderr, "{}\n", cache_stats());
 }
 }  // namespace
 
@@ -172,6 +176,7 @@ void register_generate(CLI::App& app) {
   add_sampling_options(command, *args);
   add_quantize_option(command, args->quantize);
   add_device_option(command, args->device);
+  add_expert_cache_option(command, args->expert_cache_mb);
   add_threads_option(command, args->threads);
   command->callback([args] { run_generate(*args); });
 }

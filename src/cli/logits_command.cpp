@@ -1,4 +1,6 @@
 // vavilov logits: the trunk's (or the MTP head's) logits at every position of a prompt, as little-endian float32.
+#include <fmt/core.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +21,7 @@ struct LogitsArgs {
   bool mtp = false;
   QuantizeOptions quantize;
   std::string device = "auto";
+  int64_t expert_cache_mb = -1;
 };
 
 // Row i: the MTP head's logits given the trunk stack at position i and the token ids[i + 1].
@@ -38,7 +41,8 @@ void run_logits(const LogitsArgs& args) {
   std::vector<int32_t> ids = parse_ids(args.ids);
   auto model = load_model_quantized(args.model, args.quantize);
   const bool cuda = cuda_selected(args.device, *model);
-  std::unique_ptr<SequenceBackend> sequence = device_sequences(*model, cuda)();
+  std::function<std::string()> cache_stats;
+  std::unique_ptr<SequenceBackend> sequence = device_sequences(*model, cuda, args.expert_cache_mb, &cache_stats)();
   if (args.mtp) {
     std::vector<float> logits = mtp_logits(*model, *sequence, ids);
     write_file_atomically(args.out, logits.data(), logits.size() * sizeof(float));
@@ -53,6 +57,7 @@ void run_logits(const LogitsArgs& args) {
                       {true, logits.data() + begin * size_t(vocab), nullptr, false});
   }
   write_file_atomically(args.out, logits.data(), logits.size() * sizeof(float));
+  if (cache_stats) fmt::print(stderr, "{}\n", cache_stats());
 }
 }  // namespace
 
@@ -68,6 +73,7 @@ void register_logits(CLI::App& app) {
                     "Write the MTP head's logits instead: row i given the trunk at i and ids[i+1], [(ids-1) x vocab]");
   add_quantize_option(command, args->quantize);
   add_device_option(command, args->device);
+  add_expert_cache_option(command, args->expert_cache_mb);
   add_threads_option(command, args->threads);
   command->callback([args] { run_logits(*args); });
 }

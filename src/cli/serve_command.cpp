@@ -25,6 +25,7 @@ struct ServeArgs {
   int timeout_s = 600, grace_s = 30;
   int threads = 0;
   std::string device = "cpu";
+  int64_t expert_cache_mb = -1;
 };
 
 // Signals go to one thread that waits for them, so the stop runs as ordinary code, not in a signal handler.
@@ -38,8 +39,10 @@ void run_serve(ServeArgs& args) {
   options.max_body_bytes = size_t(args.max_body_kb) << 10;
   options.timeout = std::chrono::seconds(args.timeout_s);
   options.shutdown_grace = std::chrono::seconds(args.grace_s);
-  options.select_device = [device = args.device](Model& model) {
-    return cuda_selected(device, model) ? device_sequences(model, true) : SequenceFactory{};
+  options.select_device = [device = args.device, cache_mb = args.expert_cache_mb](Model& model) {
+    const bool cuda = cuda_selected(device, model);
+    check(cuda || cache_mb < 0, "--expert-cache-mb: the expert cache is for the GPU (--device cuda)");
+    return cuda ? device_sequences(model, true, cache_mb) : SequenceFactory{};
   };
 
   sigset_t signals;
@@ -105,6 +108,7 @@ void register_serve(CLI::App& app) {
       ->add_option("--device", args->device,
                    "cpu (default), cuda, or auto (the GPU when present); the prefix cache works on either")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  add_expert_cache_option(command, args->expert_cache_mb);
   command
       ->add_option(
           "--drafts", o.drafts,

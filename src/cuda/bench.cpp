@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "cuda/backend.h"
+#include "cuda/expert_cache.h"
 #include "cuda/kernel_trace.h"
 
 namespace vavilov::cuda {
@@ -169,6 +170,35 @@ double measure_copy_bandwidth_gbs() {
   return 2.0 * double(bytes) * kIterations / (double(ms) * 1e-3) / 1e9;
 }
 
+// The expert cache over `steps` timed steps: hits, host traffic (the bytes misses read over the bus) and its rate.
+static nlohmann::json cache_window(const ExpertCacheStats& a, const ExpertCacheStats& b, int steps, double step_ms) {
+  const double reads = double(b.expert_reads - a.expert_reads), hits = double(b.hits - a.hits);
+  const double missed = (b.missed_bytes - a.missed_bytes) / steps;
+  return {{"hit_rate", reads > 0 ? hits / reads : 0.0},
+          {"expert_reads_per_step", reads / steps},
+          {"host_read_mb_per_step", missed / 1e6},
+          {"host_read_gbs", missed / (step_ms * 1e-3) / 1e9},
+          {"promoted_mb_per_step", (b.promoted_bytes - a.promoted_bytes) / steps / 1e6},
+          {"promotions_per_step", double(b.promotions - a.promotions) / steps}};
+}
+
+static nlohmann::json cache_totals(const ExpertCacheStats& s) {
+  return {{"budget_mb", double(s.budget_bytes) / (1024.0 * 1024.0)},
+          {"expert_mb", double(s.slot_bytes) / (1024.0 * 1024.0)},
+          {"slots", s.slots},
+          {"resident", s.resident},
+          {"occupancy", s.slots ? double(s.resident) / s.slots : 0.0},
+          {"resident_mb", s.resident_bytes / (1024.0 * 1024.0)},
+          {"host_expert_mb", s.host_bytes / (1024.0 * 1024.0)},
+          {"hit_rate", s.hit_rate()},
+          {"expert_reads", s.expert_reads},
+          {"promotions", s.promotions},
+          {"evictions", s.evictions},
+          {"promoted_mb", s.promoted_bytes / 1e6},
+          {"rounds", s.rounds},
+          {"rounds_skipped_busy", s.rounds_busy}};
+}
+
 BenchResult run_bench(std::shared_ptr<const DeviceModel> model, const BenchOptions& options) {
   check(!options.trace || kernel_trace::kBuilt, "bench --trace: this binary was built without VAVILOV_KERNEL_TRACE");
   const ModelConfig& c = model->config;
@@ -189,11 +219,15 @@ BenchResult run_bench(std::shared_ptr<const DeviceModel> model, const BenchOptio
     auto seq = sequences();
     start_sequence(*seq, c, options.context, has_head, rng, buffers);
     for (int i = 0; i < 3; ++i) verify_step(*seq, c, drafts, rng, buffers);  // warm-up
+    const ExpertCacheStats before = model->expert_cache ? model->expert_cache->stats() : ExpertCacheStats{};
     const double start = now_ms();
     for (int i = 0; i < options.decode_steps; ++i) verify_step(*seq, c, drafts, rng, buffers);
     DecodeMeasurement m;
     m.drafts = drafts;
     m.step_ms = (now_ms() - start) / options.decode_steps;
+    if (model->expert_cache)
+      result.expert_cache["decode"][std::to_string(drafts)] =
+          cache_window(before, model->expert_cache->stats(), options.decode_steps, m.step_ms);
     m.tokens_per_second = (drafts + 1) / (m.step_ms * 1e-3);
     m.bytes = bytes.step(drafts);
     result.decode.push_back(m);
@@ -228,6 +262,7 @@ BenchResult run_bench(std::shared_ptr<const DeviceModel> model, const BenchOptio
     seq->forward(prompt, {false, nullptr, nullptr, false, &first});
     result.prefill_tokens_per_second.push_back({length, double(length) / ((now_ms() - start) * 1e-3)});
   }
+  if (model->expert_cache) result.expert_cache["totals"] = cache_totals(model->expert_cache->stats());
   return result;
 }
 

@@ -38,6 +38,9 @@ struct BenchResult {
   double chained_pass_ms = 0;             // one chained MTP draft pass (head layer + lm_head, one row)
   std::vector<std::pair<int64_t, double>> prefill_tokens_per_second;
   nlohmann::json trace;  // with BenchOptions::trace: one kernel_trace::summarise() per traced step kind
+  // With an expert cache (DeviceModel::expert_cache): per draft count, over its timed steps, the hit rate, the bytes
+  // read from host memory per step and their rate; at the end, the cache's totals and occupancy.
+  nlohmann::json expert_cache;
 };
 
 // Host buffers of one sequence's steps: stacks and head stacks of the prompt's rows or a verify step's (1 + at most 3

@@ -1,11 +1,13 @@
 #include "cuda/device_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "core/error.h"
 #include "cuda/attention.cuh"
 #include "cuda/backend.h"
+#include "cuda/expert_cache.h"
 
 namespace vavilov::cuda {
 
@@ -26,6 +28,7 @@ class Uploader {
   explicit Uploader(DeviceModel& model) : model_(model) {}
 
   const void* bytes(const void* host, size_t size) {
+    if (placing_) return place(host, size);
     model_.memory.push_back(device_alloc(size, "weight upload"));
     void* device = model_.memory.back().get();
     cuda_check(cudaMemcpy(device, host, size, cudaMemcpyHostToDevice), "weight upload");
@@ -120,10 +123,14 @@ class Uploader {
     d.shared_gate = matrix(w.shared_gate);
     d.shared = feed_forward(w.shared);
     std::vector<DeviceMatrix> gate, up, down;
-    for (const FeedForwardWeights& expert : w.experts) {
-      gate.push_back(matrix(expert.gate));
-      up.push_back(matrix(expert.up));
-      down.push_back(matrix(expert.down));
+    if (model_.expert_cache) {
+      cached_experts(w, d, gate, up, down);
+    } else {
+      for (const FeedForwardWeights& expert : w.experts) {
+        gate.push_back(matrix(expert.gate));
+        up.push_back(matrix(expert.up));
+        down.push_back(matrix(expert.down));
+      }
     }
     // Per-expert precision (--experts with a mixed store, MLX per-module overrides): a layer whose experts differ
     // in format is summarised as Mixed, and the expert kernels read each matrix's own format.
@@ -139,10 +146,40 @@ class Uploader {
     for (size_t e = 0; e < gate.size(); ++e)
       d.expert_bytes += matrix_bytes(gate[e]) + matrix_bytes(up[e]) + matrix_bytes(down[e]);
     d.expert_bytes /= double(gate.size());
+    if (d.cache_layer >= 0) return d;
     d.expert_gate = array(gate);
     d.expert_up = array(up);
     d.expert_down = array(down);
     return d;
+  }
+
+  // The layer's routed experts in pinned host memory behind the model's expert cache: one blob per expert (its
+  // matrices' parts back to back, 256-byte aligned), sized by a first pass that only measures.
+  void cached_experts(const MoeWeights& w, DeviceMoe& d, std::vector<DeviceMatrix>& gate, std::vector<DeviceMatrix>& up,
+                      std::vector<DeviceMatrix>& down) {
+    placing_ = true;
+    size_t stride = 0;
+    for (const FeedForwardWeights& expert : w.experts) {
+      blob_ = nullptr;
+      blob_used_ = 0;
+      for (const Matrix* m : {&expert.gate, &expert.up, &expert.down}) matrix(*m);
+      stride = std::max(stride, aligned(blob_used_));
+    }
+    const std::string what = "routed experts of " + w.experts.front().gate.name;
+    HostAllocation host = host_alloc(stride * w.experts.size(), what);
+    for (size_t e = 0; e < w.experts.size(); ++e) {
+      blob_ = static_cast<std::byte*>(host.get()) + e * stride;
+      blob_used_ = 0;
+      gate.push_back(matrix(w.experts[e].gate));
+      up.push_back(matrix(w.experts[e].up));
+      down.push_back(matrix(w.experts[e].down));
+    }
+    placing_ = false;
+    ExpertCache& cache = *model_.expert_cache;
+    d.cache_layer = cache.add_layer(std::move(host), stride, gate, up, down);
+    d.expert_gate = cache.gate(d.cache_layer);
+    d.expert_up = cache.up(d.cache_layer);
+    d.expert_down = cache.down(d.cache_layer);
   }
 
   DevicePle ple(const PleWeights& w) {
@@ -233,7 +270,20 @@ class Uploader {
   }
 
  private:
+  static size_t aligned(size_t n) { return (n + 255) / 256 * 256; }
+  // bytes() while placing experts: into the current blob (or, measuring, nowhere: offsets only).
+  const void* place(const void* host, size_t size) {
+    const size_t offset = aligned(blob_used_);
+    blob_used_ = offset + size;
+    if (!blob_) return reinterpret_cast<const void*>(offset + 256);  // measuring: never dereferenced
+    std::memcpy(blob_ + offset, host, size);
+    return blob_ + offset;
+  }
+
   DeviceModel& model_;
+  bool placing_ = false;
+  std::byte* blob_ = nullptr;
+  size_t blob_used_ = 0;
 };
 
 }  // namespace
@@ -260,12 +310,13 @@ void check_supported(const ModelConfig& c, const std::string& name) {
         kMaxAttentionHeadDim);
 }
 
-std::unique_ptr<DeviceModel> upload_model(const Model& model) {
+std::unique_ptr<DeviceModel> upload_model(const Model& model, int64_t expert_cache_bytes) {
   auto d = std::make_unique<DeviceModel>();
   const ModelConfig& c = model.config;
   check_supported(c, model.directory);
   d->config = c;
   d->name = model.directory;
+  if (expert_cache_bytes >= 0) d->expert_cache = std::make_shared<ExpertCache>(expert_cache_bytes, "--expert-cache-mb");
   Uploader up(*d);
   d->embed = up.matrix(model.embed);
   const bool tied = model.lm_head.data == model.embed.data && model.lm_head.bits == model.embed.bits;
@@ -287,6 +338,7 @@ std::unique_ptr<DeviceModel> upload_model(const Model& model) {
   for (size_t j = 0; j < inv_freq.size(); ++j)
     inv_freq[j] = float(1.0 / std::pow(c.rope_theta, double(2 * j) / double(c.rotary_dim)));
   d->inv_freq = up.array(inv_freq);
+  if (d->expert_cache) d->expert_cache->finish();
   return d;
 }
 

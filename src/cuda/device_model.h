@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "cuda/device_matrix.h"
@@ -21,6 +22,15 @@ struct CudaFree {
 };
 using DeviceAllocation = std::unique_ptr<void, CudaFree>;
 DeviceAllocation device_alloc(size_t bytes, const char* what);
+
+struct PinnedFree {
+  void operator()(void* p) const { cudaFreeHost(p); }
+};
+using HostAllocation = std::unique_ptr<void, PinnedFree>;
+// Pinned host memory the kernels read through the same pointer (cudaHostAllocMapped); an error naming `what`.
+HostAllocation host_alloc(size_t bytes, const std::string& what);
+
+class ExpertCache;  // expert_cache.h
 
 struct DeviceGatedResidual {
   const float* norm = nullptr;
@@ -50,6 +60,7 @@ struct DeviceMoe {
   const DeviceMatrix *expert_gate = nullptr, *expert_up = nullptr, *expert_down = nullptr;
   WeightFormat gate_up_format = WeightFormat::F32, down_format = WeightFormat::F32;
   double expert_bytes = 0;  // weight bytes of one expert (gate, up, down), the mean over the layer's experts
+  int cache_layer = -1;     // with an expert cache (DeviceModel::expert_cache): the layer's index there
 };
 
 struct DevicePle {
@@ -85,6 +96,8 @@ struct DeviceModel {
   const float* inv_freq = nullptr;  // RoPE inverse frequencies [rotary_dim / 2], as the CPU computes them
   std::vector<DeviceAllocation> memory;
   size_t bytes = 0;  // device memory held by the weights
+  // --expert-cache-mb: the routed experts in host memory behind a bounded device cache (null: all on the device).
+  std::shared_ptr<ExpertCache> expert_cache;
 };
 
 // The geometry limits the kernels were written for (ops.cu); an error naming the config field otherwise.
@@ -92,6 +105,8 @@ void check_supported(const ModelConfig& config, const std::string& name);
 
 // Uploads every weight in its stored format (F16 widened to F32); an error naming the tensor for affine layouts the
 // kernels cannot address (device_model.cpp, `affine`).
-std::unique_ptr<DeviceModel> upload_model(const Model& model);
+// expert_cache_bytes ≥ 0: the routed experts go to pinned host memory behind a device cache of that size
+// (expert_cache.h; --expert-cache-mb).
+std::unique_ptr<DeviceModel> upload_model(const Model& model, int64_t expert_cache_bytes = -1);
 
 }  // namespace vavilov::cuda

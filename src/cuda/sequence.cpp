@@ -12,6 +12,7 @@
 #include "cuda/attention.cuh"
 #include "cuda/backend.h"
 #include "cuda/device_model.h"
+#include "cuda/expert_cache.h"
 #include "cuda/expert_prefill.cuh"
 #include "cuda/gated_deltanet.cuh"
 #include "cuda/gemm.cuh"
@@ -284,6 +285,7 @@ class CudaSequence final : public SequenceBackend {
       check(id >= 0 && id < c_.vocab_size, "token id {} is outside the vocabulary [0, {})", id, c_.vocab_size);
     check(!out.record_rows || ids.size() <= size_t(kRecordedRows), "the GPU records at most {} rows, got {}",
           kRecordedRows, ids.size());
+    if (model_->expert_cache) model_->expert_cache->before_call(stream_);
     const int64_t n = int64_t(ids.size()), sh = c_.hc_hidden(), vocab = c_.vocab_size;
     recorded_from_ = out.record_rows ? position_ : -1;
     recorded_rows_ = out.record_rows ? n : 0;
@@ -315,6 +317,8 @@ class CudaSequence final : public SequenceBackend {
       position_ += rows;
     }
     cuda_check(cudaGetLastError(), "forward");
+    // The step's picks are counted; the cache moves experts beside the next calls (expert_cache.h).
+    if (model_->expert_cache) model_->expert_cache->between_calls(stream_);
   }
 
   void keep_rows(int64_t first_position, int64_t kept) override {
@@ -335,6 +339,7 @@ class CudaSequence final : public SequenceBackend {
     check(model_->mtp.has_value(), "{}: the checkpoint has no MTP head (mtp.* tensors)", model_->name);
     for (int32_t id : next_ids) check(id >= 0 && id < c_.vocab_size, "token id {} is outside the vocabulary", id);
     const int64_t n = int64_t(next_ids.size()), sh = c_.hc_hidden();
+    if (model_->expert_cache) model_->expert_cache->before_call(stream_);
     for (int64_t begin = 0; begin < n; begin += kChunkRows) {
       const int rows = int(std::min<int64_t>(kChunkRows, n - begin));
       if (model_->mtp->layer.kind == LayerKind::SparseAttention)
@@ -537,6 +542,8 @@ void CudaSequence::run_layer(const DeviceLayer& w, LayerState& state, int64_t fi
     moe_prefill(w.moe, rows, state.expert_prefill == LayerState::ExpertPrefill::OnCodes);
   else
     moe(w.moe, state.moe, rows);
+  if (w.moe.cache_layer >= 0)  // every MoE path leaves the picks in route_ids
+    model_->expert_cache->record_use(w.moe.cache_layer, work_.route_ids, rows * c_.num_experts_per_tok, stream_);
   hyper_write(stack, rows, next_read);
 }
 
@@ -819,9 +826,16 @@ SequenceFactory sequence_factory(std::shared_ptr<const DeviceModel> weights) {
   return [weights] { return std::unique_ptr<SequenceBackend>(new CudaSequence(weights)); };
 }
 
-SequenceFactory sequence_factory(const Model& model) {
+SequenceFactory sequence_factory(const Model& model) { return sequence_factory(model, -1); }
+
+SequenceFactory sequence_factory(const Model& model, int64_t expert_cache_mb,
+                                 std::function<std::string()>* stats_line) {
   check(device_count() > 0, "--device cuda: no CUDA device is available");
-  return sequence_factory(std::shared_ptr<const DeviceModel>(upload_model(model)));
+  std::shared_ptr<const DeviceModel> weights(
+      upload_model(model, expert_cache_mb < 0 ? -1 : expert_cache_mb * 1024 * 1024));
+  if (stats_line)
+    *stats_line = [weights] { return weights->expert_cache ? weights->expert_cache->stats_line() : std::string(); };
+  return sequence_factory(weights);
 }
 
 }  // namespace vavilov::cuda

@@ -4,6 +4,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "cuda/expert_cache.h"
 #include "cuda/random_fill.cuh"
 
 namespace vavilov::cuda {
@@ -83,15 +84,79 @@ class Builder {
     d.router = matrix(c.num_experts, h);
     d.shared_gate = matrix(1, h);
     d.shared = {matrix(shared, h), matrix(shared, h), matrix(h, shared)};
-    const std::vector<DeviceMatrix> gate = matrices(c.num_experts, inner, h), up = matrices(c.num_experts, inner, h);
-    const std::vector<DeviceMatrix> down = matrices(c.num_experts, h, inner);
+    const size_t allocations = model_.memory.size(), bytes = model_.bytes;
+    std::vector<DeviceMatrix> gate = matrices(c.num_experts, inner, h), up = matrices(c.num_experts, inner, h);
+    std::vector<DeviceMatrix> down = matrices(c.num_experts, h, inner);
     d.gate_up_format = gate.front().format;
     d.down_format = down.front().format;
     d.expert_bytes = 2 * matrix_bytes(gate.front()) + matrix_bytes(down.front());
+    if (model_.expert_cache) {
+      // The same values, moved to pinned host memory (one blob per expert) and their device arrays freed.
+      HostAllocation host = to_host_blobs({&gate, &up, &down});
+      const size_t stride = host_stride_;
+      model_.memory.resize(allocations);
+      model_.bytes = bytes;
+      ExpertCache& cache = *model_.expert_cache;
+      d.cache_layer = cache.add_layer(std::move(host), stride, gate, up, down);
+      d.expert_gate = cache.gate(d.cache_layer);
+      d.expert_up = cache.up(d.cache_layer);
+      d.expert_down = cache.down(d.cache_layer);
+      return d;
+    }
     d.expert_gate = array(gate);
     d.expert_up = array(up);
     d.expert_down = array(down);
     return d;
+  }
+
+  // Expert e's matrices of every list copied into blob e of one pinned host allocation (parts 256-byte aligned; each
+  // part of all experts is one strided copy, as matrices() keeps a part's experts back to back); the lists then point
+  // there. host_stride_: the blob size.
+  HostAllocation to_host_blobs(std::initializer_list<std::vector<DeviceMatrix>*> lists) {
+    const auto aligned = [](size_t n) { return (n + 255) / 256 * 256; };
+    struct Part {
+      const void** field;  // in expert 0's matrix
+      size_t bytes, offset;
+    };
+    std::vector<std::pair<std::vector<DeviceMatrix>*, std::vector<Part>>> layout;
+    size_t stride = 0;
+    for (std::vector<DeviceMatrix>* list : lists) {
+      DeviceMatrix& m = list->front();
+      const MatrixParts p = matrix_parts(m);
+      std::vector<Part> parts;
+      const std::pair<const void**, size_t> fields[] = {
+          {&m.data, p.data},
+          {reinterpret_cast<const void**>(&m.scales), p.scales},
+          {reinterpret_cast<const void**>(&m.biases), p.biases},
+          {reinterpret_cast<const void**>(&m.block_scales), p.block_scales}};
+      for (const auto& [field, size] : fields)
+        if (size) {
+          parts.push_back({field, size, stride});
+          stride = aligned(stride + size);
+        }
+      layout.emplace_back(list, parts);
+    }
+    const size_t count = lists.begin()[0]->size();
+    HostAllocation host = host_alloc(stride * count, "synthetic routed experts");
+    auto* base = static_cast<std::byte*>(host.get());
+    for (auto& [list, parts] : layout) {
+      for (const Part& part : parts)
+        cuda_check(cudaMemcpy2D(base + part.offset, stride, *part.field, part.bytes, part.bytes, count,
+                                cudaMemcpyDeviceToHost),
+                   "synthetic routed experts");
+      DeviceMatrix& first = list->front();
+      for (size_t e = 0; e < count; ++e) {
+        DeviceMatrix m = first;
+        std::byte* blob = base + e * stride;
+        for (const Part& part : parts) {
+          const auto field_offset = reinterpret_cast<std::byte*>(part.field) - reinterpret_cast<std::byte*>(&first);
+          *reinterpret_cast<const void**>(reinterpret_cast<std::byte*>(&m) + field_offset) = blob + part.offset;
+        }
+        (*list)[e] = m;
+      }
+    }
+    host_stride_ = stride;
+    return host;
   }
 
   DevicePle ple(const ModelConfig& c) {
@@ -166,6 +231,7 @@ class Builder {
   DeviceModel& model_;
   SyntheticOptions options_;
   uint64_t next_stream_ = 1;
+  size_t host_stride_ = 0;
 };
 
 }  // namespace
@@ -175,6 +241,8 @@ std::unique_ptr<DeviceModel> synthetic_model(const ModelConfig& c, const Synthet
   auto d = std::make_unique<DeviceModel>();
   d->config = c;
   d->name = "synthetic";
+  if (options.expert_cache_bytes >= 0)
+    d->expert_cache = std::make_shared<ExpertCache>(options.expert_cache_bytes, "--expert-cache-mb");
   Builder build(*d, options);
   d->embed = build.matrix(c.vocab_size, c.hidden_size);
   d->lm_head = c.tie_word_embeddings ? d->embed : build.matrix(c.vocab_size, c.hidden_size);
@@ -196,6 +264,7 @@ std::unique_ptr<DeviceModel> synthetic_model(const ModelConfig& c, const Synthet
     inv_freq[j] = float(1.0 / std::pow(c.rope_theta, double(2 * j) / double(c.rotary_dim)));
   d->inv_freq = build.array(inv_freq);
   cuda_check(cudaDeviceSynchronize(), "synthetic weights");
+  if (d->expert_cache) d->expert_cache->finish();
   return d;
 }
 

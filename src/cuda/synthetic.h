@@ -14,6 +14,8 @@ struct SyntheticOptions {
   uint64_t seed = 1;
   WeightFormat format = WeightFormat::Q4;  // Q4 or BF16 (matrices whose width is not a multiple of 64 stay BF16)
   int64_t ngram_head_rows = 100003;        // rows per n-gram head (the real table is far larger; reads are the same)
+  int64_t expert_cache_bytes = -1;         // ≥ 0: routed experts in host memory behind a device cache of that size
+                                           // (expert_cache.h)
 };
 
 std::unique_ptr<DeviceModel> synthetic_model(const ModelConfig& config, const SyntheticOptions& options);
