@@ -1,4 +1,6 @@
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "cuda/gdn_common.cuh"
 #include "cuda/launch.cuh"
@@ -124,10 +126,18 @@ struct ConvChannel {
     history = conv.kernel - 1;
     const float* tap = conv.taps + size_t(ch) * conv.kernel;
 #pragma unroll
-    for (int k = 0; k < kHistory; ++k) {
-      window[k] = k < history ? conv.state[size_t(k) * channels + ch] : 0.0f;
-      taps[k] = k < history ? tap[k] : 0.0f;
+    for (int k = 0; k < kHistory; ++k) window[k] = k < history ? conv.state[size_t(k) * channels + ch] : 0.0f;
+    if constexpr (kHistory == 3) {
+      // A channel's 4 taps are one float4 (a warp's loads one contiguous 512-byte run; read a float at a time they
+      // touched each sector four times: ncu counted 24 % of the decode kernel's global sectors as excess).
+      if (conv.kernel == 4 && reinterpret_cast<uintptr_t>(conv.taps) % 16 == 0) {
+        const float4 t = *reinterpret_cast<const float4*>(tap);
+        taps[0] = t.x, taps[1] = t.y, taps[2] = t.z, newest_tap = t.w;
+        return;
+      }
     }
+#pragma unroll
+    for (int k = 0; k < kHistory; ++k) taps[k] = k < history ? tap[k] : 0.0f;
     newest_tap = tap[history];
   }
   // silu of the conv with x as the newest input (the sum in gdn_conv_kernel's order); x joins the window.
@@ -212,19 +222,31 @@ __global__ void __launch_bounds__(kConvChannels* kConvGroups)
   if (active && group == 0) c.store(conv.state, channels, ch);
 }
 
-template <int kColumns, bool kConv>
+// kMaxRows: the rows a launch may take, kGdnDecodeMaxRows (any shape) or 1. The 1-row instantiation (a decode step
+// without drafts) is for the release's head dims, dk = dv = 128, and conv width 4, and has those and its row count
+// as constants: no row loops, the shared arrays a row deep, no bounds checks, no scalar paths for dv % 4 != 0 and
+// no loops over the conv's history, so a smaller body
+// (ncu found 7.2 of ~19.9 cycles between a warp's instructions waiting for instruction fetch in the general kernel at
+// 1 row). Same arithmetic in the same order: bit-identical results.
+template <int kColumns, bool kConv, int kMaxRows>
 __global__ void __launch_bounds__(DecodeLayout<kColumns>::kThreads, DecodeLayout<kColumns>::kMinBlocks)
-    gdn_decode_kernel(GdnShape s, GdnInputs in, GdnConvState conv, float* recurrent, float* row_states, float* out) {
+    gdn_decode_kernel(GdnShape shape, GdnInputs in, GdnConvState conv, float* recurrent, float* row_states,
+                      float* out) {
   using L = DecodeLayout<kColumns>;
-  __shared__ float q[kGdnDecodeMaxRows][kGdnMaxKeyDim], k[kGdnDecodeMaxRows][kGdnMaxKeyDim];  // raw (conv output)
-  __shared__ __align__(16) float v[kGdnDecodeMaxRows][kColumns];
-  __shared__ __align__(16) float outputs[kGdnDecodeMaxRows][kColumns];
-  __shared__ float output_gates[kGdnDecodeMaxRows][kColumns];  // σ(z) or silu(z)
+  static_assert(kMaxRows == kGdnDecodeMaxRows || (kMaxRows == 1 && kColumns == kGdnMaxKeyDim),
+                "a general instantiation and one of 1 row at dk = dv = 128");
+  GdnShape s = shape;
+  if constexpr (kMaxRows == 1) s.dk = s.dv = kGdnMaxKeyDim, conv.kernel = kDecodeConvHistory + 1;
+  __shared__ float q[kMaxRows][kGdnMaxKeyDim], k[kMaxRows][kGdnMaxKeyDim];  // raw (conv output)
+  __shared__ __align__(16) float v[kMaxRows][kColumns];
+  __shared__ __align__(16) float outputs[kMaxRows][kColumns];
+  __shared__ float output_gates[kMaxRows][kColumns];  // σ(z) or silu(z)
   __shared__ float norm_weight[kColumns];
-  __shared__ float norms[kGdnDecodeMaxRows][kKeyWarps][3];                          // per warp: Σq², Σk², Σqk
-  __shared__ float gates[kGdnDecodeMaxRows][2];                                     // e^g, β
+  __shared__ float norms[kMaxRows][kKeyWarps][3];                                   // per warp: Σq², Σk², Σqk
+  __shared__ float gates[kMaxRows][2];                                              // e^g, β
   __shared__ float key_windows[kConv ? kDecodeConvHistory : 1][2 * kGdnMaxKeyDim];  // the owner's new q | k conv state
-  const int head = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32, rows = in.rows;
+  const int head = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int rows = kMaxRows == 1 ? 1 : in.rows;
   const int row_group = lane / L::kColumnThreads;
   const int j0 = warp * L::kWarpColumns + lane % L::kColumnThreads * 4;  // this thread's first column
   const bool vector = s.dv % 4 == 0;  // then a thread's four columns are all inside dv or all outside
@@ -414,19 +436,24 @@ __global__ void __launch_bounds__(DecodeLayout<kColumns>::kThreads, DecodeLayout
 
 template <int kColumns, bool kConv>
 void launch_decode(const GdnShape& s, const GdnInputs& in, const GdnConvState& conv, float* recurrent,
-                   float* row_states, float* out, bool dependent, cudaStream_t stream) {
+                   float* row_states, float* out, bool dependent, bool one_row_body, cudaStream_t stream) {
   const dim3 cluster = kConv ? dim3(unsigned(s.heads / s.key_heads), 1, 1) : kNoCluster;
-  launch_clustered(gdn_decode_kernel<kColumns, kConv>, dim3(unsigned(s.heads)), dim3(DecodeLayout<kColumns>::kThreads),
-                   0, stream, cluster, dependent, s, in, conv, recurrent, row_states, out);
+  auto* kernel = gdn_decode_kernel<kColumns, kConv, kGdnDecodeMaxRows>;
+  if constexpr (kColumns == kGdnMaxKeyDim)
+    if (one_row_body && in.rows == 1 && s.dk == kGdnMaxKeyDim && s.dv == kGdnMaxKeyDim &&
+        (!kConv || conv.kernel == kDecodeConvHistory + 1))
+      kernel = gdn_decode_kernel<kColumns, kConv, 1>;
+  launch_clustered(kernel, dim3(unsigned(s.heads)), dim3(DecodeLayout<kColumns>::kThreads), 0, stream, cluster,
+                   dependent, s, in, conv, recurrent, row_states, out);
 }
 
 template <bool kConv>
 void launch_decode(const GdnShape& s, const GdnInputs& in, const GdnConvState& conv, float* recurrent,
-                   float* row_states, float* out, bool dependent, cudaStream_t stream) {
+                   float* row_states, float* out, bool dependent, bool one_row_body, cudaStream_t stream) {
   if (s.dv <= kNarrowColumns)
-    launch_decode<kNarrowColumns, kConv>(s, in, conv, recurrent, row_states, out, dependent, stream);
+    launch_decode<kNarrowColumns, kConv>(s, in, conv, recurrent, row_states, out, dependent, one_row_body, stream);
   else
-    launch_decode<kGdnMaxValueDim, kConv>(s, in, conv, recurrent, row_states, out, dependent, stream);
+    launch_decode<kGdnMaxValueDim, kConv>(s, in, conv, recurrent, row_states, out, dependent, one_row_body, stream);
 }
 
 }  // namespace
@@ -440,8 +467,16 @@ void gdn_conv(const float* taps, int channels, int kernel, float* state, float* 
 }
 
 void gdn_decode(const GdnShape& s, const GdnInputs& in, float* recurrent, float* row_states, float* out,
-                cudaStream_t stream) {
-  if (in.rows > 0) launch_decode<false>(s, in, GdnConvState{}, recurrent, row_states, out, false, stream);
+                cudaStream_t stream, bool one_row_body) {
+  if (in.rows > 0) launch_decode<false>(s, in, GdnConvState{}, recurrent, row_states, out, false, one_row_body, stream);
+}
+
+bool gdn_decode_one_row_body() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("VAVILOV_GDN_ONE_ROW");
+    return !(value && std::strcmp(value, "0") == 0);
+  }();
+  return enabled;
 }
 
 bool gdn_conv_decode_fused(const GdnShape& s, int conv_kernel) {
@@ -462,21 +497,23 @@ int gdn_conv_decode_resident_clusters(const GdnShape& s) {
   config.attrs = cluster;
   config.numAttrs = 1;
   int clusters = 0;
-  const cudaError_t status =
-      narrow ? cudaOccupancyMaxActiveClusters(&clusters, gdn_decode_kernel<kNarrowColumns, true>, &config)
-             : cudaOccupancyMaxActiveClusters(&clusters, gdn_decode_kernel<kGdnMaxValueDim, true>, &config);
+  const cudaError_t status = narrow
+                                 ? cudaOccupancyMaxActiveClusters(
+                                       &clusters, gdn_decode_kernel<kNarrowColumns, true, kGdnDecodeMaxRows>, &config)
+                                 : cudaOccupancyMaxActiveClusters(
+                                       &clusters, gdn_decode_kernel<kGdnMaxValueDim, true, kGdnDecodeMaxRows>, &config);
   return status == cudaSuccess ? clusters : -1;
 }
 
 void gdn_conv_decode(const GdnShape& s, const GdnConvState& conv, float* qkv, GdnInputs in, float* recurrent,
-                     float* row_states, float* out, bool dependent, cudaStream_t stream) {
+                     float* row_states, float* out, bool dependent, cudaStream_t stream, bool one_row_body) {
   if (in.rows <= 0) return;
   in.qkv = qkv;
   if (gdn_conv_decode_fused(s, conv.kernel)) {
-    launch_decode<true>(s, in, conv, recurrent, row_states, out, dependent, stream);
+    launch_decode<true>(s, in, conv, recurrent, row_states, out, dependent, one_row_body, stream);
   } else {
     gdn_conv(conv.taps, s.conv_dim, conv.kernel, conv.state, qkv, in.rows, conv.row_states, stream);
-    gdn_decode(s, in, recurrent, row_states, out, stream);
+    gdn_decode(s, in, recurrent, row_states, out, stream, one_row_body);
   }
 }
 }  // namespace vavilov::cuda
