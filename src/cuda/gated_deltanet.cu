@@ -277,6 +277,10 @@ __global__ void __launch_bounds__(DecodeLayout<kColumns>::kThreads, DecodeLayout
     if (key_thread) second_conv.load(conv, s.conv_dim, k_channel);
   }
   const float weight = value_valid ? in.norm[c] : 0.0f;
+  // Value thread c < rows computes row c's gates: the head's decay rate −e^{a_log} and dt_bias are weights, so they
+  // are read (and the rate's exponential taken) here, off the path after the wait.
+  const bool gate_thread = value_thread && c < kMaxRows;
+  const float decay_rate = gate_thread ? -expf(in.a_log[head]) : 0.0f, dt_bias = gate_thread ? in.dt_bias[head] : 0.0f;
   // A dependent launch got here while the kernel before it (the layer's input products) may still run: the state is
   // this layer's own, the pass's inputs are read only after that kernel has finished (a no-op in a plain launch).
   wait_for_producers();
@@ -309,8 +313,9 @@ __global__ void __launch_bounds__(DecodeLayout<kColumns>::kThreads, DecodeLayout
   float row_decay = 0.0f, row_beta = 0.0f;
   if (value_thread && c < rows) {  // value thread c also computes row c's gates
     const size_t at = size_t(c) * s.heads + head;
-    row_decay = expf(log_decay(in, head, at));
-    row_beta = sigmoid(in.b[at]);
+    const float a = in.a[at], b = in.b[at];                // both loads in flight before either is used
+    row_decay = expf(decay_rate * softplus(a + dt_bias));  // log_decay's arithmetic
+    row_beta = sigmoid(b);
   }
   wait_copies();  // this thread's own copies
   if (key_thread) {
@@ -349,13 +354,16 @@ __global__ void __launch_bounds__(DecodeLayout<kColumns>::kThreads, DecodeLayout
         }
       if (value_valid) output_gates[t][c] = output_gate(output_gates[t][c], in.sigmoid_gate);
     }
-    if constexpr (kConv)
-      if (value_valid) first_conv.store(conv.state, s.conv_dim, v_channel);  // this thread alone reads it
     norm_weight[c] = weight;
     if (c < rows) gates[c][0] = row_decay, gates[c][1] = row_beta;
   }
   // Every block of the key head reads the old conv state in phase 1; the owner writes it back after the wait below.
-  if constexpr (kConv) cluster_arrive_release();
+  // The release arrive is a GPU-scope fence (MEMBAR.ALL.GPU) that waits for the thread's outstanding stores: a value
+  // thread's new conv state (its own, which this thread alone reads) is stored after it.
+  if constexpr (kConv) {
+    cluster_arrive_release();
+    if (value_valid) first_conv.store(conv.state, s.conv_dim, v_channel);
+  }
   __syncthreads();
 
   // Phase 2: the rows one after the other. With S' = e^g S, both Sᵀk̂ = S'ᵀk̂ and o = Sᵀq̂ = S'ᵀq̂ + δ (k̂·q̂) come from
