@@ -369,7 +369,9 @@ __global__ void __launch_bounds__(DecodeLayout<kColumns>::kThreads, DecodeLayout
   // Phase 2: the rows one after the other. With S' = e^g S, both Sᵀk̂ = S'ᵀk̂ and o = Sᵀq̂ = S'ᵀq̂ + δ (k̂·q̂) come from
   // one pass over the state; each warp holds whole columns, so its shuffles complete the sums over dk.
   for (int t = 0; t < rows; ++t) {
-    const RowScales r = row_scales(norms[t], s.dk);
+    // The parameter's dk, not the 1-row body's constant: rsqrtf(128) folded at compile time is not the bits of the
+    // general body's MUFU.RSQ.
+    const RowScales r = row_scales(norms[t], shape.dk);
     const float decay = gates[t][0], beta = gates[t][1];
     float sk[4] = {}, sq[4] = {};
 #pragma unroll
