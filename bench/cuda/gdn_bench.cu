@@ -4,7 +4,9 @@
 //
 //   gdn_bench time OUT.json
 //     Decode with the conv folded in (1, 2, 4 rows; 1–4 rows recording every row's states) and, for comparison, the
-//     separate conv and decode kernels (1 row; 4 recorded): 36 launches back to back, one per layer state (113 MB, so
+//     separate conv and decode kernels (1 row; 4 recorded), and 1 row with the kernel's general body in place of its
+//     1-row body ("general body"; VAVILOV_GDN_ONE_ROW=0 makes every case general): 36 launches back to back, one per
+//     layer state (113 MB, so
 //     L2 holds none), timed together as one CUDA graph (as a step runs them) and divided by 36; and the chunked prefill
 //     (prepare, scan, outputs, gated norm) for T = 64, 512, 2048, 8192 from a zero state. Median of the repetitions,
 //     CUDA events. Writes JSON.
@@ -224,15 +226,18 @@ int time_kernels(const char* out_path) {
   };
   // path: "conv_decode" (gdn_conv_decode; "dependent": as a programmatic dependent launch, whose state loads overlap
   // the kernel before — here the previous layer's) or "separate" (gdn_conv, then gdn_decode).
+  // general: the kernel's general body at 1 row too (gdn_decode_one_row_body() otherwise picks the 1-row body).
   struct DecodeCase {
     int rows;
-    bool record, fused, dependent;
+    bool record, fused, dependent, general = false;
   };
   // 2 and 4 rows without recording: what the rows cost without their snapshots.
-  const std::vector<DecodeCase> cases = {{1, false, true, false},  {1, true, true, false}, {2, true, true, false},
-                                         {3, true, true, false},   {4, true, true, false}, {2, false, true, false},
-                                         {4, false, true, false},  {1, false, true, true}, {4, true, true, true},
-                                         {1, false, false, false}, {4, true, false, false}};
+  const std::vector<DecodeCase> cases = {
+      {1, false, true, false},      {1, true, true, false},        {2, true, true, false},
+      {3, true, true, false},       {4, true, true, false},        {2, false, true, false},
+      {4, false, true, false},      {1, false, true, true},        {4, true, true, true},
+      {1, false, false, false},     {4, true, false, false},       {1, false, true, false, true},
+      {1, false, true, true, true}, {1, false, false, false, true}};
   const int resident = vavilov::cuda::gdn_conv_decode_resident_clusters(kShape);
   std::printf("conv_decode: %d clusters resident at once (cudaOccupancyMaxActiveClusters)\n", resident);
   json += "  \"decode_fused\": " +
@@ -248,17 +253,21 @@ int time_kernels(const char* out_path) {
         float* recorded = c.record ? row_states + size_t(layer) * 4 * state_floats : nullptr;
         const vavilov::cuda::GdnConvState conv = conv_of(layer, c.record);
         if (c.fused) {
-          vavilov::cuda::gdn_conv_decode(kShape, conv, raw, in, state, recorded, out, c.dependent, stream);
+          vavilov::cuda::gdn_conv_decode(kShape, conv, raw, in, state, recorded, out, c.dependent, stream,
+                                         !c.general && vavilov::cuda::gdn_decode_one_row_body());
         } else {
           vavilov::cuda::gdn_conv(conv.taps, kShape.conv_dim, kConvKernel, conv.state, raw, c.rows, conv.row_states,
                                   stream);
-          vavilov::cuda::gdn_decode(kShape, in, state, recorded, out, stream);
+          vavilov::cuda::gdn_decode(kShape, in, state, recorded, out, stream,
+                                    !c.general && vavilov::cuda::gdn_decode_one_row_body());
         }
       }
     };
     const double us = graph_median_us(3, 30, layers) / kLayers;
     const double bytes = double(state_bytes) * (2 + (c.record ? c.rows : 0));
-    const std::string path = c.fused ? (c.dependent ? "conv_decode dependent" : "conv_decode") : "separate";
+    const std::string path =
+        std::string(c.fused ? (c.dependent ? "conv_decode dependent" : "conv_decode") : "separate") +
+        (c.general ? " general body" : "");
     std::printf("%s rows %d%s: %.2f us, %.0f GB/s of state\n", path.c_str(), c.rows, c.record ? " (recording)" : "", us,
                 bytes / us * 1e-3);
     json += "    {\"path\": \"" + path + "\", \"rows\": " + std::to_string(c.rows) +

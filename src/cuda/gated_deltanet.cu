@@ -1,4 +1,6 @@
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "cuda/gdn_common.cuh"
 #include "cuda/launch.cuh"
@@ -124,10 +126,18 @@ struct ConvChannel {
     history = conv.kernel - 1;
     const float* tap = conv.taps + size_t(ch) * conv.kernel;
 #pragma unroll
-    for (int k = 0; k < kHistory; ++k) {
-      window[k] = k < history ? conv.state[size_t(k) * channels + ch] : 0.0f;
-      taps[k] = k < history ? tap[k] : 0.0f;
+    for (int k = 0; k < kHistory; ++k) window[k] = k < history ? conv.state[size_t(k) * channels + ch] : 0.0f;
+    if constexpr (kHistory == 3) {
+      // A channel's 4 taps are one float4 (a warp's loads one contiguous 512-byte run; read a float at a time they
+      // touched each sector four times: ncu counted 24 % of the decode kernel's global sectors as excess).
+      if (conv.kernel == 4 && reinterpret_cast<uintptr_t>(conv.taps) % 16 == 0) {
+        const float4 t = *reinterpret_cast<const float4*>(tap);
+        taps[0] = t.x, taps[1] = t.y, taps[2] = t.z, newest_tap = t.w;
+        return;
+      }
     }
+#pragma unroll
+    for (int k = 0; k < kHistory; ++k) taps[k] = k < history ? tap[k] : 0.0f;
     newest_tap = tap[history];
   }
   // silu of the conv with x as the newest input (the sum in gdn_conv_kernel's order); x joins the window.
@@ -212,19 +222,31 @@ __global__ void __launch_bounds__(kConvChannels* kConvGroups)
   if (active && group == 0) c.store(conv.state, channels, ch);
 }
 
-template <int kColumns, bool kConv>
+// kMaxRows: the rows a launch may take, kGdnDecodeMaxRows (any shape) or 1. The 1-row instantiation (a decode step
+// without drafts) is for the release's head dims, dk = dv = 128, and conv width 4, and has those and its row count
+// as constants: no row loops, the shared arrays a row deep, no bounds checks, no scalar paths for dv % 4 != 0 and
+// no loops over the conv's history, so a smaller body
+// (ncu found 7.2 of ~19.9 cycles between a warp's instructions waiting for instruction fetch in the general kernel at
+// 1 row). Same arithmetic in the same order: bit-identical results.
+template <int kColumns, bool kConv, int kMaxRows>
 __global__ void __launch_bounds__(DecodeLayout<kColumns>::kThreads, DecodeLayout<kColumns>::kMinBlocks)
-    gdn_decode_kernel(GdnShape s, GdnInputs in, GdnConvState conv, float* recurrent, float* row_states, float* out) {
+    gdn_decode_kernel(GdnShape shape, GdnInputs in, GdnConvState conv, float* recurrent, float* row_states,
+                      float* out) {
   using L = DecodeLayout<kColumns>;
-  __shared__ float q[kGdnDecodeMaxRows][kGdnMaxKeyDim], k[kGdnDecodeMaxRows][kGdnMaxKeyDim];  // raw (conv output)
-  __shared__ __align__(16) float v[kGdnDecodeMaxRows][kColumns];
-  __shared__ __align__(16) float outputs[kGdnDecodeMaxRows][kColumns];
-  __shared__ float output_gates[kGdnDecodeMaxRows][kColumns];  // σ(z) or silu(z)
+  static_assert(kMaxRows == kGdnDecodeMaxRows || (kMaxRows == 1 && kColumns == kGdnMaxKeyDim),
+                "a general instantiation and one of 1 row at dk = dv = 128");
+  GdnShape s = shape;
+  if constexpr (kMaxRows == 1) s.dk = s.dv = kGdnMaxKeyDim, conv.kernel = kDecodeConvHistory + 1;
+  __shared__ float q[kMaxRows][kGdnMaxKeyDim], k[kMaxRows][kGdnMaxKeyDim];  // raw (conv output)
+  __shared__ __align__(16) float v[kMaxRows][kColumns];
+  __shared__ __align__(16) float outputs[kMaxRows][kColumns];
+  __shared__ float output_gates[kMaxRows][kColumns];  // σ(z) or silu(z)
   __shared__ float norm_weight[kColumns];
-  __shared__ float norms[kGdnDecodeMaxRows][kKeyWarps][3];                          // per warp: Σq², Σk², Σqk
-  __shared__ float gates[kGdnDecodeMaxRows][2];                                     // e^g, β
+  __shared__ float norms[kMaxRows][kKeyWarps][3];                                   // per warp: Σq², Σk², Σqk
+  __shared__ float gates[kMaxRows][2];                                              // e^g, β
   __shared__ float key_windows[kConv ? kDecodeConvHistory : 1][2 * kGdnMaxKeyDim];  // the owner's new q | k conv state
-  const int head = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32, rows = in.rows;
+  const int head = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int rows = kMaxRows == 1 ? 1 : in.rows;
   const int row_group = lane / L::kColumnThreads;
   const int j0 = warp * L::kWarpColumns + lane % L::kColumnThreads * 4;  // this thread's first column
   const bool vector = s.dv % 4 == 0;  // then a thread's four columns are all inside dv or all outside
@@ -255,6 +277,10 @@ __global__ void __launch_bounds__(DecodeLayout<kColumns>::kThreads, DecodeLayout
     if (key_thread) second_conv.load(conv, s.conv_dim, k_channel);
   }
   const float weight = value_valid ? in.norm[c] : 0.0f;
+  // Value thread c < rows computes row c's gates: the head's decay rate −e^{a_log} and dt_bias are weights, so they
+  // are read (and the rate's exponential taken) here, off the path after the wait.
+  const bool gate_thread = value_thread && c < kMaxRows;
+  const float decay_rate = gate_thread ? -expf(in.a_log[head]) : 0.0f, dt_bias = gate_thread ? in.dt_bias[head] : 0.0f;
   // A dependent launch got here while the kernel before it (the layer's input products) may still run: the state is
   // this layer's own, the pass's inputs are read only after that kernel has finished (a no-op in a plain launch).
   wait_for_producers();
@@ -287,8 +313,9 @@ __global__ void __launch_bounds__(DecodeLayout<kColumns>::kThreads, DecodeLayout
   float row_decay = 0.0f, row_beta = 0.0f;
   if (value_thread && c < rows) {  // value thread c also computes row c's gates
     const size_t at = size_t(c) * s.heads + head;
-    row_decay = expf(log_decay(in, head, at));
-    row_beta = sigmoid(in.b[at]);
+    const float a = in.a[at], b = in.b[at];                // both loads in flight before either is used
+    row_decay = expf(decay_rate * softplus(a + dt_bias));  // log_decay's arithmetic
+    row_beta = sigmoid(b);
   }
   wait_copies();  // this thread's own copies
   if (key_thread) {
@@ -327,19 +354,24 @@ __global__ void __launch_bounds__(DecodeLayout<kColumns>::kThreads, DecodeLayout
         }
       if (value_valid) output_gates[t][c] = output_gate(output_gates[t][c], in.sigmoid_gate);
     }
-    if constexpr (kConv)
-      if (value_valid) first_conv.store(conv.state, s.conv_dim, v_channel);  // this thread alone reads it
     norm_weight[c] = weight;
     if (c < rows) gates[c][0] = row_decay, gates[c][1] = row_beta;
   }
   // Every block of the key head reads the old conv state in phase 1; the owner writes it back after the wait below.
-  if constexpr (kConv) cluster_arrive_release();
+  // The release arrive is a GPU-scope fence (MEMBAR.ALL.GPU) that waits for the thread's outstanding stores: a value
+  // thread's new conv state (its own, which this thread alone reads) is stored after it.
+  if constexpr (kConv) {
+    cluster_arrive_release();
+    if (value_valid) first_conv.store(conv.state, s.conv_dim, v_channel);
+  }
   __syncthreads();
 
   // Phase 2: the rows one after the other. With S' = e^g S, both Sᵀk̂ = S'ᵀk̂ and o = Sᵀq̂ = S'ᵀq̂ + δ (k̂·q̂) come from
   // one pass over the state; each warp holds whole columns, so its shuffles complete the sums over dk.
   for (int t = 0; t < rows; ++t) {
-    const RowScales r = row_scales(norms[t], s.dk);
+    // The parameter's dk, not the 1-row body's constant: rsqrtf(128) folded at compile time is not the bits of the
+    // general body's MUFU.RSQ.
+    const RowScales r = row_scales(norms[t], shape.dk);
     const float decay = gates[t][0], beta = gates[t][1];
     float sk[4] = {}, sq[4] = {};
 #pragma unroll
@@ -414,19 +446,24 @@ __global__ void __launch_bounds__(DecodeLayout<kColumns>::kThreads, DecodeLayout
 
 template <int kColumns, bool kConv>
 void launch_decode(const GdnShape& s, const GdnInputs& in, const GdnConvState& conv, float* recurrent,
-                   float* row_states, float* out, bool dependent, cudaStream_t stream) {
+                   float* row_states, float* out, bool dependent, bool one_row_body, cudaStream_t stream) {
   const dim3 cluster = kConv ? dim3(unsigned(s.heads / s.key_heads), 1, 1) : kNoCluster;
-  launch_clustered(gdn_decode_kernel<kColumns, kConv>, dim3(unsigned(s.heads)), dim3(DecodeLayout<kColumns>::kThreads),
-                   0, stream, cluster, dependent, s, in, conv, recurrent, row_states, out);
+  auto* kernel = gdn_decode_kernel<kColumns, kConv, kGdnDecodeMaxRows>;
+  if constexpr (kColumns == kGdnMaxKeyDim)
+    if (one_row_body && in.rows == 1 && s.dk == kGdnMaxKeyDim && s.dv == kGdnMaxKeyDim &&
+        (!kConv || conv.kernel == kDecodeConvHistory + 1))
+      kernel = gdn_decode_kernel<kColumns, kConv, 1>;
+  launch_clustered(kernel, dim3(unsigned(s.heads)), dim3(DecodeLayout<kColumns>::kThreads), 0, stream, cluster,
+                   dependent, s, in, conv, recurrent, row_states, out);
 }
 
 template <bool kConv>
 void launch_decode(const GdnShape& s, const GdnInputs& in, const GdnConvState& conv, float* recurrent,
-                   float* row_states, float* out, bool dependent, cudaStream_t stream) {
+                   float* row_states, float* out, bool dependent, bool one_row_body, cudaStream_t stream) {
   if (s.dv <= kNarrowColumns)
-    launch_decode<kNarrowColumns, kConv>(s, in, conv, recurrent, row_states, out, dependent, stream);
+    launch_decode<kNarrowColumns, kConv>(s, in, conv, recurrent, row_states, out, dependent, one_row_body, stream);
   else
-    launch_decode<kGdnMaxValueDim, kConv>(s, in, conv, recurrent, row_states, out, dependent, stream);
+    launch_decode<kGdnMaxValueDim, kConv>(s, in, conv, recurrent, row_states, out, dependent, one_row_body, stream);
 }
 
 }  // namespace
@@ -440,8 +477,16 @@ void gdn_conv(const float* taps, int channels, int kernel, float* state, float* 
 }
 
 void gdn_decode(const GdnShape& s, const GdnInputs& in, float* recurrent, float* row_states, float* out,
-                cudaStream_t stream) {
-  if (in.rows > 0) launch_decode<false>(s, in, GdnConvState{}, recurrent, row_states, out, false, stream);
+                cudaStream_t stream, bool one_row_body) {
+  if (in.rows > 0) launch_decode<false>(s, in, GdnConvState{}, recurrent, row_states, out, false, one_row_body, stream);
+}
+
+bool gdn_decode_one_row_body() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("VAVILOV_GDN_ONE_ROW");
+    return !(value && std::strcmp(value, "0") == 0);
+  }();
+  return enabled;
 }
 
 bool gdn_conv_decode_fused(const GdnShape& s, int conv_kernel) {
@@ -462,21 +507,23 @@ int gdn_conv_decode_resident_clusters(const GdnShape& s) {
   config.attrs = cluster;
   config.numAttrs = 1;
   int clusters = 0;
-  const cudaError_t status =
-      narrow ? cudaOccupancyMaxActiveClusters(&clusters, gdn_decode_kernel<kNarrowColumns, true>, &config)
-             : cudaOccupancyMaxActiveClusters(&clusters, gdn_decode_kernel<kGdnMaxValueDim, true>, &config);
+  const cudaError_t status = narrow
+                                 ? cudaOccupancyMaxActiveClusters(
+                                       &clusters, gdn_decode_kernel<kNarrowColumns, true, kGdnDecodeMaxRows>, &config)
+                                 : cudaOccupancyMaxActiveClusters(
+                                       &clusters, gdn_decode_kernel<kGdnMaxValueDim, true, kGdnDecodeMaxRows>, &config);
   return status == cudaSuccess ? clusters : -1;
 }
 
 void gdn_conv_decode(const GdnShape& s, const GdnConvState& conv, float* qkv, GdnInputs in, float* recurrent,
-                     float* row_states, float* out, bool dependent, cudaStream_t stream) {
+                     float* row_states, float* out, bool dependent, cudaStream_t stream, bool one_row_body) {
   if (in.rows <= 0) return;
   in.qkv = qkv;
   if (gdn_conv_decode_fused(s, conv.kernel)) {
-    launch_decode<true>(s, in, conv, recurrent, row_states, out, dependent, stream);
+    launch_decode<true>(s, in, conv, recurrent, row_states, out, dependent, one_row_body, stream);
   } else {
     gdn_conv(conv.taps, s.conv_dim, conv.kernel, conv.state, qkv, in.rows, conv.row_states, stream);
-    gdn_decode(s, in, recurrent, row_states, out, stream);
+    gdn_decode(s, in, recurrent, row_states, out, stream, one_row_body);
   }
 }
 }  // namespace vavilov::cuda

@@ -39,10 +39,12 @@ void gdn_conv(const float* taps, int channels, int kernel, float* state, float* 
 
 // Decode: at most kGdnDecodeMaxRows rows, one after the other. recurrent [heads, dk, dv] advanced; row_states
 // (optional) [rows, heads, dk, dv] gets the state after every row; out [rows, heads·dv] = the gated, normalised
-// core output.
+// core output. one_row_body: a pass of 1 row at dk = dv = 128 runs the kernel's 1-row instantiation (a smaller body,
+// bit-identical results); false runs the general one (for the tests and the A/B). Default: gdn_decode_one_row_body().
 constexpr int kGdnDecodeMaxRows = 8;
+bool gdn_decode_one_row_body();  // true unless VAVILOV_GDN_ONE_ROW=0 (read once)
 void gdn_decode(const GdnShape& shape, const GdnInputs& in, float* recurrent, float* row_states, float* out,
-                cudaStream_t stream);
+                cudaStream_t stream, bool one_row_body = gdn_decode_one_row_body());
 
 // The causal conv of a decode pass: taps [conv_dim, kernel] (kernel ≤ kGdnMaxConvKernel), state [kernel−1, conv_dim]
 // advanced past the pass's rows, row_states (optional) [rows, kernel−1, conv_dim] the state after every row.
@@ -61,8 +63,10 @@ struct GdnConvState {
 // dependent: launch it as a programmatic dependent launch, whose blocks load the recurrent state, the conv state and
 // the taps while the kernel before it in the stream still runs and wait for that kernel before reading anything else.
 // So that kernel must not write this layer's recurrent or conv state (in a pass it is the layer's input products).
+// one_row_body as for gdn_decode.
 void gdn_conv_decode(const GdnShape& shape, const GdnConvState& conv, float* qkv, GdnInputs in, float* recurrent,
-                     float* row_states, float* out, bool dependent, cudaStream_t stream);
+                     float* row_states, float* out, bool dependent, cudaStream_t stream,
+                     bool one_row_body = gdn_decode_one_row_body());
 
 // Whether gdn_conv_decode runs as one launch at this shape and conv width.
 bool gdn_conv_decode_fused(const GdnShape& shape, int conv_kernel);

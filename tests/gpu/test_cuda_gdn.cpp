@@ -2,14 +2,15 @@
 // l2-normalised q and k, S ← e^g S; δ = β(v − Sᵀk); S ← S + kδᵀ; o = Sᵀq; gated RMS norm), everything random (inputs,
 // gate weights, norm weight, the starting state): the decode kernel for 1–4 rows with per-row states, the
 // chunk-parallel prefill for T = 1, 63, 64, 65, 200, at the release's shape and at small odd ones (3×TF32 products and
-// one-pass TF32 products, each within its bound); and the decode with the causal conv folded in (1–8 rows) against a
-// double-precision conv feeding the same recurrence.
+// one-pass TF32 products, each within its bound); the decode with the causal conv folded in (1–8 rows) against a
+// double-precision conv feeding the same recurrence; and the 1-row decode body against the general one, bit for bit.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -436,6 +437,75 @@ TEST(CudaGdn, ConvDecodePassesCarryTheirStates) {
   EXPECT_LE(error_of(host_copy(out, want.out.size()), want.out), kTolerance);
   EXPECT_LE(error_of(host_copy(state, in.state.size()), want.state), kTolerance);
   EXPECT_EQ(host_copy(conv_state, c.state.size()), conv_want.row_states.back());
+}
+
+// The 1-row body (the kernel's instantiation for 1 row at dk = dv = 128 and conv width 4) against the general one on
+// the same inputs, bit for bit: same arithmetic in the same order, so every output and state must be identical, with
+// and without recorded row states, both output gates, plain and dependent launches, fused and without the conv. The
+// general body's agreement with the recurrence is checked above.
+TEST(CudaGdn, OneRowDecodeBodyIsBitIdenticalToTheGeneralBody) {
+  std::mt19937 rng(13);
+  const GdnShape s = kShapes[0];
+  ASSERT_TRUE(cuda::gdn_conv_decode_fused(s, kConvKernel));
+  for (bool fused : {true, false})
+    for (bool record : {false, true})
+      for (bool sigmoid_gate : {true, false}) {
+        const bool dependent = fused && sigmoid_gate;
+        SCOPED_TRACE(testing::Message() << "fused " << fused << " record " << record << " sigmoid gate " << sigmoid_gate
+                                        << " dependent " << dependent);
+        const Inputs in = random_inputs(s, 1, rng, sigmoid_gate);
+        const ConvInputs c = random_conv_inputs(s, 1, rng);
+        struct Results {
+          std::vector<float> out, state, row_states, conv_state, conv_rows;
+        };
+        auto run = [&](bool one_row_body) {
+          Device d;
+          float* qkv = d.copy(c.x);
+          float* conv_state = d.copy(c.state);
+          float* conv_rows = record ? d.zeros(c.state.size()) : nullptr;
+          float* state = d.copy(in.state);
+          float* row_states = record ? d.zeros(in.state.size()) : nullptr;
+          float* out = d.zeros(size_t(s.heads) * s.dv);
+          const cuda::GdnInputs gpu = device_inputs(d, in, 1);
+          cudaStream_t stream = nullptr;
+          EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          if (dependent) {
+            EXPECT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+          }
+          if (fused)
+            cuda::gdn_conv_decode(s, {d.copy(c.taps), kConvKernel, conv_state, conv_rows}, qkv, gpu, state, row_states,
+                                  out, dependent, stream, one_row_body);
+          else
+            cuda::gdn_decode(s, gpu, state, row_states, out, stream, one_row_body);
+          EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+          EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          if (stream) {
+            EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+          }
+          Results r{host_copy(out, size_t(s.heads) * s.dv),
+                    host_copy(state, in.state.size()),
+                    {},
+                    host_copy(conv_state, c.state.size()),
+                    {}};
+          if (record) {
+            r.row_states = host_copy(row_states, in.state.size());
+            r.conv_rows = host_copy(conv_rows, c.state.size());
+          }
+          return r;
+        };
+        const Results general = run(false), one_row = run(true);
+        auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+          return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+        };
+        EXPECT_TRUE(same_bits(one_row.out, general.out));
+        EXPECT_TRUE(same_bits(one_row.state, general.state));
+        EXPECT_TRUE(same_bits(one_row.row_states, general.row_states));
+        EXPECT_TRUE(same_bits(one_row.conv_state, general.conv_state));
+        EXPECT_TRUE(same_bits(one_row.conv_rows, general.conv_rows));
+        // Not vacuous: the pass moved the state and wrote outputs.
+        EXPECT_FALSE(same_bits(general.state, in.state));
+        EXPECT_GT(*std::max_element(general.out.begin(), general.out.end()), 0.0f);
+      }
 }
 
 // Many chunks at the release's head dimensions (two 64-column scan slices; the scan's two operand stages alternate
