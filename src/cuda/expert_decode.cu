@@ -15,10 +15,9 @@ namespace {
 using namespace qmma;
 namespace cg = cooperative_groups;
 
-// gate/up: block (16-row tile, slot); warp w reads matrix w % 2 (gate, up) over column slice w / 2. Three slices: 6
-// warps a block and one staging pass for Flash-Next's 160 items; with the next unit's loads in place (76 registers)
-// four blocks fit a multiprocessor, so the grid (40 tiles × 11 slots at one row: 440 blocks, 528 places) is one wave.
-constexpr int kGateUpSlices = 3;
+// gate/up: block (16-row tile, slot); warp w reads matrix w % 2 (gate, up) over column slice w / 2. Two slices keep
+// the grid (40 tiles × 11 slots at Flash-Next's one row) in one wave of small blocks with enough loads in flight.
+constexpr int kGateUpSlices = 2;
 constexpr int kGateUpWarps = 2 * kGateUpSlices;
 // down: a cluster of kDownCluster blocks of kDownWarps warps shares one 16-row output tile; its kDownWorkers warps take
 // the step's experts (and then the shared expert) in turn, each over all of the expert's columns (640 at Flash-Next).
@@ -79,8 +78,7 @@ __global__ void __launch_bounds__(kGateUpWarps * 32) gate_up_kernel(ExpertDecode
   stage_activations<4, B>(m, rows.groups, staged, group_terms);
   __syncthreads();
   float acc[2] = {};
-  tile_products<4, B, Lookahead::kInPlace>(current, rows.codes, rows.affine, rows.width, begin, end, rows.groups,
-                                           staged, group_terms, acc);
+  tile_products<4, B>(current, rows.codes, rows.affine, rows.width, begin, end, rows.groups, staged, group_terms, acc);
   partials[warp][lane] = acc[0];
   partials[warp][32 + lane] = acc[1];
   __syncthreads();

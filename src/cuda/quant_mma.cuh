@@ -224,10 +224,17 @@ __device__ inline AffineWidth affine_width(const GemvMatrix& m, int groups) {
   return AffineWidth::k2;
 }
 
-// The scales and biases of groups [first_group, first_group + kUnroll) ∩ [.., end) (load_group_block's second half).
+// Loads groups [first_group, first_group + kUnroll) ∩ [.., end); first_group is a multiple of kUnroll. What lies past
+// end is left as it was: tile_products never reads it (no zeroing of registers nobody reads).
 template <int Bits>
-__device__ inline void load_group_affine(WarpLoads& loads, const __nv_bfloat16* affine, int first_group, int end,
-                                         AffineWidth width) {
+__device__ inline void load_group_block(WarpLoads& loads, const uint32_t* const (&codes)[2],
+                                        const __nv_bfloat16* affine, int first_group, int end, AffineWidth width,
+                                        int t) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      if (first_group + u < end) loads.codes[u][r] = load_codes<Bits>(codes[r], first_group + u, t);
   const __nv_bfloat16* source = affine + first_group;
 #pragma unroll
   for (int i = 0; i < kUnroll / 2; ++i) {
@@ -251,20 +258,6 @@ __device__ inline void load_group_affine(WarpLoads& loads, const __nv_bfloat16* 
   }
 }
 
-// Loads groups [first_group, first_group + kUnroll) ∩ [.., end); first_group is a multiple of kUnroll. What lies past
-// end is left as it was: tile_products never reads it (no zeroing of registers nobody reads).
-template <int Bits>
-__device__ inline void load_group_block(WarpLoads& loads, const uint32_t* const (&codes)[2],
-                                        const __nv_bfloat16* affine, int first_group, int end, AffineWidth width,
-                                        int t) {
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-      if (first_group + u < end) loads.codes[u][r] = load_codes<Bits>(codes[r], first_group + u, t);
-  load_group_affine<Bits>(loads, affine, first_group, end, width);
-}
-
 __device__ inline float bf16_low(uint32_t pair) { return __uint_as_float(pair << 16); }
 __device__ inline float bf16_high(uint32_t pair) { return __uint_as_float(pair & 0xFFFF0000u); }
 
@@ -275,16 +268,9 @@ __device__ inline int slice_start(int k, int slices, int groups) {
   return min(k * units / slices * kUnroll, groups);
 }
 
-// When the next unit's loads go out (the sums are the same either way).
-enum class Lookahead {
-  kUnitTop,  // all of them at the unit's top, into a second WarpLoads (one more register set, copied at the unit's end)
-  kInPlace,  // each group's codes into its own registers right after the group's decode, the scales and biases after
-             // their last shuffle: no second set, for kernels whose occupancy needs the registers (gate_up_kernel)
-};
-
 // Σ over groups [begin, end) of one warp's tile: acc[r] = row g + 8r's product with batch row t (lane (g, t), t < B;
 // the accumulators of lanes t ≥ B hold sums that mean nothing).
-template <int Bits, int B, Lookahead Ahead = Lookahead::kUnitTop>
+template <int Bits, int B>
 __device__ inline void tile_products(WarpLoads& current, const uint32_t* const (&codes)[2], const __nv_bfloat16* affine,
                                      AffineWidth width, int begin, int end, int groups, const uint4* fragments,
                                      const float2* group_terms, float (&acc)[2]) {
@@ -295,11 +281,10 @@ __device__ inline void tile_products(WarpLoads& current, const uint32_t* const (
   const uint4* b_lane = fragments + min(lane, 8 * B - 1);
   const float2* terms_row = group_terms + min(t, B - 1) * groups;
   for (int first = begin; first < end; first += kUnroll) {
-    // kUnitTop: all of the next unit's loads go out at this unit's top (kInPlace for every caller, the step measured
-    // 3-5 % slower: docs/CUDA-KERNELS.md).
-    [[maybe_unused]] WarpLoads next;
-    if constexpr (Ahead == Lookahead::kUnitTop)
-      load_group_block<Bits>(next, codes, affine, first + kUnroll, end, width, t);
+    // All of the next unit's loads go out at this unit's top (issued group by group into `current`'s registers instead,
+    // with no copy, the step measured 3-5 % slower: docs/CUDA-KERNELS.md).
+    WarpLoads next;
+    load_group_block<Bits>(next, codes, affine, first + kUnroll, end, width, t);
     uint32_t scale_bias[4];  // bf16 pairs of two groups: scale row g, scale row g + 8, bias g, bias g + 8
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -310,15 +295,9 @@ __device__ inline void tile_products(WarpLoads& current, const uint32_t* const (
       if (u % 2 == 0)
 #pragma unroll
         for (int i = 0; i < 4; ++i) scale_bias[i] = __shfl_sync(0xffffffffu, current.affine[u / 2], (lane & ~3) | i);
-      if constexpr (Ahead == Lookahead::kInPlace)
-        if (u == kUnroll - 2) load_group_affine<Bits>(current, affine, first + kUnroll, end, width);
       uint32_t a0[8], a1[8];
       decode<Bits>(current.codes[u][0], t, a0);
       decode<Bits>(current.codes[u][1], t, a1);
-      if constexpr (Ahead == Lookahead::kInPlace)
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-          if (group + kUnroll < end) current.codes[u][r] = load_codes<Bits>(codes[r], group + kUnroll, t);
       float c[4] = {};
       mma_f16(c, a0[0], a1[0], a0[1], a1[1], b_fragment[0].x, b_fragment[0].y);
       mma_f16(c, a0[2], a1[2], a0[3], a1[3], b_fragment[0].z, b_fragment[0].w);
@@ -328,7 +307,7 @@ __device__ inline void tile_products(WarpLoads& current, const uint32_t* const (
       acc[0] = fmaf(c[0] + c[1], pick(scale_bias[0]) * terms.y, fmaf(pick(scale_bias[2]), terms.x, acc[0]));
       acc[1] = fmaf(c[2] + c[3], pick(scale_bias[1]) * terms.y, fmaf(pick(scale_bias[3]), terms.x, acc[1]));
     }
-    if constexpr (Ahead == Lookahead::kUnitTop) current = next;
+    current = next;
   }
 }
 
