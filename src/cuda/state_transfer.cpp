@@ -8,26 +8,9 @@
 namespace vavilov::cuda {
 namespace {
 
-// The sizes of a layer's vectors at `position` tokens, in elements, for the parts `view` has (0 for the others).
-struct LayerSizes {
-  size_t gdn_conv, gdn_recurrent, kv, index_keys, block_keys, ple_previous, ple_conv;
-};
-
-LayerSizes layer_sizes(const ModelConfig& c, const DeviceLayerStateView& v, int64_t position) {
-  const size_t p = size_t(position), index = size_t(c.indexer_head_dim);
-  LayerSizes s{};
-  if (v.gdn_conv) s.gdn_conv = size_t(c.linear_conv_kernel_dim - 1) * size_t(c.gdn_conv_dim());
-  if (v.gdn_recurrent)
-    s.gdn_recurrent =
-        size_t(c.linear_num_value_heads) * size_t(c.linear_key_head_dim) * size_t(c.linear_value_head_dim);
-  if (v.attention) {
-    s.kv = p * size_t(c.num_key_value_heads) * size_t(c.head_dim);
-    s.index_keys = p * index;
-    s.block_keys = size_t(position / c.indexer_compress_ratio) * index;
-  }
-  if (v.ple_previous) s.ple_previous = size_t(c.ngram_size - 1);
-  if (v.ple_conv) s.ple_conv = size_t(c.ple_conv_kernel_size - 1) * size_t(c.ngram_size) * size_t(c.hc_hidden());
-  return s;
+// The sizes of a layer's vectors at `position` tokens, for the parts `view` has.
+LayerStateSizes layer_sizes(const ModelConfig& c, const DeviceLayerStateView& v, int64_t position) {
+  return layer_state_sizes(c, v.gdn_recurrent != nullptr, v.attention, v.ple_conv != nullptr, position);
 }
 
 template <typename T>
@@ -50,7 +33,7 @@ void download_layer_state(const ModelConfig& c, const DeviceLayerStateView& v, i
                           cudaStream_t stream) {
   check(!v.attention || position <= v.attention_capacity, "state export: {} positions in a cache of {}", position,
         v.attention_capacity);
-  const LayerSizes s = layer_sizes(c, v, position);
+  const LayerStateSizes s = layer_sizes(c, v, position);
   download(v.gdn_conv, layer.gdn.conv, s.gdn_conv, stream);
   download(v.gdn_recurrent, layer.gdn.recurrent, s.gdn_recurrent, stream);
   download(v.keys, layer.attn.keys, s.kv, stream);
@@ -65,7 +48,7 @@ void upload_layer_state(const ModelConfig& c, const DeviceLayerStateView& v, int
                         cudaStream_t stream) {
   check(!v.attention || position <= v.attention_capacity, "state import: {} positions in a cache of {}", position,
         v.attention_capacity);
-  const LayerSizes s = layer_sizes(c, v, position);
+  const LayerStateSizes s = layer_sizes(c, v, position);
   // check_state_fits has shaped the layer for this model; these guard the copies' bounds all the same.
   check(layer.gdn.conv.size() == s.gdn_conv && layer.gdn.recurrent.size() == s.gdn_recurrent &&
             layer.attn.keys.size() == s.kv && layer.attn.values.size() == s.kv &&

@@ -12,20 +12,36 @@ namespace vavilov {
 namespace {
 
 LayerState new_layer_state(const ModelConfig& c, LayerKind kind, bool has_ple) {
+  const LayerStateSizes sizes = layer_state_sizes(c, kind == LayerKind::GatedDeltaNet, false, has_ple, 0);
   LayerState s;
-  if (kind == LayerKind::GatedDeltaNet) {
-    s.gdn.conv.assign(size_t(c.linear_conv_kernel_dim - 1) * size_t(c.gdn_conv_dim()), 0.0f);
-    s.gdn.recurrent.assign(
-        size_t(c.linear_num_value_heads) * size_t(c.linear_key_head_dim) * size_t(c.linear_value_head_dim), 0.0f);
-  }
-  if (has_ple) {
-    s.ple.previous_ids.assign(size_t(c.ngram_size - 1), c.eos());
-    s.ple.conv_rows.assign(size_t(c.ple_conv_kernel_size - 1) * size_t(c.ngram_size) * size_t(c.hc_hidden()), 0.0f);
-  }
+  s.gdn.conv.assign(sizes.gdn_conv, 0.0f);
+  s.gdn.recurrent.assign(sizes.gdn_recurrent, 0.0f);
+  s.ple.previous_ids.assign(sizes.ple_previous, c.eos());
+  s.ple.conv_rows.assign(sizes.ple_conv, 0.0f);
   return s;
 }
 
 }  // namespace
+
+LayerStateSizes layer_state_sizes(const ModelConfig& c, bool gdn, bool attention, bool ple, int64_t position) {
+  const size_t p = size_t(position), index = size_t(c.indexer_head_dim);
+  LayerStateSizes s;
+  if (gdn) {
+    s.gdn_conv = size_t(c.linear_conv_kernel_dim - 1) * size_t(c.gdn_conv_dim());
+    s.gdn_recurrent =
+        size_t(c.linear_num_value_heads) * size_t(c.linear_key_head_dim) * size_t(c.linear_value_head_dim);
+  }
+  if (attention) {
+    s.kv = p * size_t(c.num_key_value_heads) * size_t(c.head_dim);
+    s.index_keys = p * index;
+    s.block_keys = size_t(position / c.indexer_compress_ratio) * index;
+  }
+  if (ple) {
+    s.ple_previous = size_t(c.ngram_size - 1);
+    s.ple_conv = size_t(c.ple_conv_kernel_size - 1) * size_t(c.ngram_size) * size_t(c.hc_hidden());
+  }
+  return s;
+}
 
 SequenceState new_sequence_state(const Model& model) {
   const ModelConfig& c = model.config;
@@ -45,23 +61,15 @@ void check_size(size_t have, size_t want, const char* field, const std::string& 
 // One layer's vectors against their shapes at `position` tokens: those of the parts it has, empty for the others.
 void check_layer_fits(const LayerState& layer, const ModelConfig& c, bool gdn, bool attention, bool ple,
                       int64_t position, const std::string& where) {
-  const size_t p = size_t(position), kv = size_t(c.num_key_value_heads) * size_t(c.head_dim);
-  const size_t index = size_t(c.indexer_head_dim);
-  check_size(layer.gdn.conv.size(), gdn ? size_t(c.linear_conv_kernel_dim - 1) * size_t(c.gdn_conv_dim()) : 0,
-             "GDN conv state", where);
-  check_size(
-      layer.gdn.recurrent.size(),
-      gdn ? size_t(c.linear_num_value_heads) * size_t(c.linear_key_head_dim) * size_t(c.linear_value_head_dim) : 0,
-      "GDN recurrent state", where);
-  check_size(layer.attn.keys.size(), attention ? p * kv : 0, "attention keys", where);
-  check_size(layer.attn.values.size(), attention ? p * kv : 0, "attention values", where);
-  check_size(layer.attn.index_keys.size(), attention ? p * index : 0, "indexer keys", where);
-  check_size(layer.attn.block_keys.size(), attention ? size_t(position / c.indexer_compress_ratio) * index : 0,
-             "indexer block keys", where);
-  check_size(layer.ple.previous_ids.size(), ple ? size_t(c.ngram_size - 1) : 0, "PLE previous ids", where);
-  check_size(layer.ple.conv_rows.size(),
-             ple ? size_t(c.ple_conv_kernel_size - 1) * size_t(c.ngram_size) * size_t(c.hc_hidden()) : 0,
-             "PLE conv window", where);
+  const LayerStateSizes want = layer_state_sizes(c, gdn, attention, ple, position);
+  check_size(layer.gdn.conv.size(), want.gdn_conv, "GDN conv state", where);
+  check_size(layer.gdn.recurrent.size(), want.gdn_recurrent, "GDN recurrent state", where);
+  check_size(layer.attn.keys.size(), want.kv, "attention keys", where);
+  check_size(layer.attn.values.size(), want.kv, "attention values", where);
+  check_size(layer.attn.index_keys.size(), want.index_keys, "indexer keys", where);
+  check_size(layer.attn.block_keys.size(), want.block_keys, "indexer block keys", where);
+  check_size(layer.ple.previous_ids.size(), want.ple_previous, "PLE previous ids", where);
+  check_size(layer.ple.conv_rows.size(), want.ple_conv, "PLE conv window", where);
   for (int64_t id : layer.ple.previous_ids)
     check(id == c.eos() || (id >= 0 && id < c.vocab_size), "sequence state: {} PLE previous id {} is outside [0, {})",
           where, id, c.vocab_size);

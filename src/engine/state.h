@@ -55,6 +55,12 @@ struct RowStates {
 void shape_row_states(std::vector<GatedDeltaNetState>& rows, size_t count, const GatedDeltaNetState& like);
 void shape_row_states(std::vector<PleState>& rows, size_t count, const PleState& like);
 
+// Element counts of a layer's state vectors at `position` tokens, for the parts the layer has (0 for the others).
+struct LayerStateSizes {
+  size_t gdn_conv = 0, gdn_recurrent = 0, kv = 0, index_keys = 0, block_keys = 0, ple_previous = 0, ple_conv = 0;
+};
+LayerStateSizes layer_state_sizes(const ModelConfig& c, bool gdn, bool attention, bool ple, int64_t position);
+
 SequenceState new_sequence_state(const Model& model);
 // Checks that `state` is shaped for a model of this config (with an MTP head or not) at its own positions: the layer
 // count, each layer's GDN, attention and PLE vectors, the MTP caches; PLE ids inside the vocabulary. Throws an error
