@@ -1,5 +1,6 @@
 #pragma once
 // A weight matrix resident on the GPU, as the kernels read it. Plain data, shared by host code and kernels.
+#include <cstddef>
 #include <cstdint>
 
 namespace vavilov::cuda {
@@ -31,16 +32,29 @@ struct DeviceMatrix {
   float tensor_scale = 1.0f;              // NVFP4's weight_scale_2, F8's weight_scale
 };
 
-// Bytes the kernels read for the whole matrix (codes or values plus scales).
-inline double matrix_bytes(const DeviceMatrix& m) {
-  const double n = double(m.rows) * double(m.cols);
+// Byte sizes of a matrix's parts as the kernels read them: data (dense values or codes), affine scales and biases,
+// NVFP4 block scales.
+struct MatrixParts {
+  size_t data = 0, scales = 0, biases = 0, block_scales = 0;
+};
+
+inline MatrixParts matrix_parts(const DeviceMatrix& m) {
+  const size_t n = size_t(m.rows) * size_t(m.cols);
+  MatrixParts p;
   switch (m.format) {
     case WeightFormat::F32:
-      return n * 4;
+      p.data = n * 4;
+      break;
     case WeightFormat::BF16:
-      return n * 2;
+      p.data = n * 2;
+      break;
     case WeightFormat::F8:
-      return n;
+      p.data = n;
+      break;
+    case WeightFormat::NVFP4:
+      p.data = n / 2;
+      p.block_scales = n / 16;
+      break;
     case WeightFormat::Q4:
     case WeightFormat::Q3:
     case WeightFormat::Q2:
@@ -49,14 +63,20 @@ inline double matrix_bytes(const DeviceMatrix& m) {
                        : m.format == WeightFormat::Q3 ? 3
                        : m.format == WeightFormat::Q2 ? 2
                                                       : m.bits;
-      return n * bits / 8 + n / m.group * 4;  // codes, bf16 scale and bias per group
+      p.data = n * size_t(bits) / 8;
+      p.scales = p.biases = size_t(m.rows) * (size_t(m.cols) / size_t(m.group)) * 2;  // bf16 per group
+      break;
     }
-    case WeightFormat::NVFP4:
-      return n / 2 + n / 16;
     case WeightFormat::Mixed:
       break;
   }
-  return 0;
+  return p;
+}
+
+// Bytes the kernels read for the whole matrix (codes or values plus scales).
+inline double matrix_bytes(const DeviceMatrix& m) {
+  const MatrixParts p = matrix_parts(m);
+  return double(p.data + p.scales + p.biases + p.block_scales);
 }
 
 }  // namespace vavilov::cuda

@@ -22,41 +22,6 @@ HostAllocation host_alloc(size_t bytes, const std::string& what) {
   return HostAllocation(p);
 }
 
-MatrixParts matrix_parts(const DeviceMatrix& m) {
-  const size_t rows = size_t(m.rows), cols = size_t(m.cols);
-  MatrixParts p;
-  switch (m.format) {
-    case WeightFormat::F32:
-      p.data = rows * cols * 4;
-      break;
-    case WeightFormat::BF16:
-      p.data = rows * cols * 2;
-      break;
-    case WeightFormat::F8:
-      p.data = rows * cols;
-      break;
-    case WeightFormat::NVFP4:
-      p.data = rows * cols / 2;
-      p.block_scales = rows * cols / 16;
-      break;
-    case WeightFormat::Q4:
-    case WeightFormat::Q3:
-    case WeightFormat::Q2:
-    case WeightFormat::Affine:
-      p.data = rows * cols *
-               size_t(m.format == WeightFormat::Q4   ? 4
-                      : m.format == WeightFormat::Q3 ? 3
-                      : m.format == WeightFormat::Q2 ? 2
-                                                     : m.bits) /
-               8;
-      p.scales = p.biases = rows * (cols / size_t(m.group)) * 2;
-      break;
-    case WeightFormat::Mixed:
-      break;
-  }
-  return p;
-}
-
 namespace {
 
 constexpr int kGate = 0, kUp = 1, kDown = 2;

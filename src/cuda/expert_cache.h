@@ -36,12 +36,6 @@
 
 namespace vavilov::cuda {
 
-// Byte sizes of a matrix's parts as the kernels read them: data, scales, biases, block_scales.
-struct MatrixParts {
-  size_t data = 0, scales = 0, biases = 0, block_scales = 0;
-};
-MatrixParts matrix_parts(const DeviceMatrix& m);
-
 struct ExpertCacheStats {
   int64_t budget_bytes = 0, slot_bytes = 0;
   int slots = 0, resident = 0;
