@@ -1,0 +1,560 @@
+// Can ONE persistent kernel run a decode step's chain of dependent phases near the copy bandwidth, where a graph of
+// dependent launches pays ~1.7 µs a link (chain_bench)? A synthetic Flash-Next Q4 step is ~590 dependent phases of
+// 0–24 MB of weights (and a 357 MB lm_head); step_profile() models it from the per-layer byte budget. Two ways to run
+// the same phases, each block folding its share of a phase's words and adding a value another block wrote in the
+// phase before (so every phase depends on the whole previous one):
+//
+//   launches: one dependent launch a phase (launch.cuh) in a CUDA graph, 4 blocks of 256 threads a multiprocessor,
+//             each thread's first 8 16-byte loads issued before the wait (what the decode GEMVs do today);
+//   ring:     one block a multiprocessor for the whole chain. Its producer warp streams the block's contiguous share
+//             of each phase into a ring of shared memory with bulk copies (cp.async.bulk, completing on an mbarrier a
+//             slot), as far ahead as the ring has room: weights depend on nothing, so they stream while the consumer
+//             warps wait for the phase before (a counter every block increments with release semantics after its
+//             phase). The consumers then fold the phase's words from shared memory and free each slot.
+//
+// Values are checked against a host evaluation of the same chain. Prints per profile the time, the copy floor (bytes
+// / copy bandwidth) and the fraction of it, and writes JSON.
+// Usage: ring_bench OUT.json
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "check.cuh"
+#include "cuda/launch.cuh"
+
+namespace vavilov::cuda {
+double measure_copy_bandwidth_gbs();  // cuda/bench.h, whose other declarations need C++20 (CUDA sources build as C++17)
+}
+
+namespace {
+
+using vavilov::cuda::allow_dependents;
+using vavilov::cuda::launch_dependent;
+using vavilov::cuda::wait_for_producers;
+
+struct Phases {
+  const uint4* weights;   // every phase's 16-byte words, phase after phase
+  const uint64_t* start;  // [count + 1] word offsets of the phases
+  int count;
+  uint32_t* values;  // [count + 1][blocks]: what each block wrote after each phase (row 0 zero)
+  int blocks;
+};
+
+__device__ __host__ inline uint32_t fill_word_fold(uint64_t i) {
+  return uint32_t(i) ^ uint32_t(i * 7 + 1) ^ uint32_t(i * 13 + 5) ^ uint32_t(i >> 3);
+}
+
+__global__ void fill(uint4* p, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = make_uint4(uint32_t(i), uint32_t(i * 7 + 1), uint32_t(i * 13 + 5), uint32_t(i >> 3));
+}
+
+__device__ __host__ inline uint32_t chain_value(uint32_t block_fold, uint32_t previous) {
+  return block_fold * 2654435761u + previous;
+}
+
+// ---- launches: a dependent launch a phase ----
+
+constexpr int kLaunchThreads = 256, kEarly = 8;
+
+__global__ void __launch_bounds__(kLaunchThreads) launch_phase_kernel(Phases ph, int p) {
+  const uint64_t begin = ph.start[p], end = ph.start[p + 1];
+  const uint64_t stride = uint64_t(gridDim.x) * kLaunchThreads;
+  const uint64_t first = begin + uint64_t(blockIdx.x) * kLaunchThreads + threadIdx.x;
+  uint4 early[kEarly];
+#pragma unroll
+  for (int u = 0; u < kEarly; ++u)
+    early[u] = first + u * stride < end ? __ldg(ph.weights + first + u * stride) : make_uint4(0, 0, 0, 0);
+  wait_for_producers();
+  allow_dependents();
+  uint32_t acc = 0;
+#pragma unroll
+  for (int u = 0; u < kEarly; ++u) acc ^= early[u].x ^ early[u].y ^ early[u].z ^ early[u].w;
+  for (uint64_t i = first + kEarly * stride; i < end; i += kEarly * stride) {
+    uint4 v[kEarly];
+#pragma unroll
+    for (int u = 0; u < kEarly; ++u)
+      v[u] = i + u * stride < end ? __ldg(ph.weights + i + u * stride) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < kEarly; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  __shared__ uint32_t folded[kLaunchThreads / 32];
+  for (int offset = 16; offset > 0; offset >>= 1) acc ^= __shfl_xor_sync(0xffffffffu, acc, offset);
+  if (threadIdx.x % 32 == 0) folded[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t block = 0;
+    for (int w = 0; w < kLaunchThreads / 32; ++w) block ^= folded[w];
+    const uint32_t previous = __ldcg(ph.values + size_t(p) * ph.blocks + (blockIdx.x + 1) % unsigned(ph.blocks));
+    ph.values[size_t(p + 1) * ph.blocks + blockIdx.x] = chain_value(block, previous);
+  }
+}
+
+// ---- ring: one persistent kernel ----
+
+constexpr int kRingThreads = 512, kConsumerWarps = kRingThreads / 32 - 1, kMaxSlots = 32;
+
+__device__ uint32_t shared_address(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+__device__ void mbarrier_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(count) : "memory");
+}
+
+__device__ void mbarrier_expect_bytes(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(bar)), "r"(bytes)
+               : "memory");
+}
+
+__device__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(bar)) : "memory");
+}
+
+__device__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred ready;\n"
+      "retry:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 ready, [%0], %1;\n"
+      "@!ready bra retry;\n"
+      "}\n" ::"r"(shared_address(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+__device__ void bulk_copy_to_shared(void* destination, const void* source, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   shared_address(destination)),
+               "l"(source), "r"(bytes), "r"(shared_address(bar))
+               : "memory");
+}
+
+__device__ uint32_t load_acquire(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ uint32_t load_relaxed(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ void fence_acq_rel() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+
+__device__ void add_release(uint32_t* p, uint32_t v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ uint32_t fetch_add_acq_rel(uint32_t* p, uint32_t v) {
+  uint32_t old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+
+__device__ void store_relaxed(uint32_t* p, uint32_t v) {
+  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// How the blocks wait for each other between phases (all through one thread a block):
+//   kPollAcquire:   arrive with a release reduction on one counter, poll it with acquire loads;
+//   kPollRelaxed:   the same, polling with relaxed loads and one acquire fence once the count is reached;
+//   kBroadcast:     arrive with an acq_rel fetch-add on the counter; the last to arrive stores the phase count to a
+//                   flag line of each block (one fence, then relaxed stores), and each block polls only its own line;
+//   kNone:          no waiting at all (values then race): how fast the ring streams without dependencies.
+enum Barrier : int { kPollAcquire = 0, kPollRelaxed = 1, kBroadcast = 2, kNone = 3 };
+constexpr int kFlagStride = 32;  // words between two blocks' flags: a 128-byte line each
+
+struct Sync {
+  uint32_t* arrivals;
+  uint32_t* flags;  // [blocks][kFlagStride]
+  Barrier barrier;
+};
+
+// Returns once every block has finished `phases_done` phases.
+__device__ void wait_for_phases(const Sync& sync, uint32_t phases_done, int blocks) {
+  const uint32_t target = phases_done * uint32_t(blocks);
+  switch (sync.barrier) {
+    case kPollAcquire:
+      while (load_acquire(sync.arrivals) < target) {
+      }
+      break;
+    case kPollRelaxed:
+      while (load_relaxed(sync.arrivals) < target) {
+      }
+      fence_acq_rel();
+      break;
+    case kBroadcast:
+      while (load_relaxed(sync.flags + size_t(blockIdx.x) * kFlagStride) < phases_done) {
+      }
+      fence_acq_rel();
+      break;
+    case kNone:
+      break;
+  }
+}
+
+// This block has finished phase p (its outputs are stored).
+__device__ void arrive_after(const Sync& sync, int p, int blocks) {
+  if (sync.barrier == kNone) return;
+  if (sync.barrier != kBroadcast) {
+    add_release(sync.arrivals, 1);
+    return;
+  }
+  if (fetch_add_acq_rel(sync.arrivals, 1) + 1 != uint32_t(p + 1) * uint32_t(blocks)) return;
+  for (int b = 0; b < blocks; ++b) store_relaxed(sync.flags + size_t(b) * kFlagStride, uint32_t(p + 1));
+}
+
+__device__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory"); }
+
+// Block b's contiguous share of phase p: words [begin, end).
+struct Share {
+  uint64_t begin, end;
+};
+__device__ __host__ inline uint64_t lesser(uint64_t a, uint64_t b) { return a < b ? a : b; }
+
+// The phases' word offsets, copied into shared memory at the start (a global load a phase sat on the consumers' path).
+constexpr int kMaxPhases = 1024;
+__shared__ uint64_t phase_start[kMaxPhases + 1];
+
+__device__ Share share_of(const Phases& ph, int p) {
+  const uint64_t begin = phase_start[p], words = phase_start[p + 1] - begin;
+  const uint64_t per_block = (words + ph.blocks - 1) / ph.blocks;
+  const uint64_t lo = lesser(words, per_block * blockIdx.x), hi = lesser(words, lo + per_block);
+  return {begin + lo, begin + hi};
+}
+
+// Walks the ring's slots in the order both sides use: `round` counts how often the ring wrapped.
+struct RingCursor {
+  int slot = 0;
+  uint32_t round = 0;
+  __device__ void advance(int slots) {
+    if (++slot == slots) slot = 0, ++round;
+  }
+};
+
+__device__ void prefetch_to_l2(const void* source, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(source), "r"(bytes) : "memory");
+}
+
+// The block's share of phase p into L2 (bulk prefetches of at most a piece each).
+__device__ void prefetch_share(const Phases& ph, int p, uint32_t piece_words) {
+  if (p >= ph.count) return;
+  const Share s = share_of(ph, p);
+  for (uint64_t w = s.begin; w < s.end; w += piece_words)
+    prefetch_to_l2(ph.weights + w, uint32_t(lesser(piece_words, s.end - w) * 16));
+}
+
+// Streams the block's shares into the ring; with l2_ahead > 0 it also asks L2 for the share of the phase l2_ahead
+// after the one it copies, so that DRAM keeps streaming beyond what the ring holds.
+__device__ void produce(const Phases& ph, unsigned char* ring, uint32_t piece_words, int slots, uint64_t* full,
+                        uint64_t* empty, int l2_ahead) {
+  RingCursor at;
+  for (int p = 0; p < l2_ahead; ++p) prefetch_share(ph, p, piece_words);
+  for (int p = 0; p < ph.count; ++p) {
+    if (l2_ahead > 0) prefetch_share(ph, p + l2_ahead, piece_words);
+    const Share s = share_of(ph, p);
+    for (uint64_t w = s.begin; w < s.end; w += piece_words, at.advance(slots)) {
+      const uint32_t bytes = uint32_t(lesser(piece_words, s.end - w) * 16);
+      if (at.round > 0) mbarrier_wait(&empty[at.slot], (at.round - 1) & 1);
+      mbarrier_expect_bytes(&full[at.slot], bytes);
+      bulk_copy_to_shared(ring + size_t(at.slot) * piece_words * 16, ph.weights + w, bytes, &full[at.slot]);
+    }
+  }
+}
+
+__device__ void consume(const Phases& ph, const unsigned char* ring, uint32_t piece_words, int slots, uint64_t* full,
+                        uint64_t* empty, const Sync& sync) {
+  __shared__ uint32_t folded[kConsumerWarps];
+  const int c = threadIdx.x - 32, lane = threadIdx.x % 32;
+  RingCursor at;
+  for (int p = 0; p < ph.count; ++p) {
+    if (p > 0) {
+      if (c == 0) wait_for_phases(sync, uint32_t(p), ph.blocks);
+      consumers_sync();
+    }
+    const Share s = share_of(ph, p);
+    uint32_t acc = 0;
+    for (uint64_t w = s.begin; w < s.end; w += piece_words, at.advance(slots)) {
+      const uint32_t words = uint32_t(lesser(piece_words, s.end - w));
+      mbarrier_wait(&full[at.slot], at.round & 1);
+      const uint4* piece = reinterpret_cast<const uint4*>(ring + size_t(at.slot) * piece_words * 16);
+      for (uint32_t i = c; i < words; i += kConsumerWarps * 32) {
+        const uint4 v = piece[i];
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+      }
+      __syncwarp();
+      if (lane == 0) mbarrier_arrive(&empty[at.slot]);
+    }
+    for (int offset = 16; offset > 0; offset >>= 1) acc ^= __shfl_xor_sync(0xffffffffu, acc, offset);
+    if (lane == 0) folded[c / 32] = acc;
+    consumers_sync();
+    if (c == 0) {
+      uint32_t block = 0;
+      for (int w = 0; w < kConsumerWarps; ++w) block ^= folded[w];
+      const uint32_t previous = __ldcg(ph.values + size_t(p) * ph.blocks + (blockIdx.x + 1) % unsigned(ph.blocks));
+      ph.values[size_t(p + 1) * ph.blocks + blockIdx.x] = chain_value(block, previous);
+      arrive_after(sync, p, ph.blocks);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kRingThreads, 1)
+    ring_kernel(Phases ph, uint32_t piece_words, int slots, Sync sync, int l2_ahead) {
+  extern __shared__ __align__(128) unsigned char ring[];
+  __shared__ __align__(8) uint64_t full[kMaxSlots], empty[kMaxSlots];
+  for (int p = threadIdx.x; p <= ph.count; p += blockDim.x) phase_start[p] = ph.start[p];
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < slots; ++s) {
+      mbarrier_init(&full[s], 1);
+      mbarrier_init(&empty[s], kConsumerWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    if (threadIdx.x == 0) produce(ph, ring, piece_words, slots, full, empty, l2_ahead);
+    return;
+  }
+  consume(ph, ring, piece_words, slots, full, empty, sync);
+}
+
+// ---- host ----
+
+float elapsed_ms(cudaEvent_t a, cudaEvent_t b) {
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, a, b));
+  return ms;
+}
+
+// Phase sizes in MB of a synthetic Flash-Next Q4 decode step (1 row), link by link as the trace shows them (docs/
+// CUDA.md), from the per-layer budget at 0.5625 B a weight: each hyper-connection read 1.8 + 1.8 (mix down, mix up);
+// GDN inputs 23.7 (qkv 10240 × 2560, z 6144 × 2560, b, a), the recurrence 6.3 (its fp32 state read and written),
+// out 8.85; attention q/k/v/index 20.2, five kernels of no weights (inputs, pooling, selection, scores, values),
+// o 8.85; router + shared gate 0.74, routing 0, gate/up 20.3 (10 routed + the shared expert), down 10.1; then the final
+// read, lm_head 357 (248320 × 2560) and the two argmax kernels.
+std::vector<double> step_profile() {
+  const std::vector<double> read = {1.8, 1.8}, moe = {0.74, 0, 20.3, 10.1};
+  const std::vector<double> gdn = {23.7, 6.3, 8.85}, attention = {20.2, 0, 0, 0, 0, 0, 8.85};
+  std::vector<double> mb;
+  auto add = [&](const std::vector<double>& v) { mb.insert(mb.end(), v.begin(), v.end()); };
+  for (int layer = 0; layer < 48; ++layer) {
+    add(read);
+    add(layer % 4 == 3 ? attention : gdn);
+    add(read);
+    add(moe);
+  }
+  add(read);
+  add({357, 0, 0});
+  return mb;
+}
+
+struct Chain {
+  Phases ph{};
+  std::vector<uint64_t> start;
+  uint64_t bytes = 0;
+};
+
+Chain make_chain(const std::vector<double>& megabytes, int blocks) {
+  Chain c;
+  c.start.push_back(0);
+  for (double mb : megabytes) c.start.push_back(c.start.back() + uint64_t(mb * (1 << 20)) / 16);
+  c.bytes = c.start.back() * 16;
+  uint4* weights;
+  uint64_t* start;
+  CHECK(cudaMalloc(&weights, std::max<uint64_t>(c.bytes, 16)));
+  fill<<<1024, 256>>>(weights, c.start.back());
+  CHECK(cudaGetLastError());
+  CHECK(cudaMalloc(&start, c.start.size() * sizeof(uint64_t)));
+  CHECK(cudaMemcpy(start, c.start.data(), c.start.size() * sizeof(uint64_t), cudaMemcpyHostToDevice));
+  c.ph = {weights, start, int(megabytes.size()), nullptr, blocks};
+  CHECK(cudaMalloc(&c.ph.values, sizeof(uint32_t) * (megabytes.size() + 1) * blocks));
+  CHECK(cudaDeviceSynchronize());
+  return c;
+}
+
+void free_chain(Chain& c) {
+  CHECK(cudaFree(const_cast<uint4*>(c.ph.weights)));
+  CHECK(cudaFree(const_cast<uint64_t*>(c.ph.start)));
+  CHECK(cudaFree(c.ph.values));
+}
+
+// The chain's values on the host; `block_of(offset in phase, words in phase)` says which block folds a word.
+template <typename BlockOf>
+std::vector<uint32_t> expected_values(const Chain& c, BlockOf block_of) {
+  const int blocks = c.ph.blocks;
+  std::vector<uint32_t> values(size_t(c.ph.count + 1) * blocks, 0), fold(blocks);
+  for (int p = 0; p < c.ph.count; ++p) {
+    std::fill(fold.begin(), fold.end(), 0);
+    const uint64_t words = c.start[p + 1] - c.start[p];
+    for (uint64_t i = 0; i < words; ++i) fold[block_of(i, words)] ^= fill_word_fold(c.start[p] + i);
+    for (int b = 0; b < blocks; ++b)
+      values[size_t(p + 1) * blocks + b] = chain_value(fold[b], values[size_t(p) * blocks + (b + 1) % blocks]);
+  }
+  return values;
+}
+
+bool values_match(const Chain& c, const std::vector<uint32_t>& expected) {
+  std::vector<uint32_t> got(expected.size());
+  CHECK(cudaMemcpy(got.data(), c.ph.values, got.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost));
+  return got == expected;
+}
+
+constexpr int kRepeats = 5;
+
+struct Timed {
+  double us;  // one pass over the whole chain
+  bool same;
+};
+
+Timed time_launches(const Chain& c, const std::vector<uint32_t>& expected) {
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  CHECK(cudaMemsetAsync(c.ph.values, 0, sizeof(uint32_t) * c.ph.blocks, stream));
+  for (int p = 0; p < c.ph.count; ++p)
+    CHECK(launch_dependent(launch_phase_kernel, dim3(c.ph.blocks), dim3(kLaunchThreads), 0, stream, c.ph, p));
+  CHECK(cudaStreamEndCapture(stream, &graph));
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  CHECK(cudaGraphLaunch(exec, stream));
+  CHECK(cudaEventRecord(start, stream));
+  for (int r = 0; r < kRepeats; ++r) CHECK(cudaGraphLaunch(exec, stream));
+  CHECK(cudaEventRecord(stop, stream));
+  CHECK(cudaEventSynchronize(stop));
+  const Timed t{elapsed_ms(start, stop) * 1e3 / kRepeats, values_match(c, expected)};
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(graph));
+  CHECK(cudaStreamDestroy(stream));
+  return t;
+}
+
+Timed time_ring(const Chain& c, const std::vector<uint32_t>& expected, uint32_t piece_kb, int slots, Barrier barrier,
+                int l2_ahead) {
+  if (c.ph.count > kMaxPhases) {
+    std::fprintf(stderr, "ring_bench: %d phases, the ring kernel takes at most %d\n", c.ph.count, kMaxPhases);
+    std::exit(1);
+  }
+  const size_t sync_words = 1 + size_t(c.ph.blocks) * kFlagStride;
+  uint32_t* sync_memory;
+  CHECK(cudaMalloc(&sync_memory, sync_words * sizeof(uint32_t)));
+  Sync sync{sync_memory, sync_memory + kFlagStride, barrier};
+  const size_t ring_bytes = size_t(piece_kb) * 1024 * slots;
+  CHECK(cudaFuncSetAttribute(ring_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ring_bytes)));
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  Phases ph = c.ph;
+  uint32_t piece_words = piece_kb * 1024 / 16;
+  int slot_count = slots;
+  void* args[] = {&ph, &piece_words, &slot_count, &sync, &l2_ahead};
+  auto pass = [&] {
+    CHECK(cudaMemsetAsync(sync_memory, 0, sync_words * sizeof(uint32_t), stream));
+    CHECK(cudaMemsetAsync(c.ph.values, 0, sizeof(uint32_t) * c.ph.blocks, stream));
+    CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(ring_kernel), dim3(c.ph.blocks), dim3(kRingThreads),
+                                      args, ring_bytes, stream));
+  };
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  pass();
+  CHECK(cudaEventRecord(start, stream));
+  for (int r = 0; r < kRepeats; ++r) pass();
+  CHECK(cudaEventRecord(stop, stream));
+  CHECK(cudaEventSynchronize(stop));
+  const Timed t{elapsed_ms(start, stop) * 1e3 / kRepeats, values_match(c, expected)};
+  CHECK(cudaStreamDestroy(stream));
+  CHECK(cudaFree(sync_memory));
+  return t;
+}
+
+std::string entry(const std::string& name, double floor_us, const Timed& t) {
+  const bool racing = name.find("no_dependency") != std::string::npos;  // its values are not meant to match
+  std::printf("  %-40s %9.1f us  %5.1f %% of the copy floor  values %s\n", name.c_str(), t.us, 100 * floor_us / t.us,
+              racing ? "(not checked)" : t.same ? "ok" : "WRONG");
+  return "      {\"variant\": \"" + name + "\", \"us\": " + std::to_string(t.us) +
+         ", \"fraction_of_copy_floor\": " + std::to_string(floor_us / t.us) +
+         ", \"values_ok\": " + (t.same ? "true" : "false") + "}";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: ring_bench OUT.json\n");
+    return 2;
+  }
+  cudaDeviceProp properties{};
+  CHECK(cudaGetDeviceProperties(&properties, 0));
+  const int sms = properties.multiProcessorCount;
+  const double gbs = vavilov::cuda::measure_copy_bandwidth_gbs();
+  std::printf("%s, %d multiprocessors, copy %.0f GB/s\n", properties.name, sms, gbs);
+  std::string json = "{\n  \"gpu\": \"" + std::string(properties.name) +
+                     "\",\n  \"copy_bandwidth_gbs\": " + std::to_string(gbs) + ",\n  \"profiles\": [\n";
+
+  struct Profile {
+    std::string name;
+    std::vector<double> megabytes;
+  };
+  std::vector<Profile> profiles = {{"flash_next_q4_step", step_profile()}};
+  for (double mb : {0.5, 2.0, 4.0, 8.0, 16.0})
+    profiles.push_back({"uniform_" + std::to_string(mb).substr(0, 4) + "mb",
+                        std::vector<double>(size_t(std::clamp(1024.0 / mb, 64.0, 1024.0)), mb)});
+  struct RingShape {
+    uint32_t piece_kb;
+    int slots;
+  };
+  struct RingRun {
+    RingShape shape;
+    Barrier barrier;
+    int l2_ahead;
+  };
+  const char* barrier_names[] = {"poll_acquire", "poll_relaxed", "broadcast", "no_dependency"};
+  const std::vector<RingRun> step_runs = {
+      {{16, 12}, kPollAcquire, 0}, {{32, 6}, kPollAcquire, 0}, {{32, 6}, kNone, 0},   {{32, 6}, kPollAcquire, 2},
+      {{32, 6}, kPollAcquire, 4},  {{32, 6}, kPollAcquire, 8}, {{32, 6}, kPollAcquire, 16}, {{16, 12}, kPollAcquire, 8},
+      {{32, 6}, kPollRelaxed, 8},  {{32, 6}, kNone, 8}};
+  const std::vector<RingRun> uniform_runs = {
+      {{32, 6}, kPollAcquire, 0}, {{32, 6}, kNone, 0}, {{32, 6}, kPollAcquire, 4}};
+  for (size_t i = 0; i < profiles.size(); ++i) {
+    const Profile& profile = profiles[i];
+    double total_mb = 0;
+    for (double mb : profile.megabytes) total_mb += mb;
+    const double floor_us = total_mb * (1 << 20) / (gbs * 1e3);
+    std::printf("%s: %zu phases, %.0f MB, copy floor %.1f us\n", profile.name.c_str(), profile.megabytes.size(),
+                total_mb, floor_us);
+    json += "    {\"profile\": \"" + profile.name + "\", \"phases\": " + std::to_string(profile.megabytes.size()) +
+            ", \"megabytes\": " + std::to_string(total_mb) + ", \"copy_floor_us\": " + std::to_string(floor_us) +
+            ", \"runs\": [\n";
+    {
+      Chain c = make_chain(profile.megabytes, 4 * sms);
+      const auto expected = expected_values(c, [&](uint64_t i, uint64_t) { return int((i / kLaunchThreads) % (4 * sms)); });
+      json += entry("launches_4x256_early8", floor_us, time_launches(c, expected));
+      free_chain(c);
+    }
+    Chain c = make_chain(profile.megabytes, sms);
+    const auto expected = expected_values(c, [&](uint64_t i, uint64_t words) { return int(i / ((words + sms - 1) / sms)); });
+    for (const RingRun& run : i == 0 ? step_runs : uniform_runs) {
+      const std::string name = "ring_" + std::to_string(run.shape.piece_kb) + "kb_x" + std::to_string(run.shape.slots) +
+                               "_" + barrier_names[run.barrier] + "_l2ahead" + std::to_string(run.l2_ahead);
+      json += ",\n" + entry(name, floor_us,
+                             time_ring(c, expected, run.shape.piece_kb, run.shape.slots, run.barrier, run.l2_ahead));
+    }
+    free_chain(c);
+    json += std::string("\n    ]}") + (i + 1 < profiles.size() ? ",\n" : "\n");
+  }
+  json += "  ]\n}\n";
+  FILE* out = std::fopen(argv[1], "w");
+  if (!out) {
+    std::fprintf(stderr, "ring_bench: cannot write %s\n", argv[1]);
+    return 1;
+  }
+  std::fputs(json.c_str(), out);
+  std::fclose(out);
+  return 0;
+}
