@@ -411,8 +411,9 @@ ChunkScratch chunk_scratch(const GdnShape& s, int rows, float* base, size_t* tot
 }
 
 // inverses[r0 + i][r0 + column] = ((I + A_bb)⁻¹)[i][column] for the unit lower triangular diagonal block b at rows
-// and columns r0 … r0 + 15 of A (row stride kChunkStride); lane `column` of a warp solves (I + A_bb) x = e_column by
-// forward substitution (x[c] = 0 for c < column falls out of the sums, so no lane branches).
+// and columns r0 … r0 + 15 of A (row stride kChunkStride); lane `column` (< 16) of a warp solves (I + A_bb) x =
+// e_column by forward substitution (x[c] = 0 for c < column falls out of the sums, so no lane branches). Lanes 0–15
+// call it together; inverses may be A itself (the inverse overwrites the block: every lane has read it first).
 __device__ inline void invert_diagonal_block(float* inverses, const float* a, int r0, int column) {
   float x[kTile];
 #pragma unroll
@@ -428,71 +429,94 @@ __device__ inline void invert_diagonal_block(float* inverses, const float* a, in
     }
     x[i] = (sums[0] + sums[1]) + (sums[2] + sums[3]);
   }
+  __syncwarp(0xffffu);
 #pragma unroll
   for (int i = 0; i < kTile; ++i) inverses[(r0 + i) * kChunkStride + r0 + column] = x[i];
 }
 
-// Shared memory of the prepare kernel: γ, β, q factors; keys [C][ldk]; queries [C][ldk], later values [C][ldv]; A and
-// Q Kᵀ [C][C + 4].
-size_t prepare_shared_bytes(const GdnShape& s) {
-  const size_t ldk = size_t(stride_of(s.dk)), ldx = size_t(std::max(stride_of(s.dk), operand_stride_of(s.dv)));
-  return (3 * size_t(kC) + kC * ldk + kC * ldx + 2 * size_t(kC) * kChunkStride) * 4;
+// The inclusive cumulative sum of the 64 log decays at gamma, in place, by one warp (two a lane).
+__device__ inline void cumulative_decays(float* gamma, int lane) {
+  const float first = gamma[2 * lane], second = gamma[2 * lane + 1];
+  float sum = first + second;
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const float other = __shfl_up_sync(0xffffffffu, sum, offset);
+    if (lane >= offset) sum += other;
+  }
+  const float before = __shfl_up_sync(0xffffffffu, sum, 1);  // the sum over the lanes below
+  gamma[2 * lane] = lane == 0 ? first : before + first;
+  gamma[2 * lane + 1] = lane == 0 ? first + second : (before + first) + second;
 }
 
-// Block (head, chunk), 512 threads, two blocks an SM (64 registers a thread): the kernel is bound by latencies
+// The prepare kernel runs per key head and chunk: the key head's value heads (3 at the release) share q and k, so the
+// staging of the q and k rows, their norms and the products K Kᵀ and Q Kᵀ are done once for all of them; only the
+// per-row scalars (β, the decays) and V differ between them.
+__host__ __device__ inline int value_heads_per_key_head(const GdnShape& s) { return s.heads / s.key_heads; }
+
+// Shared memory of the prepare kernel: γ and β of each value head [G][C]; q and k factors [C]; keys [C][ldk];
+// queries [C][ldk], later values [C][ldv]; K Kᵀ [C][C + 4]; Q Kᵀ, later A with its inverted diagonal blocks
+// [C][C + 4]. (At the release 103 KB: two blocks an SM, as before.)
+size_t prepare_shared_bytes(const GdnShape& s) {
+  const size_t ldk = size_t(stride_of(s.dk)), ldx = size_t(std::max(stride_of(s.dk), operand_stride_of(s.dv)));
+  const size_t group = size_t(value_heads_per_key_head(s));
+  return (2 * group * kC + 2 * size_t(kC) + kC * ldk + kC * ldx + 2 * size_t(kC) * kChunkStride) * 4;
+}
+
+// Block (key head, chunk), 512 threads, two blocks an SM (64 registers a thread): the kernel is bound by latencies
 // between its barriers, so more warps each do less.
 constexpr int kPrepareThreads = 512;
 constexpr int kPrepareWarps = kPrepareThreads / 32;
 
+// Phase 1, once a key head: q and k rows staged and l2-normalised, every value head's γ and β, K Kᵀ and Q Kᵀ; then
+// for each value head its P, Kd, q factors and chunk decay to the scratch. Phase 2, value head after value head: A
+// (from K Kᵀ), V and the keys restaged, I + A's diagonal blocks inverted, the blocked solve for W and U, both to the
+// scratch. Every value is computed by the same operations in the same order as in the earlier kernel per value head
+// (the restaged keys are normalised by the same factor before they are scaled), so the results are unchanged.
 template <bool kRelease, bool kOnePass>
 __global__ void __launch_bounds__(kPrepareThreads, 2)
     gdn_chunk_prepare_kernel(GdnShape shape, GdnInputs in, ChunkScratch x) {
   const GdnShape s = fixed<kRelease>(shape);
   allow_dependents();
   extern __shared__ __align__(128) float4 shared4[];
+  const int group = value_heads_per_key_head(s);
   const int kdp = padded(s.dk), vdp = padded(s.dv);
   const int ldk = stride_of(s.dk), ldv = operand_stride_of(s.dv), ldx = max(ldk, ldv);
-  float* gamma = reinterpret_cast<float*>(shared4);  // [C] inclusive cumulative log decay
-  float* beta = gamma + kC;                          // [C]
-  float* q_factor = beta + kC;                       // [C]: 1 / (‖q_t‖ √dk)
-  float* keys = q_factor + kC;                       // [C][ldk]: normalised K, then diag(β e^γ) K, then W
-  float* queries = keys + kC * ldk;                  // [C][ldk]: normalised Q scaled by 1/√dk
-  float* values = queries;                           // [C][ldv]: diag(β) V, then U (once Q is used up)
-  float* a = queries + kC * ldx;                     // [C][C + 4]: K Kᵀ, then A (strictly lower)
-  float* qk = a + kC * kChunkStride;                 // [C][C + 4]: Q Kᵀ
-  const int h = blockIdx.x, chunk = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  float* gammas = reinterpret_cast<float*>(shared4);  // [G][C] inclusive cumulative log decays
+  float* betas = gammas + group * kC;                 // [G][C]
+  float* q_factor = betas + group * kC;               // [C]: 1 / (‖q_t‖ √dk)
+  float* k_factor = q_factor + kC;                    // [C]: 1 / ‖k_t‖, zero past the input
+  float* keys = k_factor + kC;                        // [C][ldk]: normalised K, then diag(β e^γ) K, then W
+  float* queries = keys + kC * ldk;                   // [C][ldk]: normalised Q scaled by 1/√dk
+  float* values = queries;                            // [C][ldv]: diag(β) V, then U (once Q is used up)
+  float* kk = queries + kC * ldx;                     // [C][C + 4]: K Kᵀ
+  float* qk = kk + kC * kChunkStride;                 // [C][C + 4]: Q Kᵀ
+  float* a = qk;  // [C][C + 4]: A (strictly lower; a value head's, once every P is written), its diagonal blocks
+                  // then replaced by (I + A_bb)⁻¹
+  const int key_head = blockIdx.x, first_head = key_head * group, chunk = blockIdx.y, tid = threadIdx.x;
+  const int lane = tid % 32, warp = tid / 32;
   const int t0 = chunk * kC, n = min(kC, in.rows - t0);
-  const int key_head = h / (s.heads / s.key_heads);
-  const size_t block = size_t(chunk) * s.heads + h;
-  if (chunk == 0 && tid < x.scan_slices) x.progress[h * x.scan_slices + tid] = 0;  // the scan starts after this grid
+  if (chunk == 0)  // the scan starts after this grid; the key head's value heads' counters are adjacent
+    for (int e = tid; e < group * x.scan_slices; e += kPrepareThreads) x.progress[first_head * x.scan_slices + e] = 0;
 
   // Raw q and k rows, zero past the input and past dk.
   const float* q_rows = in.qkv + size_t(t0) * s.conv_dim + key_head * s.dk;
+  const float* k_rows = q_rows + s.key_dim;
   stage_tile(queries, ldk, kC, kdp, q_rows, size_t(s.conv_dim), n, s.dk);
-  stage_tile(keys, ldk, kC, kdp, q_rows + s.key_dim, size_t(s.conv_dim), n, s.dk);
-  if (tid < kC) {  // rows past the input: β = 0, g = 0 (they change nothing)
+  stage_tile(keys, ldk, kC, kdp, k_rows, size_t(s.conv_dim), n, s.dk);
+  for (int e = tid; e < group * kC; e += kPrepareThreads) {  // rows past the input: β = 0, g = 0 (they change nothing)
+    const int h = first_head + e / kC, t = e % kC;
     float g = 0.0f, b = 0.0f;
-    if (tid < n) {
-      const size_t at = size_t(t0 + tid) * s.heads + h;
+    if (t < n) {
+      const size_t at = size_t(t0 + t) * s.heads + h;
       g = log_decay(in, h, at);
       b = sigmoid(in.b[at]);
     }
-    gamma[tid] = g;
-    beta[tid] = b;
+    gammas[e] = g;
+    betas[e] = b;
   }
+  if (tid >= n && tid < kC) k_factor[tid] = 0.0f;
   wait_copies();
   __syncthreads();
-  if (warp == 0) {  // inclusive scan of the 64 decays, two per lane
-    const float first = gamma[2 * lane], second = gamma[2 * lane + 1];
-    float sum = first + second;
-    for (int offset = 1; offset < 32; offset <<= 1) {
-      const float other = __shfl_up_sync(0xffffffffu, sum, offset);
-      if (lane >= offset) sum += other;
-    }
-    const float before = __shfl_up_sync(0xffffffffu, sum, 1);  // the sum over the lanes below
-    gamma[2 * lane] = lane == 0 ? first : before + first;
-    gamma[2 * lane + 1] = lane == 0 ? first + second : (before + first) + second;
-  }
+  for (int head = warp; head < group; head += kPrepareWarps) cumulative_decays(gammas + head * kC, lane);
   const float q_scale = 1.0f / sqrtf(float(s.dk));
   for (int t = warp; t < n; t += kPrepareWarps) {  // l2-normalise in place (each lane rescales what it summed)
     float q_sum = 0.0f, k_sum = 0.0f;
@@ -502,7 +526,10 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
     }
     const float q_norm = 1.0f / sqrtf(warp_sum(q_sum) + 1e-6f) * q_scale;
     const float k_norm = 1.0f / sqrtf(warp_sum(k_sum) + 1e-6f);
-    if (lane == 0) q_factor[t] = q_norm;
+    if (lane == 0) {
+      q_factor[t] = q_norm;
+      k_factor[t] = k_norm;
+    }
     for (int i = lane; i < s.dk; i += 32) {
       queries[t * ldk + i] *= q_norm;
       keys[t * ldk + i] *= k_norm;
@@ -520,88 +547,104 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
     fill(acc, 0.0f);
     mma_tile<kOnePass, RowMajor, ColMajor>(acc, (q_rows_tile ? queries : keys) + r0 * ldk, ldk, keys + c0 * ldk, ldk,
                                            kdp / kStep);
-    store_tile((q_rows_tile ? qk : a) + r0 * kChunkStride + c0, acc, kChunkStride);
+    store_tile((q_rows_tile ? qk : kk) + r0 * kChunkStride + c0, acc, kChunkStride);
   }
   __syncthreads();
 
-  // A and P with their decays and masks; Kd, Qd's row factors and the chunk's decay to the scratch.
-  float* p = x.p + block * kC * kC;
-  for (int e = tid; e < kC * kC; e += kPrepareThreads) {
-    const int t = e / kC, u = e % kC;
-    const float decay = u <= t ? expf(gamma[t] - gamma[u]) : 0.0f;
-    a[t * kChunkStride + u] = u < t ? beta[t] * decay * a[t * kChunkStride + u] : 0.0f;
-    p[e] = u <= t ? decay * qk[t * kChunkStride + u] : 0.0f;
-  }
-  const float gamma_end = gamma[kC - 1];
+  // Each value head's P (decayed and masked), Kd, Qd's row factors and the chunk's decay to the scratch.
   // Kd transposed, [dk][C] (the scan reads it k-contiguous): a warp's 32 elements are keys 4q … 4q + 3 of 8 tokens,
   // on 32 banks in the keys tile (rows 4 mod 32 floats apart) and four 32-byte pieces in the scratch. A thread's
   // token t stays the same from one element to its next, so e^{γ_C−γ_t} is taken once.
   static_assert(kPrepareThreads / 4 % kC == 0);
-  float* kd = x.kd + block * kC * s.dk;
   const int key_quads = (s.dk + 3) / 4, token = tid / 4 % kC;
-  const float token_to_end = expf(gamma_end - gamma[token]);
-  for (int e = tid; e < key_quads * 4 * kC; e += kPrepareThreads) {
-    const int i = e / (4 * kC) * 4 + e % 4;
-    if (i < s.dk) kd[i * kC + token] = stored_operand<kOnePass>(keys[token * ldk + i] * token_to_end);
+  for (int head = 0; head < group; ++head) {
+    const float* gamma = gammas + head * kC;
+    const size_t block = size_t(chunk) * s.heads + first_head + head;
+    float* p = x.p + block * kC * kC;
+    for (unsigned e = tid; e < kC * kC; e += kPrepareThreads) {
+      const int t = e / kC, u = e % kC;
+      const float decay = u <= t ? expf(gamma[t] - gamma[u]) : 0.0f;
+      p[e] = u <= t ? decay * qk[t * kChunkStride + u] : 0.0f;
+    }
+    const float gamma_end = gamma[kC - 1];
+    float* kd = x.kd + block * kC * s.dk;
+    const float token_to_end = expf(gamma_end - gamma[token]);
+    for (int e = tid; e < key_quads * 4 * kC; e += kPrepareThreads) {
+      const int i = e / (4 * kC) * 4 + e % 4;
+      if (i < s.dk) kd[i * kC + token] = stored_operand<kOnePass>(keys[token * ldk + i] * token_to_end);
+    }
+    if (tid < kC) x.q_factor[block * kC + tid] = tid < n ? q_factor[tid] * expf(gamma[tid]) : 0.0f;
+    if (tid == 0) x.decay[block] = expf(gamma_end);
   }
-  if (tid < kC) x.q_factor[block * kC + tid] = tid < n ? q_factor[tid] * expf(gamma[tid]) : 0.0f;
-  if (tid == 0) x.decay[block] = expf(gamma_end);
-  __syncthreads();
+  __syncthreads();  // Q Kᵀ, the queries and (past the first value head) the normalised keys are used up
 
-  // The right-hand sides [diag(β e^γ) K | diag(β) V] (zero past the input: β = 0 there). V is staged by cp.async
-  // while the keys are scaled (read element by element, its 32 loads a thread each waited a global latency) and
-  // the diagonal blocks of I + A are inverted.
-  const float* v_rows = in.qkv + size_t(t0) * s.conv_dim + 2 * s.key_dim + h * s.dv;
-  stage_tile(values, ldv, kC, vdp, v_rows, size_t(s.conv_dim), n, s.dv);
-  __pipeline_commit();
-  float* inverses = qk;  // [C][C + 4]: (I + A_bb)⁻¹ in diagonal block b (Q Kᵀ is used up)
-  if (warp >= kPrepareWarps - kC / kTile && lane < kTile)
-    invert_diagonal_block(inverses, a, (warp - (kPrepareWarps - kC / kTile)) * kTile, lane);
-  for (int t = warp; t < kC; t += kPrepareWarps) {
-    const float scale = beta[t] * expf(gamma[t]);
-    for (int i = lane; i < kdp; i += 32) keys[t * ldk + i] *= scale;
-  }
-  __pipeline_wait_prior(0);
-  __syncthreads();
-  for (int t = warp; t < n; t += kPrepareWarps)
-    for (int j = lane; j < s.dv; j += 32) values[t * ldv + j] *= beta[t];
-  __syncthreads();
+  for (int head = 0; head < group; ++head) {
+    const int h = first_head + head;
+    const float *gamma = gammas + head * kC, *beta = betas + head * kC;
+    const size_t block = size_t(chunk) * s.heads + h;
+    // The right-hand sides [diag(β e^γ) K | diag(β) V] (zero past the input: β = 0 there). V, and past the first
+    // value head the raw k rows again (from L2: this block read them), load by cp.async while A is formed.
+    stage_tile(values, ldv, kC, vdp, in.qkv + size_t(t0) * s.conv_dim + 2 * s.key_dim + h * s.dv, size_t(s.conv_dim), n,
+               s.dv);
+    if (head > 0) stage_tile(keys, ldk, kC, kdp, k_rows, size_t(s.conv_dim), n, s.dk);
+    __pipeline_commit();
+    for (unsigned e = tid; e < kC * kC; e += kPrepareThreads) {
+      const int t = e / kC, u = e % kC;
+      a[t * kChunkStride + u] = u < t ? beta[t] * expf(gamma[t] - gamma[u]) * kk[t * kChunkStride + u] : 0.0f;
+    }
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    // Four warps invert the diagonal blocks of I + A in place while the others scale the right-hand sides.
+    if (warp >= kPrepareWarps - kC / kTile && lane < kTile)
+      invert_diagonal_block(a, a, (warp - (kPrepareWarps - kC / kTile)) * kTile, lane);
+    for (int t = warp; t < kC; t += kPrepareWarps) {
+      const float scale = beta[t] * expf(gamma[t]), norm = k_factor[t];
+      for (int i = lane; i < kdp; i += 32) {
+        const float key = head > 0 ? keys[t * ldk + i] * norm : keys[t * ldk + i];  // normalised as in phase 1
+        keys[t * ldk + i] = key * scale;
+      }
+    }
+    for (int t = warp; t < n; t += kPrepareWarps)
+      for (int j = lane; j < s.dv; j += 32) values[t * ldv + j] *= beta[t];
+    __syncthreads();
 
-  // (I + A) [W | U] = [diag(β e^γ) K | diag(β) V] by blocks of 16 rows, a warp per 16-column tile (the tiles do not
-  // depend on each other, so no block barrier): subtract the solved rows' part, then multiply by the diagonal
-  // block's inverse, both on the tensor cores.
-  const int key_tiles = kdp / kTile, tiles = key_tiles + vdp / kTile;
-  for (int tile = warp; tile < tiles; tile += kPrepareWarps) {
-    const bool key = tile < key_tiles;
-    float* rhs = key ? keys + tile * kTile : values + (tile - key_tiles) * kTile;
-    const int ld = key ? ldk : ldv;
-    for (int r0 = 0; r0 < kC; r0 += kTile) {
-      if (r0 > 0) {
-        Accumulator solved, rest;
-        fill(solved, 0.0f);
-        mma_tile<kOnePass, RowMajor, RowMajor>(solved, a + r0 * kChunkStride, kChunkStride, rhs, ld, r0 / kStep);
-        load_tile(rest, rhs + r0 * ld, ld);
+    // (I + A) [W | U] = [diag(β e^γ) K | diag(β) V] by blocks of 16 rows, a warp per 16-column tile (the tiles do not
+    // depend on each other, so no block barrier): subtract the solved rows' part, then multiply by the diagonal
+    // block's inverse, both on the tensor cores.
+    const int key_tiles = kdp / kTile, tiles = key_tiles + vdp / kTile;
+    for (int tile = warp; tile < tiles; tile += kPrepareWarps) {
+      const bool key = tile < key_tiles;
+      float* rhs = key ? keys + tile * kTile : values + (tile - key_tiles) * kTile;
+      const int ld = key ? ldk : ldv;
+      for (int r0 = 0; r0 < kC; r0 += kTile) {
+        if (r0 > 0) {
+          Accumulator solved, rest;
+          fill(solved, 0.0f);
+          mma_tile<kOnePass, RowMajor, RowMajor>(solved, a + r0 * kChunkStride, kChunkStride, rhs, ld, r0 / kStep);
+          load_tile(rest, rhs + r0 * ld, ld);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) rest.x[e] -= solved.x[e];
-        store_tile(rhs + r0 * ld, rest, ld);
+          for (int e = 0; e < 8; ++e) rest.x[e] -= solved.x[e];
+          store_tile(rhs + r0 * ld, rest, ld);
+          __syncwarp();
+        }
+        Accumulator solution;
+        fill(solution, 0.0f);
+        mma_tile<kOnePass, RowMajor, RowMajor>(solution, a + r0 * kChunkStride + r0, kChunkStride, rhs + r0 * ld, ld,
+                                               kTile / kStep);
+        __syncwarp();  // every lane has read the block before it is overwritten
+        store_tile(rhs + r0 * ld, solution, ld);
         __syncwarp();
       }
-      Accumulator solution;
-      fill(solution, 0.0f);
-      mma_tile<kOnePass, RowMajor, RowMajor>(solution, inverses + r0 * kChunkStride + r0, kChunkStride, rhs + r0 * ld,
-                                             ld, kTile / kStep);
-      __syncwarp();  // every lane has read the block before it is overwritten
-      store_tile(rhs + r0 * ld, solution, ld);
-      __syncwarp();
     }
-  }
-  __syncthreads();
+    __syncthreads();
 
-  float* w_out = x.w + block * kC * s.dk;
-  for (int e = tid; e < kC * s.dk; e += kPrepareThreads)
-    w_out[e] = stored_operand<kOnePass>(keys[e / s.dk * ldk + e % s.dk]);
-  float* u_out = x.u + block * kC * s.dv;
-  for (int e = tid; e < kC * s.dv; e += kPrepareThreads) u_out[e] = values[e / s.dv * ldv + e % s.dv];
+    float* w_out = x.w + block * kC * s.dk;
+    for (unsigned e = tid; e < unsigned(kC * s.dk); e += kPrepareThreads)
+      w_out[e] = stored_operand<kOnePass>(keys[e / s.dk * ldk + e % s.dk]);
+    float* u_out = x.u + block * kC * s.dv;
+    for (unsigned e = tid; e < unsigned(kC * s.dv); e += kPrepareThreads) u_out[e] = values[e / s.dv * ldv + e % s.dv];
+    if (head + 1 < group) __syncthreads();  // the next value head restages the keys and values and forms its A
+  }
 }
 
 // The scan: block (head, slice of 64 value columns), 512 threads, one block an SM (at the release shape 96 blocks,
@@ -995,7 +1038,7 @@ void launch_prefill(const GdnShape& s, const GdnInputs& in, const ChunkScratch& 
   const auto prepare = release ? gdn_chunk_prepare_kernel<true, kOnePass> : gdn_chunk_prepare_kernel<false, kOnePass>;
   const size_t prepare_bytes = prepare_shared_bytes(s);
   cudaFuncSetAttribute(prepare, cudaFuncAttributeMaxDynamicSharedMemorySize, int(prepare_bytes));
-  prepare<<<dim3(heads, chunks), kPrepareThreads, prepare_bytes, stream>>>(s, in, x);
+  prepare<<<dim3(unsigned(s.key_heads), chunks), kPrepareThreads, prepare_bytes, stream>>>(s, in, x);
   const size_t scan_bytes = scan_shared_bytes(s);
   const unsigned scan_slices = unsigned(x.scan_slices);
   const auto scan = release ? gdn_chunk_scan_kernel<true, kOnePass> : gdn_chunk_scan_kernel<false, kOnePass>;

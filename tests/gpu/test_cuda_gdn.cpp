@@ -526,5 +526,20 @@ TEST(CudaGdn, ChunkedPrefillOnePassTf32OfManyChunksMatchesRecurrence) {
   expect_prefill_matches_reference(s, random_inputs(s, rows, rng, true), rows, kOnePass);
 }
 
+// The prepare kernel runs per key head and chunk and loops over the key head's value heads (their β, decays and V
+// differ, q and k are shared): key heads of 6 value heads at the release's head dimensions (two chunks, the second
+// partial) and of 12 at a small shape (the outputs' unfused path), against the recurrence in both precisions. A value
+// head that took another's β, decays or V, or a counter left unzeroed, gives errors of order one.
+TEST(CudaGdn, ChunkedPrefillOfKeyHeadsWithManyValueHeadsMatchesRecurrence) {
+  std::mt19937 rng(12);
+  for (const GdnShape& s : {shape_of(6, 1, 128, 128), shape_of(12, 1, 16, 136)})
+    for (const PrefillCheck& check : {PrefillCheck{}, kOnePass}) {
+      SCOPED_TRACE(testing::Message() << "heads " << s.heads << " dk " << s.dk << " dv " << s.dv << " one pass "
+                                      << (check.products == cuda::GdnProducts::Tf32));
+      const int rows = 100;
+      expect_prefill_matches_reference(s, random_inputs(s, rows, rng, true), rows, check);
+    }
+}
+
 }  // namespace
 }  // namespace vavilov
