@@ -454,7 +454,7 @@ __host__ __device__ inline int value_heads_per_key_head(const GdnShape& s) { ret
 
 // Shared memory of the prepare kernel: γ and β of each value head [G][C]; q and k factors [C]; keys [C][ldk];
 // queries [C][ldk], later values [C][ldv]; K Kᵀ [C][C + 4]; Q Kᵀ, later A with its inverted diagonal blocks
-// [C][C + 4]. (At the release 103 KB: two blocks an SM, as before.)
+// [C][C + 4]. (At the release 105.5 KB: two blocks an SM, as before.)
 size_t prepare_shared_bytes(const GdnShape& s) {
   const size_t ldk = size_t(stride_of(s.dk)), ldx = size_t(std::max(stride_of(s.dk), operand_stride_of(s.dv)));
   const size_t group = size_t(value_heads_per_key_head(s));
