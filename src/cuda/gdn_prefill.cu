@@ -447,37 +447,37 @@ __device__ inline void cumulative_decays(float* gamma, int lane) {
   gamma[2 * lane + 1] = lane == 0 ? first + second : (before + first) + second;
 }
 
-// The prepare kernel runs per key head and chunk: the key head's value heads (3 at the release) share q and k, so the
-// staging of the q and k rows, their norms and the products K Kᵀ and Q Kᵀ are done once for all of them; only the
-// per-row scalars (β, the decays) and V differ between them.
+// A prepare block takes a group of value heads of one key head and one chunk: all the key head's value heads (3 at
+// the release) share q and k, so the staging of the q and k rows, their norms and the products K Kᵀ and Q Kᵀ are
+// done once for the group; only the per-row scalars (β, the decays) and V differ between them. Groups of one value
+// head make 3× the blocks of a third of the work: where even those blocks fit on the GPU at once (short passes, e.g.
+// one chunk: 48 blocks instead of 16), they finish sooner (prepare_group picks).
 __host__ __device__ inline int value_heads_per_key_head(const GdnShape& s) { return s.heads / s.key_heads; }
 
-// Shared memory of the prepare kernel: γ and β of each value head [G][C]; q and k factors [C]; keys [C][ldk];
-// queries [C][ldk], later values [C][ldv]; K Kᵀ [C][C + 4]; Q Kᵀ, later A with its inverted diagonal blocks
-// [C][C + 4]. (At the release 105.5 KB: two blocks an SM, as before.)
-size_t prepare_shared_bytes(const GdnShape& s) {
+// Shared memory of the prepare kernel for groups of `group` value heads: γ and β of each value head [G][C]; q and k
+// factors [C]; keys [C][ldk]; queries [C][ldk], later values [C][ldv]; K Kᵀ [C][C + 4]; Q Kᵀ, later A with its
+// inverted diagonal blocks [C][C + 4]. (At the release 105.5 KB: two blocks an SM, either group.)
+size_t prepare_shared_bytes(const GdnShape& s, int group) {
   const size_t ldk = size_t(stride_of(s.dk)), ldx = size_t(std::max(stride_of(s.dk), operand_stride_of(s.dv)));
-  const size_t group = size_t(value_heads_per_key_head(s));
-  return (2 * group * kC + 2 * size_t(kC) + kC * ldk + kC * ldx + 2 * size_t(kC) * kChunkStride) * 4;
+  return (2 * size_t(group) * kC + 2 * size_t(kC) + kC * ldk + kC * ldx + 2 * size_t(kC) * kChunkStride) * 4;
 }
 
-// Block (key head, chunk), 512 threads, two blocks an SM (64 registers a thread): the kernel is bound by latencies
-// between its barriers, so more warps each do less.
+// Block (group of value heads, chunk), 512 threads, two blocks an SM (64 registers a thread): the kernel is bound by
+// latencies between its barriers, so more warps each do less.
 constexpr int kPrepareThreads = 512;
 constexpr int kPrepareWarps = kPrepareThreads / 32;
 
-// Phase 1, once a key head: q and k rows staged and l2-normalised, every value head's γ and β, K Kᵀ and Q Kᵀ; then
+// Phase 1, once a group: q and k rows staged and l2-normalised, every value head's γ and β, K Kᵀ and Q Kᵀ; then
 // for each value head its P, Kd, q factors and chunk decay to the scratch. Phase 2, value head after value head: A
 // (from K Kᵀ), V and the keys restaged, I + A's diagonal blocks inverted, the blocked solve for W and U, both to the
 // scratch. Every value is computed by the same operations in the same order as in the earlier kernel per value head
 // (the restaged keys are normalised by the same factor before they are scaled), so the results are unchanged.
 template <bool kRelease, bool kOnePass>
 __global__ void __launch_bounds__(kPrepareThreads, 2)
-    gdn_chunk_prepare_kernel(GdnShape shape, GdnInputs in, ChunkScratch x) {
+    gdn_chunk_prepare_kernel(GdnShape shape, GdnInputs in, ChunkScratch x, int group) {
   const GdnShape s = fixed<kRelease>(shape);
   allow_dependents();
   extern __shared__ __align__(128) float4 shared4[];
-  const int group = value_heads_per_key_head(s);
   const int kdp = padded(s.dk), vdp = padded(s.dv);
   const int ldk = stride_of(s.dk), ldv = operand_stride_of(s.dv), ldx = max(ldk, ldv);
   float* gammas = reinterpret_cast<float*>(shared4);  // [G][C] inclusive cumulative log decays
@@ -491,10 +491,11 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
   float* qk = kk + kC * kChunkStride;                 // [C][C + 4]: Q Kᵀ
   float* a = qk;  // [C][C + 4]: A (strictly lower; a value head's, once every P is written), its diagonal blocks
                   // then replaced by (I + A_bb)⁻¹
-  const int key_head = blockIdx.x, first_head = key_head * group, chunk = blockIdx.y, tid = threadIdx.x;
+  const int first_head = blockIdx.x * group, key_head = first_head / value_heads_per_key_head(s);
+  const int chunk = blockIdx.y, tid = threadIdx.x;
   const int lane = tid % 32, warp = tid / 32;
   const int t0 = chunk * kC, n = min(kC, in.rows - t0);
-  if (chunk == 0)  // the scan starts after this grid; the key head's value heads' counters are adjacent
+  if (chunk == 0)  // the scan starts after this grid; the group's counters are adjacent
     for (int e = tid; e < group * x.scan_slices; e += kPrepareThreads) x.progress[first_head * x.scan_slices + e] = 0;
 
   // Raw q and k rows, zero past the input and past dk.
@@ -1028,17 +1029,34 @@ GdnProducts gdn_prefill_products() {
 
 namespace {
 
+// Value heads a prepare block takes (see value_heads_per_key_head): one where the blocks of one value head all fit on
+// the GPU at once (then the pass takes about one block's time, and a block of one value head is the shorter), else
+// the key head's. Measured on the H200 (release shape, 132 SMs, 2 blocks an SM): 48 blocks of one value head at T = 64
+// take 0.75 of the time of 16 key-head blocks; at T = 512 (384 blocks against 128) the key head's are the faster.
+int prepare_group(const GdnShape& s, int chunks, GdnPrepareBlocks blocks, const void* kernel, size_t bytes_of_one) {
+  const int key_group = value_heads_per_key_head(s);
+  if (blocks != GdnPrepareBlocks::Auto) return blocks == GdnPrepareBlocks::PerValueHead ? 1 : key_group;
+  int device = 0, multiprocessors = 0, per_multiprocessor = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, kernel, kPrepareThreads, bytes_of_one);
+  return long(s.heads) * chunks <= long(multiprocessors) * per_multiprocessor ? 1 : key_group;
+}
+
 // The three (or four) launches at one arithmetic; gdn_prefill picks the instantiation.
 template <bool kOnePass>
 void launch_prefill(const GdnShape& s, const GdnInputs& in, const ChunkScratch& x, float* recurrent, float* out,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, GdnPrepareBlocks blocks) {
   const unsigned chunks = unsigned((in.rows + kC - 1) / kC), heads = unsigned(s.heads);
   const unsigned slices = unsigned((s.dv + kSliceColumns - 1) / kSliceColumns);
   const bool release = is_release(s);
   const auto prepare = release ? gdn_chunk_prepare_kernel<true, kOnePass> : gdn_chunk_prepare_kernel<false, kOnePass>;
-  const size_t prepare_bytes = prepare_shared_bytes(s);
-  cudaFuncSetAttribute(prepare, cudaFuncAttributeMaxDynamicSharedMemorySize, int(prepare_bytes));
-  prepare<<<dim3(unsigned(s.key_heads), chunks), kPrepareThreads, prepare_bytes, stream>>>(s, in, x);
+  cudaFuncSetAttribute(prepare, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       int(prepare_shared_bytes(s, value_heads_per_key_head(s))));  // the larger
+  const int group =
+      prepare_group(s, int(chunks), blocks, reinterpret_cast<const void*>(prepare), prepare_shared_bytes(s, 1));
+  prepare<<<dim3(heads / unsigned(group), chunks), kPrepareThreads, prepare_shared_bytes(s, group), stream>>>(s, in, x,
+                                                                                                              group);
   const size_t scan_bytes = scan_shared_bytes(s);
   const unsigned scan_slices = unsigned(x.scan_slices);
   const auto scan = release ? gdn_chunk_scan_kernel<true, kOnePass> : gdn_chunk_scan_kernel<false, kOnePass>;
@@ -1064,13 +1082,13 @@ void launch_prefill(const GdnShape& s, const GdnInputs& in, const ChunkScratch& 
 }  // namespace
 
 void gdn_prefill(const GdnShape& s, const GdnInputs& in, float* recurrent, float* scratch, float* out,
-                 cudaStream_t stream, GdnProducts products) {
+                 cudaStream_t stream, GdnProducts products, GdnPrepareBlocks prepare_blocks) {
   if (in.rows <= 0) return;
   const ChunkScratch x = chunk_scratch(s, in.rows, scratch, nullptr);
   if (products == GdnProducts::Tf32)
-    launch_prefill<true>(s, in, x, recurrent, out, stream);
+    launch_prefill<true>(s, in, x, recurrent, out, stream, prepare_blocks);
   else
-    launch_prefill<false>(s, in, x, recurrent, out, stream);
+    launch_prefill<false>(s, in, x, recurrent, out, stream, prepare_blocks);
 }
 
 }  // namespace vavilov::cuda
