@@ -26,9 +26,10 @@ constexpr int kC = kGdnChunk;  // tokens per chunk
 //   o_t = e^{γ_t} S₀ᵀ q_t + Σ_{s≤t} e^{γ_t−γ_s} (q_t·k_s) δ_s,
 //   S_C = e^{γ_C} S₀ + Σ_s e^{γ_C−γ_s} k_s δ_sᵀ.
 // Every exponent is ≤ 0 (γ falls), so nothing overflows. Three kernels: prepare (all chunks in parallel: A, then W and
-// U by blocked forward substitution, plus P[t,s] = e^{γ_t−γ_s} q_t·k_s for s ≤ t, Kd = diag(e^{γ_C−γ}) K and the
-// row factors of Qd = diag(e^γ) Q), scan (chunk after chunk per head and 64-column slice: Δ = U − W S,
-// S ← e^{γ_C} S + Kdᵀ Δ, recording each chunk's S₀), outputs and gated norm (all chunks in parallel: O = Qd S₀ + P Δ).
+// U by blocked forward substitution, plus P[t,s] = e^{γ_t−γ_s} q_t·k_s for s ≤ t, the normalised keys K of the key
+// head, the factors e^{γ_C−γ} and the row factors of Qd = diag(e^γ) Q), scan (chunk after chunk per head and 64-column
+// slice: Δ = U − W S, S ← e^{γ_C} S + Kᵀ diag(e^{γ_C−γ}) Δ, recording each chunk's S₀), outputs and gated norm (all
+// chunks in parallel: O = Qd S₀ + P Δ).
 //
 // Every matrix product runs on tensor cores as 3×TF32: each fp32 operand x is split into a tf32 hi and lo = x − hi
 // (split_tf32), and hi·hi + hi·lo + lo·hi is accumulated in fp32. The dropped lo·lo term and the truncation of lo are
@@ -369,7 +370,9 @@ __device__ inline void stage_tile(float* tile, int ld, int tile_rows, int tile_w
   }
 }
 
-// Scratch regions, each [chunks][heads][...]; U is overwritten by Δ in the scan. Qd is not stored: the outputs read
+// Scratch regions, each [chunks][heads][...] but the keys ([chunks][key heads][...]: the key head's value heads share
+// them; the scan scales Δ's rows by key_decay = e^{γ_C−γ_t} instead of storing Kd = diag(e^{γ_C−γ}) K for each value
+// head, which wrote and read back 3× the bytes); U is overwritten by Δ in the scan. Qd is not stored: the outputs read
 // the raw q rows (which the three value heads of a key head share, so mostly from L2) and scale the product Q S₀ by
 // q_factor = e^{γ_t} / (‖q_t‖ √dk) row by row; that saves writing and reading back 4 · T · heads · dk bytes.
 //
@@ -377,8 +380,9 @@ __device__ inline void stage_tile(float* tile, int ld, int tile_rows, int tile_w
 // The prepare kernel zeroes it; the scan publishes it (release) and the outputs, which run beside the scan on the
 // multiprocessors it leaves free, wait on it (acquire).
 struct ChunkScratch {
-  float *w, *u, *q_factor, *kd, *p, *s0, *decay;  // [C, dk], [C, dv], [C], [dk, C], [C, C], [dk, dv], [1]
-  unsigned* progress;                             // [heads][scan_slices]
+  float *w, *u, *q_factor, *keys, *key_decay, *p, *s0, *decay;  // [C, dk], [C, dv], [C], [dk, C] (transposed), [C],
+                                                                // [C, C], [dk, dv], [1]
+  unsigned* progress;                                           // [heads][scan_slices]
   int scan_slices;
 };
 
@@ -387,22 +391,23 @@ constexpr int kScanColumns = 64;
 __host__ __device__ inline int scan_slices_of(const GdnShape& s) { return (s.dv + kScanColumns - 1) / kScanColumns; }
 
 ChunkScratch chunk_scratch(const GdnShape& s, int rows, float* base, size_t* total) {
-  const size_t blocks = size_t((rows + kC - 1) / kC) * size_t(s.heads);
+  const size_t chunks = size_t((rows + kC - 1) / kC), blocks = chunks * size_t(s.heads);
   const size_t dk = size_t(s.dk), dv = size_t(s.dv);
   size_t offset = 0;
-  auto take = [&](size_t per_block) {
+  auto take = [&](size_t per_block, size_t count) {
     float* at = base ? base + offset : nullptr;
-    offset += (blocks * per_block + 63) / 64 * 64;  // keeps every region 256-byte aligned
+    offset += (count * per_block + 63) / 64 * 64;  // keeps every region 256-byte aligned
     return at;
   };
   ChunkScratch x;
-  x.w = take(kC * dk);
-  x.u = take(kC * dv);
-  x.q_factor = take(kC);
-  x.kd = take(kC * dk);
-  x.p = take(kC * kC);
-  x.s0 = take(dk * dv);
-  x.decay = take(1);
+  x.w = take(kC * dk, blocks);
+  x.u = take(kC * dv, blocks);
+  x.q_factor = take(kC, blocks);
+  x.keys = take(kC * dk, chunks * size_t(s.key_heads));
+  x.key_decay = take(kC, blocks);
+  x.p = take(kC * kC, blocks);
+  x.s0 = take(dk * dv, blocks);
+  x.decay = take(1, blocks);
   x.scan_slices = scan_slices_of(s);
   x.progress = reinterpret_cast<unsigned*>(base ? base + offset : nullptr);
   offset += (size_t(s.heads) * x.scan_slices + 63) / 64 * 64;
@@ -467,8 +472,9 @@ size_t prepare_shared_bytes(const GdnShape& s, int group) {
 constexpr int kPrepareThreads = 512;
 constexpr int kPrepareWarps = kPrepareThreads / 32;
 
-// Phase 1, once a group: q and k rows staged and l2-normalised, every value head's γ and β, K Kᵀ and Q Kᵀ; then
-// for each value head its P, Kd, q factors and chunk decay to the scratch. Phase 2, value head after value head: A
+// Phase 1, once a group: q and k rows staged and l2-normalised, every value head's γ and β, K Kᵀ and Q Kᵀ, the
+// normalised keys to the scratch (by one block of the key head); then for each value head its P, key and q factors and
+// chunk decay to the scratch. Phase 2, value head after value head: A
 // (from K Kᵀ), V and the keys restaged, I + A's diagonal blocks inverted, the blocked solve for W and U, both to the
 // scratch. Every value is computed by the same operations in the same order as in the earlier kernel per value head
 // (the restaged keys are normalised by the same factor before they are scaled), so the results are unchanged.
@@ -552,12 +558,19 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
   }
   __syncthreads();
 
-  // Each value head's P (decayed and masked), Kd, Qd's row factors and the chunk's decay to the scratch.
-  // Kd transposed, [dk][C] (the scan reads it k-contiguous): a warp's 32 elements are keys 4q … 4q + 3 of 8 tokens,
-  // on 32 banks in the keys tile (rows 4 mod 32 floats apart) and four 32-byte pieces in the scratch. A thread's
-  // token t stays the same from one element to its next, so e^{γ_C−γ_t} is taken once.
-  static_assert(kPrepareThreads / 4 % kC == 0);
-  const int key_quads = (s.dk + 3) / 4, token = tid / 4 % kC;
+  // The normalised keys transposed, [dk][C] (the scan reads them k-contiguous), once a key head: a warp's 32
+  // elements are keys 4q … 4q + 3 of 8 tokens, on 32 banks in the keys tile (rows 4 mod 32 floats apart) and four
+  // 32-byte pieces in the scratch.
+  if (first_head % value_heads_per_key_head(s) == 0) {
+    static_assert(kPrepareThreads / 4 % kC == 0);
+    const int key_quads = (s.dk + 3) / 4, token = tid / 4 % kC;
+    float* keys_out = x.keys + (size_t(chunk) * s.key_heads + key_head) * kC * s.dk;
+    for (int e = tid; e < key_quads * 4 * kC; e += kPrepareThreads) {
+      const int i = e / (4 * kC) * 4 + e % 4;
+      if (i < s.dk) keys_out[i * kC + token] = stored_operand<kOnePass>(keys[token * ldk + i]);
+    }
+  }
+  // Each value head's P (decayed and masked), the keys' factors e^{γ_C−γ_t}, Qd's row factors and the chunk's decay.
   for (int head = 0; head < group; ++head) {
     const float* gamma = gammas + head * kC;
     const size_t block = size_t(chunk) * s.heads + first_head + head;
@@ -568,13 +581,10 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
       p[e] = u <= t ? decay * qk[t * kChunkStride + u] : 0.0f;
     }
     const float gamma_end = gamma[kC - 1];
-    float* kd = x.kd + block * kC * s.dk;
-    const float token_to_end = expf(gamma_end - gamma[token]);
-    for (int e = tid; e < key_quads * 4 * kC; e += kPrepareThreads) {
-      const int i = e / (4 * kC) * 4 + e % 4;
-      if (i < s.dk) kd[i * kC + token] = stored_operand<kOnePass>(keys[token * ldk + i] * token_to_end);
+    if (tid < kC) {
+      x.q_factor[block * kC + tid] = tid < n ? q_factor[tid] * expf(gamma[tid]) : 0.0f;
+      x.key_decay[block * kC + tid] = expf(gamma_end - gamma[tid]);
     }
-    if (tid < kC) x.q_factor[block * kC + tid] = tid < n ? q_factor[tid] * expf(gamma[tid]) : 0.0f;
     if (tid == 0) x.decay[block] = expf(gamma_end);
   }
   __syncthreads();  // Q Kᵀ, the queries and (past the first value head) the normalised keys are used up
@@ -649,22 +659,23 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
 }
 
 // The scan: block (head, slice of 64 value columns), 512 threads, one block an SM (at the release shape 96 blocks,
-// each value head's W and Kd read twice, not four times as with 32-column slices). It works on the transposed state
-// Sᵀ [64][dk], so that every product has both operands k-contiguous in shared memory (k-paired fragments):
-//   Δᵀ = Uᵀ − Sᵀ Wᵀ (k = dk: Sᵀ rows, W rows),  Sᵀ ← e^{γ_C} Sᵀ + Δᵀ Kd (k = C: Δᵀ rows, Kdᵀ rows).
-// Its shared memory: two stages of {W [C][dk + 16], Kdᵀ [dk][C + 16]} (the next chunk's operands load during the
-// whole of the current chunk's math), Δᵀ and Sᵀ in fragment order (A operands; 32 row pairs of 2C + 16 and 2dk + 16
-// floats): 204 KB at dk = 128. Warp w owns the state
+// each value head's W read twice, not four times as with 32-column slices; the key head's keys by its 3 value heads'
+// 6 blocks). It works on the transposed state Sᵀ [64][dk], so that every product has both operands k-contiguous in
+// shared memory (k-paired fragments):
+//   Δᵀ = Uᵀ − Sᵀ Wᵀ (k = dk: Sᵀ rows, W rows),  Sᵀ ← e^{γ_C} Sᵀ + (Δᵀ diag(e^{γ_C−γ})) K (k = C: Δᵀ rows, Kᵀ rows).
+// Its shared memory: two stages of {W [C][dk + 16], Kᵀ [dk][C + 16], e^{γ_C−γ} [C]} (the next chunk's operands load
+// during the whole of the current chunk's math), Δᵀ (its columns scaled by e^{γ_C−γ}) and Sᵀ in fragment order (A
+// operands; 32 row pairs of 2C + 16 and 2dk + 16 floats): 204 KB at dk = 128. Warp w owns the state
 // tiles (value columns 16·(w%4), keys 16·(w/4) and 16·(w/4 + 4)) in registers across the chunks: it writes S₀ to the
 // scratch and the final state from there, and Sᵀ to shared memory once a chunk for the Δ products. U comes to each
 // warp's Δᵀ tile straight from global memory into registers, a chunk ahead; Δ goes back from registers.
 constexpr int kScanThreads = 512;
-constexpr int kTokenStride = kC + 16;      // Kdᵀ rows: a k-paired B operand over the chunk's tokens
+constexpr int kTokenStride = kC + 16;      // Kᵀ rows: a k-paired B operand over the chunk's tokens
 constexpr int kDeltaStride = 2 * kC + 16;  // Δᵀ's row pairs (fragment order)
 constexpr int kScanRowPairs = kScanColumns / kTile * kPairRows;  // of Δᵀ and Sᵀ
 
 __host__ __device__ inline size_t scan_stage_floats(const GdnShape& s) {
-  return size_t(kC) * pair_stride_of(s.dk) + size_t(padded(s.dk)) * kTokenStride;
+  return size_t(kC) * pair_stride_of(s.dk) + size_t(padded(s.dk)) * kTokenStride + kC;
 }
 
 size_t scan_shared_bytes(const GdnShape& s) {
@@ -702,9 +713,10 @@ __device__ inline int row_of(int e) { return threadIdx.x % 32 / 4 + 8 * (e / 2 %
 __device__ inline int column_of(int e) { return 8 * (e / 4) + 2 * (threadIdx.x % 4) + e % 2; }
 
 // Per chunk, in order: S₀ to the scratch (from the owners' registers); Δᵀ = Uᵀ − Sᵀ Wᵀ (warp w: the tile at value
-// columns 16·(w%4), tokens 16·(w/4)), Δᵀ to shared memory and Δ to the scratch (over U); Sᵀ ← e^{γ_C} Sᵀ + Δᵀ Kd
-// (two key tiles a warp sharing the Δᵀ operand), Sᵀ to shared memory. Two barriers a chunk: the one at its start also
-// frees the stage that the next chunk's operands then load into (the previous chunk's update was its last reader).
+// columns 16·(w%4), tokens 16·(w/4)), Δ to the scratch (over U) and Δᵀ diag(e^{γ_C−γ}) to shared memory;
+// Sᵀ ← e^{γ_C} Sᵀ + (Δᵀ diag(e^{γ_C−γ})) K (two key tiles a warp sharing the Δᵀ operand), Sᵀ to shared memory. Two
+// barriers a chunk: the one at its start also frees the stage that the next chunk's operands then load into (the
+// previous chunk's update was its last reader).
 template <bool kRelease, bool kOnePass>
 __global__ void __launch_bounds__(kScanThreads, 1)
     gdn_chunk_scan_kernel(GdnShape shape, int rows, ChunkScratch x, float* recurrent) {
@@ -713,28 +725,34 @@ __global__ void __launch_bounds__(kScanThreads, 1)
   extern __shared__ __align__(128) float4 shared4[];
   const int kdp = padded(s.dk), ldw = pair_stride_of(s.dk), lds = pair_rows_stride_of(s.dk);
   const size_t stage_floats = scan_stage_floats(s);
-  float* stages = reinterpret_cast<float*>(shared4);    // 2 × {W [C][ldw], Kdᵀ [kdp][C + 16]}
+  float* stages = reinterpret_cast<float*>(shared4);    // 2 × {W [C][ldw], Kᵀ [kdp][C + 16], e^{γ_C−γ} [C]}
   float* delta = stages + 2 * stage_floats;             // Δᵀ [32 row pairs][2C + 16]
   float* state = delta + kScanRowPairs * kDeltaStride;  // Sᵀ [32 row pairs][lds]
-  const int h = blockIdx.x, tid = threadIdx.x, warp = tid / 32;
+  const int h = blockIdx.x, key_head = h / (s.heads / s.key_heads), tid = threadIdx.x, warp = tid / 32;
   const int j0 = blockIdx.y * kScanColumns, columns = min(kScanColumns, s.dv - j0);
   const int chunks = (rows + kC - 1) / kC;
   const size_t dv = size_t(s.dv);
   float* head_state = recurrent + size_t(h) * s.dk * dv + j0;
   unsigned* progress = x.progress + h * x.scan_slices + blockIdx.y;
-  const bool whole_tiles = kRelease && reinterpret_cast<uintptr_t>(x.w) % 16 == 0 &&
-                           reinterpret_cast<uintptr_t>(x.kd) % 16 == 0;  // (the engine's scratch is 256-byte aligned)
+  const bool whole_tiles =
+      kRelease && reinterpret_cast<uintptr_t>(x.w) % 16 == 0 && reinterpret_cast<uintptr_t>(x.keys) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(x.key_decay) % 16 == 0;  // (the engine's scratch: 256-byte aligned)
   auto stage_chunk = [&](int chunk) {
     float* w = stages + (chunk % 2) * stage_floats;
+    float *keys = w + kC * ldw, *key_decay = keys + kdp * kTokenStride;
     const size_t block = size_t(chunk) * s.heads + h;
-    const float *w_rows = x.w + block * kC * s.dk, *kd_rows = x.kd + block * kC * s.dk;
+    const float* w_rows = x.w + block * kC * s.dk;
+    const float* key_rows = x.keys + (size_t(chunk) * s.key_heads + key_head) * kC * s.dk;
+    const float* decays = x.key_decay + block * kC;
     if (whole_tiles) {
       stage_whole_tile<kC, kReleaseDim>(w, ldw, w_rows);
-      stage_whole_tile<kReleaseDim, kC>(w + kC * ldw, kTokenStride, kd_rows);
+      stage_whole_tile<kReleaseDim, kC>(keys, kTokenStride, key_rows);
+      if (tid < kC / 4) __pipeline_memcpy_async(key_decay + 4 * tid, decays + 4 * tid, 4 * sizeof(float));
       return;
     }
     stage_tile(w, ldw, kC, kdp, w_rows, size_t(s.dk), kC, s.dk);
-    stage_tile(w + kC * ldw, kTokenStride, kdp, kC, kd_rows, size_t(kC), s.dk, kC);
+    stage_tile(keys, kTokenStride, kdp, kC, key_rows, size_t(kC), s.dk, kC);
+    stage_tile(key_decay, kC, 1, kC, decays, size_t(kC), 1, kC);
   };
   stage_chunk(0);
 
@@ -790,7 +808,8 @@ __global__ void __launch_bounds__(kScanThreads, 1)
     __syncthreads();  // ... for every thread, and Sᵀ; and the previous chunk is done with the other stage and Δᵀ
     if (chunk + 1 < chunks) stage_chunk(chunk + 1);
     const float* w = stages + (chunk % 2) * stage_floats;
-    const float* kd = w + kC * ldw;  // Kdᵀ
+    const float* keys = w + kC * ldw;                    // Kᵀ
+    const float* key_decay = keys + kdp * kTokenStride;  // e^{γ_C−γ_t}
 
     {  // Δᵀ = Uᵀ − Sᵀ Wᵀ
       Accumulator product;
@@ -801,6 +820,7 @@ __global__ void __launch_bounds__(kScanThreads, 1)
       for (int e = 0; e < 8; ++e) {
         product.x[e] = u[e] - product.x[e];
         if (in_slice(e)) target[(d0 + column_of(e)) * dv + row_of(e)] = product.x[e];
+        product.x[e] *= key_decay[d0 + column_of(e)];  // Δᵀ diag(e^{γ_C−γ}) for the state update
       }
       store_a_pair<kOnePass>(delta_rows + 2 * d0, product, kDeltaStride);
     }
@@ -809,17 +829,17 @@ __global__ void __launch_bounds__(kScanThreads, 1)
     // (Published here, half a chunk later, so that thread 0's fence finds those stores drained.)
     if (tid == 0 && chunk > 0) publish_progress(progress, unsigned(chunk));
 
-      // Sᵀ ← e^{γ_C} Sᵀ + Δᵀ Kd on the owned tiles (every warp is done reading Sᵀ from shared memory).
+      // Sᵀ ← e^{γ_C} Sᵀ + (Δᵀ diag(e^{γ_C−γ})) K on the owned tiles (every warp is done reading Sᵀ from shared memory).
 #pragma unroll
     for (int tile = 0; tile < 2; ++tile)
 #pragma unroll
       for (int e = 0; e < 8; ++e) owned[tile].x[e] *= decay;
-    const float* kd_first = kd + first_key_tile * kTile * kTokenStride;
+    const float* keys_first = keys + first_key_tile * kTile * kTokenStride;
     if (owns[1])
-      mma_tile_pair_kpaired<kOnePass>(owned[0], owned[1], delta_rows, kDeltaStride, kd_first,
-                                      kd_first + 4 * kTile * kTokenStride, kTokenStride, kC / kPairK);
+      mma_tile_pair_kpaired<kOnePass>(owned[0], owned[1], delta_rows, kDeltaStride, keys_first,
+                                      keys_first + 4 * kTile * kTokenStride, kTokenStride, kC / kPairK);
     else if (owns[0])
-      mma_tile_kpaired<kOnePass>(owned[0], delta_rows, kDeltaStride, kd_first, kTokenStride, kC / kPairK);
+      mma_tile_kpaired<kOnePass>(owned[0], delta_rows, kDeltaStride, keys_first, kTokenStride, kC / kPairK);
     store_owned();
   }
   __syncthreads();
