@@ -370,37 +370,6 @@ __device__ inline void stage_tile(float* tile, int ld, int tile_rows, int tile_w
   }
 }
 
-// A whole [kRows][kWidth] tile from source (rows source_stride floats apart, 16-byte aligned) into tile (row stride
-// ld) by cp.async, 16 bytes a copy, by a block of kBlockThreads threads: the release's tiles need neither
-// stage_tile's zero padding nor its loop, whose index arithmetic took ~20 instructions a copy.
-template <int kRows, int kWidth, int kBlockThreads>
-__device__ inline void stage_whole_tile(float* tile, int ld, const float* source, int source_stride = kWidth) {
-  constexpr int kVectors = kWidth / 4;  // float4s a row
-  static_assert(kWidth % 4 == 0 && kRows * kVectors % kBlockThreads == 0);
-#pragma unroll
-  for (int i = 0; i < kRows * kVectors / kBlockThreads; ++i) {
-    const int e = int(threadIdx.x) + i * kBlockThreads, t = e / kVectors, c = e % kVectors * 4;
-    __pipeline_memcpy_async(tile + t * ld + c, source + t * source_stride + c, 4 * sizeof(float));
-  }
-}
-
-// Whether every pointer is 16-byte aligned.
-template <typename... Pointers>
-__device__ inline bool aligned_16(Pointers... pointers) {
-  return ((reinterpret_cast<uintptr_t>(pointers) % 16 == 0) && ...);
-}
-
-// A [C][dk] (or [C][dv]) tile of a chunk's rows as stage_tile with tile_rows = C: by stage_whole_tile where `whole`
-// (the release, whose widths are kReleaseDim, a full chunk and 16-byte aligned rows).
-template <int kBlockThreads>
-__device__ inline void stage_rows(bool whole, float* tile, int ld, int tile_width, const float* source,
-                                  size_t source_stride, int rows, int width) {
-  if (whole)
-    stage_whole_tile<kC, kReleaseDim, kBlockThreads>(tile, ld, source, int(source_stride));
-  else
-    stage_tile(tile, ld, kC, tile_width, source, source_stride, rows, width);
-}
-
 // Scratch regions, each [chunks][heads][...] but the keys ([chunks][key heads][...]: the key head's value heads share
 // them; the scan scales Δ's rows by key_decay = e^{γ_C−γ_t} instead of storing Kd = diag(e^{γ_C−γ}) K for each value
 // head, which wrote and read back 3× the bytes); U is overwritten by Δ in the scan. Qd is not stored: the outputs read
@@ -713,6 +682,20 @@ size_t scan_shared_bytes(const GdnShape& s) {
   return (2 * scan_stage_floats(s) + size_t(kScanRowPairs) * (kDeltaStride + pair_rows_stride_of(s.dk))) * 4;
 }
 
+// A whole [kRows][kWidth] tile from source (rows kWidth floats apart, 16-byte aligned) into tile (row stride ld) by
+// cp.async, 16 bytes a copy, by the scan's kScanThreads threads: the release's stages need neither stage_tile's zero
+// padding nor its loop, whose index arithmetic took ~20 instructions a copy.
+template <int kRows, int kWidth>
+__device__ inline void stage_whole_tile(float* tile, int ld, const float* source) {
+  constexpr int kVectors = kWidth / 4;  // float4s a row
+  static_assert(kWidth % 4 == 0 && kRows * kVectors % kScanThreads == 0);
+#pragma unroll
+  for (int i = 0; i < kRows * kVectors / kScanThreads; ++i) {
+    const int e = int(threadIdx.x) + i * kScanThreads, t = e / kVectors, c = e % kVectors * 4;
+    __pipeline_memcpy_async(tile + t * ld + c, source + t * kWidth + c, 4 * sizeof(float));
+  }
+}
+
 // The scan's progress counters: a release store after the block's barrier (thread 0's fence orders every thread's
 // stores before the barrier ahead of the counter) and an acquire load.
 __device__ inline void publish_progress(unsigned* counter, unsigned chunks_done) {
@@ -762,8 +745,8 @@ __global__ void __launch_bounds__(kScanThreads, 1)
     const float* key_rows = x.keys + (size_t(chunk) * s.key_heads + key_head) * kC * s.dk;
     const float* decays = x.key_decay + block * kC;
     if (whole_tiles) {
-      stage_whole_tile<kC, kReleaseDim, kScanThreads>(w, ldw, w_rows);
-      stage_whole_tile<kReleaseDim, kC, kScanThreads>(keys, kTokenStride, key_rows);
+      stage_whole_tile<kC, kReleaseDim>(w, ldw, w_rows);
+      stage_whole_tile<kReleaseDim, kC>(keys, kTokenStride, key_rows);
       if (tid < kC / 4) __pipeline_memcpy_async(key_decay + 4 * tid, decays + 4 * tid, 4 * sizeof(float));
       return;
     }
@@ -990,24 +973,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int h = blockIdx.x, chunk = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int t0 = chunk * kC, n = min(kC, in.rows - t0);
   const size_t block = size_t(chunk) * s.heads + h, row_stride = size_t(s.heads) * s.dv;
-  // The release stages whole tiles by unrolled cp.async (stage_whole_tile) where every source is 16-byte aligned;
-  // the q rows and z only in full chunks (stage_tile zeroes the rows past the input).
-  const bool whole = kRelease && s.conv_dim % 4 == 0 && aligned_16(in.qkv, in.z, x.s0, x.p, x.u, x.q_factor);
-  const bool whole_rows = whole && n == kC;
-  const float* q_factors = x.q_factor + block * kC;
-  if (whole_rows) {  // the prepare kernel's q factors, complete before the scan began
-    const int key_head = h / (s.heads / s.key_heads);
-    stage_whole_tile<kC, kReleaseDim, kThreads>(qd, ldq, in.qkv + size_t(t0) * s.conv_dim + key_head * s.dk,
-                                                s.conv_dim);
-    if (tid < kC / 4) __pipeline_memcpy_async(factors + 4 * tid, q_factors + 4 * tid, 4 * sizeof(float));
-  } else {
-    stage_queries(qd, ldq, s.dk, factors, s, in, x, h, chunk);
-  }
+  stage_queries(qd, ldq, s.dk, factors, s, in, x, h, chunk);  // the prepare kernel's, complete before the scan began
   wait_for_scan(x, h, chunk);
-  if (whole)
-    stage_whole_tile<kReleaseDim, kReleaseDim, kThreads>(s0, ldo, x.s0 + block * s.dk * s.dv, s.dv);
-  else
-    stage_tile(s0, ldo, s.dk, s.dv, x.s0 + block * s.dk * s.dv, size_t(s.dv), s.dk, s.dv);
+  stage_tile(s0, ldo, s.dk, s.dv, x.s0 + block * s.dk * s.dv, size_t(s.dv), s.dk, s.dv);
   wait_copies();
   __syncthreads();
 
@@ -1025,15 +993,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int r = 0; r < kC / kTile; ++r) scale_rows(acc[r], factors + r * kTile);
   __syncthreads();  // Q, S₀ and the factors are used up
 
-  const float* z_rows = in.z + size_t(t0) * row_stride + size_t(h) * s.dv;
-  if (whole) {
-    stage_whole_tile<kC, kC, kThreads>(p, kChunkStride, x.p + block * kC * kC);
-    stage_whole_tile<kC, kReleaseDim, kThreads>(delta, ldo, x.u + block * kC * s.dv, s.dv);
-  } else {
-    stage_tile(p, kChunkStride, kC, kC, x.p + block * kC * kC, size_t(kC), kC, kC);
-    stage_tile(delta, ldo, kC, s.dv, x.u + block * kC * s.dv, size_t(s.dv), kC, s.dv);
-  }
-  stage_rows<kThreads>(whole_rows, gate, ldo, s.dv, z_rows, row_stride, n, s.dv);
+  stage_tile(p, kChunkStride, kC, kC, x.p + block * kC * kC, size_t(kC), kC, kC);
+  stage_tile(delta, ldo, kC, s.dv, x.u + block * kC * s.dv, size_t(s.dv), kC, s.dv);
+  stage_tile(gate, ldo, kC, s.dv, in.z + size_t(t0) * row_stride + size_t(h) * s.dv, row_stride, n, s.dv);
   wait_copies();
   __syncthreads();
   if (computes)
