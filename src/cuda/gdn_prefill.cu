@@ -1051,8 +1051,9 @@ namespace {
 
 // Value heads a prepare block takes (see value_heads_per_key_head): one where the blocks of one value head all fit on
 // the GPU at once (then the pass takes about one block's time, and a block of one value head is the shorter), else
-// the key head's. Measured on the H200 (release shape, 132 SMs, 2 blocks an SM): 48 blocks of one value head at T = 64
-// take 0.75 of the time of 16 key-head blocks; at T = 512 (384 blocks against 128) the key head's are the faster.
+// the key head's. Measured on the H200 (release shape, 132 SMs, 2 blocks an SM; whole prefill, 3×TF32): at T = 64
+// 48 blocks of one value head 64 µs against 85 for 16 key-head blocks, at T = 256 (192 against 64 blocks) 98 against
+// 108; at T = 512 (384 against 128) the key head's are the faster, 148 against 154 µs.
 int prepare_group(const GdnShape& s, int chunks, GdnPrepareBlocks blocks, const void* kernel, size_t bytes_of_one) {
   const int key_group = value_heads_per_key_head(s);
   if (blocks != GdnPrepareBlocks::Auto) return blocks == GdnPrepareBlocks::PerValueHead ? 1 : key_group;
