@@ -8,8 +8,8 @@
 //     1-row body ("general body"; VAVILOV_GDN_ONE_ROW=0 makes every case general): 36 launches back to back, one per
 //     layer state (113 MB, so
 //     L2 holds none), timed together as one CUDA graph (as a step runs them) and divided by 36; and the chunked prefill
-//     (prepare, scan, outputs, gated norm) for T = 64, 512, 2048, 8192 from a zero state. Median of the repetitions,
-//     CUDA events. Writes JSON.
+//     (prepare, scan, outputs, gated norm) for T = 64, 256, 512, 2048, 8192 from a zero state. Median of the
+//     repetitions, CUDA events. Writes JSON.
 //   gdn_bench prefill OUT.json
 //     The chunked prefill's timings alone (as in `time`).
 //   gdn_bench profile
@@ -18,6 +18,8 @@
 //     Reads DIR/{qkv,b,a,a_log,dt_bias,z,norm}.f32 (float32, little-endian, the layouts of GdnInputs for T rows),
 //     runs gdn_prefill from a zero state and writes DIR/ours_out.f32 [T, 48·128] and DIR/ours_state.f32 [48, 128, 128]
 //     (bench/cuda/gdn_vs_fla.py compares them with flash-linear-attention and a float64 recurrence).
+// GDN_BENCH_PREPARE=value or key forces the prefill's prepare blocks (one value head or a key head's value heads a
+// block: cuda::GdnPrepareBlocks) in every mode; unset, the library picks.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -168,19 +170,33 @@ std::string time_floors(float* states, size_t state_floats) {
          "and writes one layer's 3.1 MB state, no arithmetic\"},\n";
 }
 
-// The chunked prefill for T = 64, 512, 2048, 8192 from a zero state (the state is rewritten each call; its values do
-// not change the work): the "prefill" array and its note, as JSON members.
+// GDN_BENCH_PREPARE: the prefill's prepare blocks (see the top).
+vavilov::cuda::GdnPrepareBlocks prepare_blocks() {
+  const char* value = std::getenv("GDN_BENCH_PREPARE");
+  const std::string choice = value ? value : "";
+  if (choice == "value") return vavilov::cuda::GdnPrepareBlocks::PerValueHead;
+  if (choice == "key") return vavilov::cuda::GdnPrepareBlocks::PerKeyHead;
+  return vavilov::cuda::GdnPrepareBlocks::Auto;
+}
+
+void prefill(const GdnInputs& in, float* state, float* scratch, float* out) {
+  vavilov::cuda::gdn_prefill(kShape, in, state, scratch, out, nullptr, vavilov::cuda::gdn_prefill_products(),
+                             prepare_blocks());
+}
+
+// The chunked prefill for T = 64, 256, 512, 2048, 8192 from a zero state (the state is rewritten each call; its values
+// do not change the work): the "prefill" array and its note, as JSON members.
 std::string prefill_json(float* states, float* out) {
   const size_t state_bytes = size_t(kShape.heads) * kShape.dk * kShape.dv * 4;
   std::string json = "  \"prefill\": [\n";
-  const std::vector<int> lengths = {64, 512, 2048, 8192};
+  const std::vector<int> lengths = {64, 256, 512, 2048, 8192};
   float* scratch = device_floats(vavilov::cuda::gdn_chunk_scratch_floats(kShape, lengths.back()));
   for (size_t n = 0; n < lengths.size(); ++n) {
     const int rows = lengths[n];
     const GdnInputs in = random_inputs(rows);
     const double us = median_us(3, 20, [&](int) {
       CHECK(cudaMemsetAsync(states, 0, state_bytes));
-      vavilov::cuda::gdn_prefill(kShape, in, states, scratch, out, nullptr);
+      prefill(in, states, scratch, out);
     });
     std::printf("prefill T %d: %.1f us (%.0f tokens/ms)\n", rows, us, rows / us * 1e3);
     json += "    {\"T\": " + std::to_string(rows) + ", \"us\": " + std::to_string(us) + "}" +
@@ -317,7 +333,7 @@ int profile() {
   }
   for (int rows : {512, 8192}) {
     const GdnInputs in = random_inputs(rows);
-    for (int i = 0; i < 2; ++i) vavilov::cuda::gdn_prefill(kShape, in, state, scratch, out, nullptr);
+    for (int i = 0; i < 2; ++i) prefill(in, state, scratch, out);
   }
   CHECK(cudaDeviceSynchronize());
   return 0;
@@ -367,7 +383,7 @@ int check(const std::string& dir, int rows) {
   float* state = device_floats(state_floats);
   float* scratch = device_floats(vavilov::cuda::gdn_chunk_scratch_floats(kShape, rows));
   float* out = device_floats(r * heads * dv);
-  vavilov::cuda::gdn_prefill(kShape, in, state, scratch, out, nullptr);
+  prefill(in, state, scratch, out);
   CHECK(cudaGetLastError());
   CHECK(cudaDeviceSynchronize());
   write_floats(dir + "/ours_out.f32", out, r * heads * dv);

@@ -82,11 +82,18 @@ int gdn_conv_decode_resident_clusters(const GdnShape& shape);
 enum class GdnProducts { Tf32x3, Tf32 };
 GdnProducts gdn_prefill_products();
 
+// The prefill's prepare blocks (same results either way): each takes all value heads of a key head (their q and k
+// rows' staging, norms and products shared) or one value head (3× the blocks at the release, each shorter: the
+// faster where few chunks would leave the GPU mostly idle); Auto picks one value head a block where those blocks all
+// fit on the GPU at once.
+enum class GdnPrepareBlocks { Auto, PerValueHead, PerKeyHead };
+
 // Prefill: any number of rows, 64-token chunks in parallel (no per-row states). scratch holds
 // gdn_chunk_scratch_floats(shape, rows) floats; out as for gdn_decode.
 constexpr int kGdnChunk = 64;
 size_t gdn_chunk_scratch_floats(const GdnShape& shape, int rows);
 void gdn_prefill(const GdnShape& shape, const GdnInputs& in, float* recurrent, float* scratch, float* out,
-                 cudaStream_t stream, GdnProducts products = gdn_prefill_products());
+                 cudaStream_t stream, GdnProducts products = gdn_prefill_products(),
+                 GdnPrepareBlocks prepare_blocks = GdnPrepareBlocks::Auto);
 
 }  // namespace vavilov::cuda

@@ -26,9 +26,10 @@ constexpr int kC = kGdnChunk;  // tokens per chunk
 //   o_t = e^{γ_t} S₀ᵀ q_t + Σ_{s≤t} e^{γ_t−γ_s} (q_t·k_s) δ_s,
 //   S_C = e^{γ_C} S₀ + Σ_s e^{γ_C−γ_s} k_s δ_sᵀ.
 // Every exponent is ≤ 0 (γ falls), so nothing overflows. Three kernels: prepare (all chunks in parallel: A, then W and
-// U by blocked forward substitution, plus P[t,s] = e^{γ_t−γ_s} q_t·k_s for s ≤ t, Kd = diag(e^{γ_C−γ}) K and the
-// row factors of Qd = diag(e^γ) Q), scan (chunk after chunk per head and 64-column slice: Δ = U − W S,
-// S ← e^{γ_C} S + Kdᵀ Δ, recording each chunk's S₀), outputs and gated norm (all chunks in parallel: O = Qd S₀ + P Δ).
+// U by blocked forward substitution, plus P[t,s] = e^{γ_t−γ_s} q_t·k_s for s ≤ t, the normalised keys K of the key
+// head, the factors e^{γ_C−γ} and the row factors of Qd = diag(e^γ) Q), scan (chunk after chunk per head and 64-column
+// slice: Δ = U − W S, S ← e^{γ_C} S + Kᵀ diag(e^{γ_C−γ}) Δ, recording each chunk's S₀), outputs and gated norm (all
+// chunks in parallel: O = Qd S₀ + P Δ).
 //
 // Every matrix product runs on tensor cores as 3×TF32: each fp32 operand x is split into a tf32 hi and lo = x − hi
 // (split_tf32), and hi·hi + hi·lo + lo·hi is accumulated in fp32. The dropped lo·lo term and the truncation of lo are
@@ -369,7 +370,9 @@ __device__ inline void stage_tile(float* tile, int ld, int tile_rows, int tile_w
   }
 }
 
-// Scratch regions, each [chunks][heads][...]; U is overwritten by Δ in the scan. Qd is not stored: the outputs read
+// Scratch regions, each [chunks][heads][...] but the keys ([chunks][key heads][...]: the key head's value heads share
+// them; the scan scales Δ's rows by key_decay = e^{γ_C−γ_t} instead of storing Kd = diag(e^{γ_C−γ}) K for each value
+// head, which wrote and read back 3× the bytes); U is overwritten by Δ in the scan. Qd is not stored: the outputs read
 // the raw q rows (which the three value heads of a key head share, so mostly from L2) and scale the product Q S₀ by
 // q_factor = e^{γ_t} / (‖q_t‖ √dk) row by row; that saves writing and reading back 4 · T · heads · dk bytes.
 //
@@ -377,8 +380,9 @@ __device__ inline void stage_tile(float* tile, int ld, int tile_rows, int tile_w
 // The prepare kernel zeroes it; the scan publishes it (release) and the outputs, which run beside the scan on the
 // multiprocessors it leaves free, wait on it (acquire).
 struct ChunkScratch {
-  float *w, *u, *q_factor, *kd, *p, *s0, *decay;  // [C, dk], [C, dv], [C], [dk, C], [C, C], [dk, dv], [1]
-  unsigned* progress;                             // [heads][scan_slices]
+  float *w, *u, *q_factor, *keys, *key_decay, *p, *s0, *decay;  // [C, dk], [C, dv], [C], [dk, C] (transposed), [C],
+                                                                // [C, C], [dk, dv], [1]
+  unsigned* progress;                                           // [heads][scan_slices]
   int scan_slices;
 };
 
@@ -387,22 +391,23 @@ constexpr int kScanColumns = 64;
 __host__ __device__ inline int scan_slices_of(const GdnShape& s) { return (s.dv + kScanColumns - 1) / kScanColumns; }
 
 ChunkScratch chunk_scratch(const GdnShape& s, int rows, float* base, size_t* total) {
-  const size_t blocks = size_t((rows + kC - 1) / kC) * size_t(s.heads);
+  const size_t chunks = size_t((rows + kC - 1) / kC), blocks = chunks * size_t(s.heads);
   const size_t dk = size_t(s.dk), dv = size_t(s.dv);
   size_t offset = 0;
-  auto take = [&](size_t per_block) {
+  auto take = [&](size_t per_block, size_t count) {
     float* at = base ? base + offset : nullptr;
-    offset += (blocks * per_block + 63) / 64 * 64;  // keeps every region 256-byte aligned
+    offset += (count * per_block + 63) / 64 * 64;  // keeps every region 256-byte aligned
     return at;
   };
   ChunkScratch x;
-  x.w = take(kC * dk);
-  x.u = take(kC * dv);
-  x.q_factor = take(kC);
-  x.kd = take(kC * dk);
-  x.p = take(kC * kC);
-  x.s0 = take(dk * dv);
-  x.decay = take(1);
+  x.w = take(kC * dk, blocks);
+  x.u = take(kC * dv, blocks);
+  x.q_factor = take(kC, blocks);
+  x.keys = take(kC * dk, chunks * size_t(s.key_heads));
+  x.key_decay = take(kC, blocks);
+  x.p = take(kC * kC, blocks);
+  x.s0 = take(dk * dv, blocks);
+  x.decay = take(1, blocks);
   x.scan_slices = scan_slices_of(s);
   x.progress = reinterpret_cast<unsigned*>(base ? base + offset : nullptr);
   offset += (size_t(s.heads) * x.scan_slices + 63) / 64 * 64;
@@ -411,8 +416,9 @@ ChunkScratch chunk_scratch(const GdnShape& s, int rows, float* base, size_t* tot
 }
 
 // inverses[r0 + i][r0 + column] = ((I + A_bb)⁻¹)[i][column] for the unit lower triangular diagonal block b at rows
-// and columns r0 … r0 + 15 of A (row stride kChunkStride); lane `column` of a warp solves (I + A_bb) x = e_column by
-// forward substitution (x[c] = 0 for c < column falls out of the sums, so no lane branches).
+// and columns r0 … r0 + 15 of A (row stride kChunkStride); lane `column` (< 16) of a warp solves (I + A_bb) x =
+// e_column by forward substitution (x[c] = 0 for c < column falls out of the sums, so no lane branches). Lanes 0–15
+// call it together; inverses may be A itself (the inverse overwrites the block: every lane has read it first).
 __device__ inline void invert_diagonal_block(float* inverses, const float* a, int r0, int column) {
   float x[kTile];
 #pragma unroll
@@ -428,71 +434,96 @@ __device__ inline void invert_diagonal_block(float* inverses, const float* a, in
     }
     x[i] = (sums[0] + sums[1]) + (sums[2] + sums[3]);
   }
+  __syncwarp(0xffffu);
 #pragma unroll
   for (int i = 0; i < kTile; ++i) inverses[(r0 + i) * kChunkStride + r0 + column] = x[i];
 }
 
-// Shared memory of the prepare kernel: γ, β, q factors; keys [C][ldk]; queries [C][ldk], later values [C][ldv]; A and
-// Q Kᵀ [C][C + 4].
-size_t prepare_shared_bytes(const GdnShape& s) {
-  const size_t ldk = size_t(stride_of(s.dk)), ldx = size_t(std::max(stride_of(s.dk), operand_stride_of(s.dv)));
-  return (3 * size_t(kC) + kC * ldk + kC * ldx + 2 * size_t(kC) * kChunkStride) * 4;
+// The inclusive cumulative sum of the 64 log decays at gamma, in place, by one warp (two a lane).
+__device__ inline void cumulative_decays(float* gamma, int lane) {
+  const float first = gamma[2 * lane], second = gamma[2 * lane + 1];
+  float sum = first + second;
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const float other = __shfl_up_sync(0xffffffffu, sum, offset);
+    if (lane >= offset) sum += other;
+  }
+  const float before = __shfl_up_sync(0xffffffffu, sum, 1);  // the sum over the lanes below
+  gamma[2 * lane] = lane == 0 ? first : before + first;
+  gamma[2 * lane + 1] = lane == 0 ? first + second : (before + first) + second;
 }
 
-// Block (head, chunk), 512 threads, two blocks an SM (64 registers a thread): the kernel is bound by latencies
-// between its barriers, so more warps each do less.
+// A prepare block takes a group of value heads of one key head and one chunk: all the key head's value heads (3 at
+// the release) share q and k, so the staging of the q and k rows, their norms and the products K Kᵀ and Q Kᵀ are
+// done once for the group; only the per-row scalars (β, the decays) and V differ between them. Groups of one value
+// head make 3× the blocks of a third of the work: where even those blocks fit on the GPU at once (short passes, e.g.
+// one chunk: 48 blocks instead of 16), they finish sooner (prepare_group picks).
+__host__ __device__ inline int value_heads_per_key_head(const GdnShape& s) { return s.heads / s.key_heads; }
+
+// Shared memory of the prepare kernel for groups of `group` value heads: γ and β of each value head [G][C]; q and k
+// factors [C]; keys [C][ldk]; queries [C][ldk], later values [C][ldv]; K Kᵀ [C][C + 4]; Q Kᵀ, later A with its
+// inverted diagonal blocks [C][C + 4]. (At the release 105.5 KB: two blocks an SM, either group.)
+size_t prepare_shared_bytes(const GdnShape& s, int group) {
+  const size_t ldk = size_t(stride_of(s.dk)), ldx = size_t(std::max(stride_of(s.dk), operand_stride_of(s.dv)));
+  return (2 * size_t(group) * kC + 2 * size_t(kC) + kC * ldk + kC * ldx + 2 * size_t(kC) * kChunkStride) * 4;
+}
+
+// Block (group of value heads, chunk), 512 threads, two blocks an SM (64 registers a thread): the kernel is bound by
+// latencies between its barriers, so more warps each do less.
 constexpr int kPrepareThreads = 512;
 constexpr int kPrepareWarps = kPrepareThreads / 32;
 
+// Phase 1, once a group: q and k rows staged and l2-normalised, every value head's γ and β, K Kᵀ and Q Kᵀ, the
+// normalised keys to the scratch (by one block of the key head); then for each value head its P, key and q factors and
+// chunk decay to the scratch. Phase 2, value head after value head: A
+// (from K Kᵀ), V and the keys restaged, I + A's diagonal blocks inverted, the blocked solve for W and U, both to the
+// scratch. Every value is computed by the same operations in the same order as in the earlier kernel per value head
+// (the restaged keys are normalised by the same factor before they are scaled), so the results are unchanged.
 template <bool kRelease, bool kOnePass>
 __global__ void __launch_bounds__(kPrepareThreads, 2)
-    gdn_chunk_prepare_kernel(GdnShape shape, GdnInputs in, ChunkScratch x) {
+    gdn_chunk_prepare_kernel(GdnShape shape, GdnInputs in, ChunkScratch x, int group) {
   const GdnShape s = fixed<kRelease>(shape);
   allow_dependents();
   extern __shared__ __align__(128) float4 shared4[];
   const int kdp = padded(s.dk), vdp = padded(s.dv);
   const int ldk = stride_of(s.dk), ldv = operand_stride_of(s.dv), ldx = max(ldk, ldv);
-  float* gamma = reinterpret_cast<float*>(shared4);  // [C] inclusive cumulative log decay
-  float* beta = gamma + kC;                          // [C]
-  float* q_factor = beta + kC;                       // [C]: 1 / (‖q_t‖ √dk)
-  float* keys = q_factor + kC;                       // [C][ldk]: normalised K, then diag(β e^γ) K, then W
-  float* queries = keys + kC * ldk;                  // [C][ldk]: normalised Q scaled by 1/√dk
-  float* values = queries;                           // [C][ldv]: diag(β) V, then U (once Q is used up)
-  float* a = queries + kC * ldx;                     // [C][C + 4]: K Kᵀ, then A (strictly lower)
-  float* qk = a + kC * kChunkStride;                 // [C][C + 4]: Q Kᵀ
-  const int h = blockIdx.x, chunk = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  float* gammas = reinterpret_cast<float*>(shared4);  // [G][C] inclusive cumulative log decays
+  float* betas = gammas + group * kC;                 // [G][C]
+  float* q_factor = betas + group * kC;               // [C]: 1 / (‖q_t‖ √dk)
+  float* k_factor = q_factor + kC;                    // [C]: 1 / ‖k_t‖, zero past the input
+  float* keys = k_factor + kC;                        // [C][ldk]: normalised K, then diag(β e^γ) K, then W
+  float* queries = keys + kC * ldk;                   // [C][ldk]: normalised Q scaled by 1/√dk
+  float* values = queries;                            // [C][ldv]: diag(β) V, then U (once Q is used up)
+  float* kk = queries + kC * ldx;                     // [C][C + 4]: K Kᵀ
+  float* qk = kk + kC * kChunkStride;                 // [C][C + 4]: Q Kᵀ
+  float* a = qk;  // [C][C + 4]: A (strictly lower; a value head's, once every P is written), its diagonal blocks
+                  // then replaced by (I + A_bb)⁻¹
+  const int first_head = blockIdx.x * group, key_head = first_head / value_heads_per_key_head(s);
+  const int chunk = blockIdx.y, tid = threadIdx.x;
+  const int lane = tid % 32, warp = tid / 32;
   const int t0 = chunk * kC, n = min(kC, in.rows - t0);
-  const int key_head = h / (s.heads / s.key_heads);
-  const size_t block = size_t(chunk) * s.heads + h;
-  if (chunk == 0 && tid < x.scan_slices) x.progress[h * x.scan_slices + tid] = 0;  // the scan starts after this grid
+  if (chunk == 0)  // the scan starts after this grid; the group's counters are adjacent
+    for (int e = tid; e < group * x.scan_slices; e += kPrepareThreads) x.progress[first_head * x.scan_slices + e] = 0;
 
   // Raw q and k rows, zero past the input and past dk.
   const float* q_rows = in.qkv + size_t(t0) * s.conv_dim + key_head * s.dk;
+  const float* k_rows = q_rows + s.key_dim;
   stage_tile(queries, ldk, kC, kdp, q_rows, size_t(s.conv_dim), n, s.dk);
-  stage_tile(keys, ldk, kC, kdp, q_rows + s.key_dim, size_t(s.conv_dim), n, s.dk);
-  if (tid < kC) {  // rows past the input: β = 0, g = 0 (they change nothing)
+  stage_tile(keys, ldk, kC, kdp, k_rows, size_t(s.conv_dim), n, s.dk);
+  for (int e = tid; e < group * kC; e += kPrepareThreads) {  // rows past the input: β = 0, g = 0 (they change nothing)
+    const int h = first_head + e / kC, t = e % kC;
     float g = 0.0f, b = 0.0f;
-    if (tid < n) {
-      const size_t at = size_t(t0 + tid) * s.heads + h;
+    if (t < n) {
+      const size_t at = size_t(t0 + t) * s.heads + h;
       g = log_decay(in, h, at);
       b = sigmoid(in.b[at]);
     }
-    gamma[tid] = g;
-    beta[tid] = b;
+    gammas[e] = g;
+    betas[e] = b;
   }
+  if (tid >= n && tid < kC) k_factor[tid] = 0.0f;
   wait_copies();
   __syncthreads();
-  if (warp == 0) {  // inclusive scan of the 64 decays, two per lane
-    const float first = gamma[2 * lane], second = gamma[2 * lane + 1];
-    float sum = first + second;
-    for (int offset = 1; offset < 32; offset <<= 1) {
-      const float other = __shfl_up_sync(0xffffffffu, sum, offset);
-      if (lane >= offset) sum += other;
-    }
-    const float before = __shfl_up_sync(0xffffffffu, sum, 1);  // the sum over the lanes below
-    gamma[2 * lane] = lane == 0 ? first : before + first;
-    gamma[2 * lane + 1] = lane == 0 ? first + second : (before + first) + second;
-  }
+  for (int head = warp; head < group; head += kPrepareWarps) cumulative_decays(gammas + head * kC, lane);
   const float q_scale = 1.0f / sqrtf(float(s.dk));
   for (int t = warp; t < n; t += kPrepareWarps) {  // l2-normalise in place (each lane rescales what it summed)
     float q_sum = 0.0f, k_sum = 0.0f;
@@ -502,7 +533,10 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
     }
     const float q_norm = 1.0f / sqrtf(warp_sum(q_sum) + 1e-6f) * q_scale;
     const float k_norm = 1.0f / sqrtf(warp_sum(k_sum) + 1e-6f);
-    if (lane == 0) q_factor[t] = q_norm;
+    if (lane == 0) {
+      q_factor[t] = q_norm;
+      k_factor[t] = k_norm;
+    }
     for (int i = lane; i < s.dk; i += 32) {
       queries[t * ldk + i] *= q_norm;
       keys[t * ldk + i] *= k_norm;
@@ -520,107 +554,128 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
     fill(acc, 0.0f);
     mma_tile<kOnePass, RowMajor, ColMajor>(acc, (q_rows_tile ? queries : keys) + r0 * ldk, ldk, keys + c0 * ldk, ldk,
                                            kdp / kStep);
-    store_tile((q_rows_tile ? qk : a) + r0 * kChunkStride + c0, acc, kChunkStride);
+    store_tile((q_rows_tile ? qk : kk) + r0 * kChunkStride + c0, acc, kChunkStride);
   }
   __syncthreads();
 
-  // A and P with their decays and masks; Kd, Qd's row factors and the chunk's decay to the scratch.
-  float* p = x.p + block * kC * kC;
-  for (int e = tid; e < kC * kC; e += kPrepareThreads) {
-    const int t = e / kC, u = e % kC;
-    const float decay = u <= t ? expf(gamma[t] - gamma[u]) : 0.0f;
-    a[t * kChunkStride + u] = u < t ? beta[t] * decay * a[t * kChunkStride + u] : 0.0f;
-    p[e] = u <= t ? decay * qk[t * kChunkStride + u] : 0.0f;
-  }
-  const float gamma_end = gamma[kC - 1];
-  // Kd transposed, [dk][C] (the scan reads it k-contiguous): a warp's 32 elements are keys 4q … 4q + 3 of 8 tokens,
-  // on 32 banks in the keys tile (rows 4 mod 32 floats apart) and four 32-byte pieces in the scratch. A thread's
-  // token t stays the same from one element to its next, so e^{γ_C−γ_t} is taken once.
-  static_assert(kPrepareThreads / 4 % kC == 0);
-  float* kd = x.kd + block * kC * s.dk;
-  const int key_quads = (s.dk + 3) / 4, token = tid / 4 % kC;
-  const float token_to_end = expf(gamma_end - gamma[token]);
-  for (int e = tid; e < key_quads * 4 * kC; e += kPrepareThreads) {
-    const int i = e / (4 * kC) * 4 + e % 4;
-    if (i < s.dk) kd[i * kC + token] = stored_operand<kOnePass>(keys[token * ldk + i] * token_to_end);
-  }
-  if (tid < kC) x.q_factor[block * kC + tid] = tid < n ? q_factor[tid] * expf(gamma[tid]) : 0.0f;
-  if (tid == 0) x.decay[block] = expf(gamma_end);
-  __syncthreads();
-
-  // The right-hand sides [diag(β e^γ) K | diag(β) V] (zero past the input: β = 0 there). V is staged by cp.async
-  // while the keys are scaled (read element by element, its 32 loads a thread each waited a global latency) and
-  // the diagonal blocks of I + A are inverted.
-  const float* v_rows = in.qkv + size_t(t0) * s.conv_dim + 2 * s.key_dim + h * s.dv;
-  stage_tile(values, ldv, kC, vdp, v_rows, size_t(s.conv_dim), n, s.dv);
-  __pipeline_commit();
-  float* inverses = qk;  // [C][C + 4]: (I + A_bb)⁻¹ in diagonal block b (Q Kᵀ is used up)
-  if (warp >= kPrepareWarps - kC / kTile && lane < kTile)
-    invert_diagonal_block(inverses, a, (warp - (kPrepareWarps - kC / kTile)) * kTile, lane);
-  for (int t = warp; t < kC; t += kPrepareWarps) {
-    const float scale = beta[t] * expf(gamma[t]);
-    for (int i = lane; i < kdp; i += 32) keys[t * ldk + i] *= scale;
-  }
-  __pipeline_wait_prior(0);
-  __syncthreads();
-  for (int t = warp; t < n; t += kPrepareWarps)
-    for (int j = lane; j < s.dv; j += 32) values[t * ldv + j] *= beta[t];
-  __syncthreads();
-
-  // (I + A) [W | U] = [diag(β e^γ) K | diag(β) V] by blocks of 16 rows, a warp per 16-column tile (the tiles do not
-  // depend on each other, so no block barrier): subtract the solved rows' part, then multiply by the diagonal
-  // block's inverse, both on the tensor cores.
-  const int key_tiles = kdp / kTile, tiles = key_tiles + vdp / kTile;
-  for (int tile = warp; tile < tiles; tile += kPrepareWarps) {
-    const bool key = tile < key_tiles;
-    float* rhs = key ? keys + tile * kTile : values + (tile - key_tiles) * kTile;
-    const int ld = key ? ldk : ldv;
-    for (int r0 = 0; r0 < kC; r0 += kTile) {
-      if (r0 > 0) {
-        Accumulator solved, rest;
-        fill(solved, 0.0f);
-        mma_tile<kOnePass, RowMajor, RowMajor>(solved, a + r0 * kChunkStride, kChunkStride, rhs, ld, r0 / kStep);
-        load_tile(rest, rhs + r0 * ld, ld);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) rest.x[e] -= solved.x[e];
-        store_tile(rhs + r0 * ld, rest, ld);
-        __syncwarp();
-      }
-      Accumulator solution;
-      fill(solution, 0.0f);
-      mma_tile<kOnePass, RowMajor, RowMajor>(solution, inverses + r0 * kChunkStride + r0, kChunkStride, rhs + r0 * ld,
-                                             ld, kTile / kStep);
-      __syncwarp();  // every lane has read the block before it is overwritten
-      store_tile(rhs + r0 * ld, solution, ld);
-      __syncwarp();
+  // The normalised keys transposed, [dk][C] (the scan reads them k-contiguous), once a key head: a warp's 32
+  // elements are keys 4q … 4q + 3 of 8 tokens, on 32 banks in the keys tile (rows 4 mod 32 floats apart) and four
+  // 32-byte pieces in the scratch.
+  if (first_head % value_heads_per_key_head(s) == 0) {
+    static_assert(kPrepareThreads / 4 % kC == 0);
+    const int key_quads = (s.dk + 3) / 4, token = tid / 4 % kC;
+    float* keys_out = x.keys + (size_t(chunk) * s.key_heads + key_head) * kC * s.dk;
+    for (int e = tid; e < key_quads * 4 * kC; e += kPrepareThreads) {
+      const int i = e / (4 * kC) * 4 + e % 4;
+      if (i < s.dk) keys_out[i * kC + token] = stored_operand<kOnePass>(keys[token * ldk + i]);
     }
   }
-  __syncthreads();
+  // Each value head's P (decayed and masked), the keys' factors e^{γ_C−γ_t}, Qd's row factors and the chunk's decay.
+  for (int head = 0; head < group; ++head) {
+    const float* gamma = gammas + head * kC;
+    const size_t block = size_t(chunk) * s.heads + first_head + head;
+    float* p = x.p + block * kC * kC;
+    for (unsigned e = tid; e < kC * kC; e += kPrepareThreads) {
+      const int t = e / kC, u = e % kC;
+      const float decay = u <= t ? expf(gamma[t] - gamma[u]) : 0.0f;
+      p[e] = u <= t ? decay * qk[t * kChunkStride + u] : 0.0f;
+    }
+    const float gamma_end = gamma[kC - 1];
+    if (tid < kC) {
+      x.q_factor[block * kC + tid] = tid < n ? q_factor[tid] * expf(gamma[tid]) : 0.0f;
+      x.key_decay[block * kC + tid] = expf(gamma_end - gamma[tid]);
+    }
+    if (tid == 0) x.decay[block] = expf(gamma_end);
+  }
+  __syncthreads();  // Q Kᵀ, the queries and (past the first value head) the normalised keys are used up
 
-  float* w_out = x.w + block * kC * s.dk;
-  for (int e = tid; e < kC * s.dk; e += kPrepareThreads)
-    w_out[e] = stored_operand<kOnePass>(keys[e / s.dk * ldk + e % s.dk]);
-  float* u_out = x.u + block * kC * s.dv;
-  for (int e = tid; e < kC * s.dv; e += kPrepareThreads) u_out[e] = values[e / s.dv * ldv + e % s.dv];
+  for (int head = 0; head < group; ++head) {
+    const int h = first_head + head;
+    const float *gamma = gammas + head * kC, *beta = betas + head * kC;
+    const size_t block = size_t(chunk) * s.heads + h;
+    // The right-hand sides [diag(β e^γ) K | diag(β) V] (zero past the input: β = 0 there). V, and past the first
+    // value head the raw k rows again (from L2: this block read them), load by cp.async while A is formed.
+    stage_tile(values, ldv, kC, vdp, in.qkv + size_t(t0) * s.conv_dim + 2 * s.key_dim + h * s.dv, size_t(s.conv_dim), n,
+               s.dv);
+    if (head > 0) stage_tile(keys, ldk, kC, kdp, k_rows, size_t(s.conv_dim), n, s.dk);
+    __pipeline_commit();
+    for (unsigned e = tid; e < kC * kC; e += kPrepareThreads) {
+      const int t = e / kC, u = e % kC;
+      a[t * kChunkStride + u] = u < t ? beta[t] * expf(gamma[t] - gamma[u]) * kk[t * kChunkStride + u] : 0.0f;
+    }
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    // Four warps invert the diagonal blocks of I + A in place while the others scale the right-hand sides.
+    if (warp >= kPrepareWarps - kC / kTile && lane < kTile)
+      invert_diagonal_block(a, a, (warp - (kPrepareWarps - kC / kTile)) * kTile, lane);
+    for (int t = warp; t < kC; t += kPrepareWarps) {
+      const float scale = beta[t] * expf(gamma[t]), norm = k_factor[t];
+      for (int i = lane; i < kdp; i += 32) {
+        const float key = head > 0 ? keys[t * ldk + i] * norm : keys[t * ldk + i];  // normalised as in phase 1
+        keys[t * ldk + i] = key * scale;
+      }
+    }
+    for (int t = warp; t < n; t += kPrepareWarps)
+      for (int j = lane; j < s.dv; j += 32) values[t * ldv + j] *= beta[t];
+    __syncthreads();
+
+    // (I + A) [W | U] = [diag(β e^γ) K | diag(β) V] by blocks of 16 rows, a warp per 16-column tile (the tiles do not
+    // depend on each other, so no block barrier): subtract the solved rows' part, then multiply by the diagonal
+    // block's inverse, both on the tensor cores.
+    const int key_tiles = kdp / kTile, tiles = key_tiles + vdp / kTile;
+    for (int tile = warp; tile < tiles; tile += kPrepareWarps) {
+      const bool key = tile < key_tiles;
+      float* rhs = key ? keys + tile * kTile : values + (tile - key_tiles) * kTile;
+      const int ld = key ? ldk : ldv;
+      for (int r0 = 0; r0 < kC; r0 += kTile) {
+        if (r0 > 0) {
+          Accumulator solved, rest;
+          fill(solved, 0.0f);
+          mma_tile<kOnePass, RowMajor, RowMajor>(solved, a + r0 * kChunkStride, kChunkStride, rhs, ld, r0 / kStep);
+          load_tile(rest, rhs + r0 * ld, ld);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) rest.x[e] -= solved.x[e];
+          store_tile(rhs + r0 * ld, rest, ld);
+          __syncwarp();
+        }
+        Accumulator solution;
+        fill(solution, 0.0f);
+        mma_tile<kOnePass, RowMajor, RowMajor>(solution, a + r0 * kChunkStride + r0, kChunkStride, rhs + r0 * ld, ld,
+                                               kTile / kStep);
+        __syncwarp();  // every lane has read the block before it is overwritten
+        store_tile(rhs + r0 * ld, solution, ld);
+        __syncwarp();
+      }
+    }
+    __syncthreads();
+
+    float* w_out = x.w + block * kC * s.dk;
+    for (unsigned e = tid; e < unsigned(kC * s.dk); e += kPrepareThreads)
+      w_out[e] = stored_operand<kOnePass>(keys[e / s.dk * ldk + e % s.dk]);
+    float* u_out = x.u + block * kC * s.dv;
+    for (unsigned e = tid; e < unsigned(kC * s.dv); e += kPrepareThreads) u_out[e] = values[e / s.dv * ldv + e % s.dv];
+    if (head + 1 < group) __syncthreads();  // the next value head restages the keys and values and forms its A
+  }
 }
 
 // The scan: block (head, slice of 64 value columns), 512 threads, one block an SM (at the release shape 96 blocks,
-// each value head's W and Kd read twice, not four times as with 32-column slices). It works on the transposed state
-// Sᵀ [64][dk], so that every product has both operands k-contiguous in shared memory (k-paired fragments):
-//   Δᵀ = Uᵀ − Sᵀ Wᵀ (k = dk: Sᵀ rows, W rows),  Sᵀ ← e^{γ_C} Sᵀ + Δᵀ Kd (k = C: Δᵀ rows, Kdᵀ rows).
-// Its shared memory: two stages of {W [C][dk + 16], Kdᵀ [dk][C + 16]} (the next chunk's operands load during the
-// whole of the current chunk's math), Δᵀ and Sᵀ in fragment order (A operands; 32 row pairs of 2C + 16 and 2dk + 16
-// floats): 204 KB at dk = 128. Warp w owns the state
+// each value head's W read twice, not four times as with 32-column slices; the key head's keys by its 3 value heads'
+// 6 blocks). It works on the transposed state Sᵀ [64][dk], so that every product has both operands k-contiguous in
+// shared memory (k-paired fragments):
+//   Δᵀ = Uᵀ − Sᵀ Wᵀ (k = dk: Sᵀ rows, W rows),  Sᵀ ← e^{γ_C} Sᵀ + (Δᵀ diag(e^{γ_C−γ})) K (k = C: Δᵀ rows, Kᵀ rows).
+// Its shared memory: two stages of {W [C][dk + 16], Kᵀ [dk][C + 16], e^{γ_C−γ} [C]} (the next chunk's operands load
+// during the whole of the current chunk's math), Δᵀ (its columns scaled by e^{γ_C−γ}) and Sᵀ in fragment order (A
+// operands; 32 row pairs of 2C + 16 and 2dk + 16 floats): 204 KB at dk = 128. Warp w owns the state
 // tiles (value columns 16·(w%4), keys 16·(w/4) and 16·(w/4 + 4)) in registers across the chunks: it writes S₀ to the
 // scratch and the final state from there, and Sᵀ to shared memory once a chunk for the Δ products. U comes to each
 // warp's Δᵀ tile straight from global memory into registers, a chunk ahead; Δ goes back from registers.
 constexpr int kScanThreads = 512;
-constexpr int kTokenStride = kC + 16;      // Kdᵀ rows: a k-paired B operand over the chunk's tokens
+constexpr int kTokenStride = kC + 16;      // Kᵀ rows: a k-paired B operand over the chunk's tokens
 constexpr int kDeltaStride = 2 * kC + 16;  // Δᵀ's row pairs (fragment order)
 constexpr int kScanRowPairs = kScanColumns / kTile * kPairRows;  // of Δᵀ and Sᵀ
 
 __host__ __device__ inline size_t scan_stage_floats(const GdnShape& s) {
-  return size_t(kC) * pair_stride_of(s.dk) + size_t(padded(s.dk)) * kTokenStride;
+  return size_t(kC) * pair_stride_of(s.dk) + size_t(padded(s.dk)) * kTokenStride + kC;
 }
 
 size_t scan_shared_bytes(const GdnShape& s) {
@@ -658,9 +713,10 @@ __device__ inline int row_of(int e) { return threadIdx.x % 32 / 4 + 8 * (e / 2 %
 __device__ inline int column_of(int e) { return 8 * (e / 4) + 2 * (threadIdx.x % 4) + e % 2; }
 
 // Per chunk, in order: S₀ to the scratch (from the owners' registers); Δᵀ = Uᵀ − Sᵀ Wᵀ (warp w: the tile at value
-// columns 16·(w%4), tokens 16·(w/4)), Δᵀ to shared memory and Δ to the scratch (over U); Sᵀ ← e^{γ_C} Sᵀ + Δᵀ Kd
-// (two key tiles a warp sharing the Δᵀ operand), Sᵀ to shared memory. Two barriers a chunk: the one at its start also
-// frees the stage that the next chunk's operands then load into (the previous chunk's update was its last reader).
+// columns 16·(w%4), tokens 16·(w/4)), Δ to the scratch (over U) and Δᵀ diag(e^{γ_C−γ}) to shared memory;
+// Sᵀ ← e^{γ_C} Sᵀ + (Δᵀ diag(e^{γ_C−γ})) K (two key tiles a warp sharing the Δᵀ operand), Sᵀ to shared memory. Two
+// barriers a chunk: the one at its start also frees the stage that the next chunk's operands then load into (the
+// previous chunk's update was its last reader).
 template <bool kRelease, bool kOnePass>
 __global__ void __launch_bounds__(kScanThreads, 1)
     gdn_chunk_scan_kernel(GdnShape shape, int rows, ChunkScratch x, float* recurrent) {
@@ -669,28 +725,34 @@ __global__ void __launch_bounds__(kScanThreads, 1)
   extern __shared__ __align__(128) float4 shared4[];
   const int kdp = padded(s.dk), ldw = pair_stride_of(s.dk), lds = pair_rows_stride_of(s.dk);
   const size_t stage_floats = scan_stage_floats(s);
-  float* stages = reinterpret_cast<float*>(shared4);    // 2 × {W [C][ldw], Kdᵀ [kdp][C + 16]}
+  float* stages = reinterpret_cast<float*>(shared4);    // 2 × {W [C][ldw], Kᵀ [kdp][C + 16], e^{γ_C−γ} [C]}
   float* delta = stages + 2 * stage_floats;             // Δᵀ [32 row pairs][2C + 16]
   float* state = delta + kScanRowPairs * kDeltaStride;  // Sᵀ [32 row pairs][lds]
-  const int h = blockIdx.x, tid = threadIdx.x, warp = tid / 32;
+  const int h = blockIdx.x, key_head = h / (s.heads / s.key_heads), tid = threadIdx.x, warp = tid / 32;
   const int j0 = blockIdx.y * kScanColumns, columns = min(kScanColumns, s.dv - j0);
   const int chunks = (rows + kC - 1) / kC;
   const size_t dv = size_t(s.dv);
   float* head_state = recurrent + size_t(h) * s.dk * dv + j0;
   unsigned* progress = x.progress + h * x.scan_slices + blockIdx.y;
-  const bool whole_tiles = kRelease && reinterpret_cast<uintptr_t>(x.w) % 16 == 0 &&
-                           reinterpret_cast<uintptr_t>(x.kd) % 16 == 0;  // (the engine's scratch is 256-byte aligned)
+  const bool whole_tiles =
+      kRelease && reinterpret_cast<uintptr_t>(x.w) % 16 == 0 && reinterpret_cast<uintptr_t>(x.keys) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(x.key_decay) % 16 == 0;  // (the engine's scratch: 256-byte aligned)
   auto stage_chunk = [&](int chunk) {
     float* w = stages + (chunk % 2) * stage_floats;
+    float *keys = w + kC * ldw, *key_decay = keys + kdp * kTokenStride;
     const size_t block = size_t(chunk) * s.heads + h;
-    const float *w_rows = x.w + block * kC * s.dk, *kd_rows = x.kd + block * kC * s.dk;
+    const float* w_rows = x.w + block * kC * s.dk;
+    const float* key_rows = x.keys + (size_t(chunk) * s.key_heads + key_head) * kC * s.dk;
+    const float* decays = x.key_decay + block * kC;
     if (whole_tiles) {
       stage_whole_tile<kC, kReleaseDim>(w, ldw, w_rows);
-      stage_whole_tile<kReleaseDim, kC>(w + kC * ldw, kTokenStride, kd_rows);
+      stage_whole_tile<kReleaseDim, kC>(keys, kTokenStride, key_rows);
+      if (tid < kC / 4) __pipeline_memcpy_async(key_decay + 4 * tid, decays + 4 * tid, 4 * sizeof(float));
       return;
     }
     stage_tile(w, ldw, kC, kdp, w_rows, size_t(s.dk), kC, s.dk);
-    stage_tile(w + kC * ldw, kTokenStride, kdp, kC, kd_rows, size_t(kC), s.dk, kC);
+    stage_tile(keys, kTokenStride, kdp, kC, key_rows, size_t(kC), s.dk, kC);
+    stage_tile(key_decay, kC, 1, kC, decays, size_t(kC), 1, kC);
   };
   stage_chunk(0);
 
@@ -746,7 +808,8 @@ __global__ void __launch_bounds__(kScanThreads, 1)
     __syncthreads();  // ... for every thread, and Sᵀ; and the previous chunk is done with the other stage and Δᵀ
     if (chunk + 1 < chunks) stage_chunk(chunk + 1);
     const float* w = stages + (chunk % 2) * stage_floats;
-    const float* kd = w + kC * ldw;  // Kdᵀ
+    const float* keys = w + kC * ldw;                    // Kᵀ
+    const float* key_decay = keys + kdp * kTokenStride;  // e^{γ_C−γ_t}
 
     {  // Δᵀ = Uᵀ − Sᵀ Wᵀ
       Accumulator product;
@@ -757,6 +820,7 @@ __global__ void __launch_bounds__(kScanThreads, 1)
       for (int e = 0; e < 8; ++e) {
         product.x[e] = u[e] - product.x[e];
         if (in_slice(e)) target[(d0 + column_of(e)) * dv + row_of(e)] = product.x[e];
+        product.x[e] *= key_decay[d0 + column_of(e)];  // Δᵀ diag(e^{γ_C−γ}) for the state update
       }
       store_a_pair<kOnePass>(delta_rows + 2 * d0, product, kDeltaStride);
     }
@@ -765,17 +829,17 @@ __global__ void __launch_bounds__(kScanThreads, 1)
     // (Published here, half a chunk later, so that thread 0's fence finds those stores drained.)
     if (tid == 0 && chunk > 0) publish_progress(progress, unsigned(chunk));
 
-      // Sᵀ ← e^{γ_C} Sᵀ + Δᵀ Kd on the owned tiles (every warp is done reading Sᵀ from shared memory).
+      // Sᵀ ← e^{γ_C} Sᵀ + (Δᵀ diag(e^{γ_C−γ})) K on the owned tiles (every warp is done reading Sᵀ from shared memory).
 #pragma unroll
     for (int tile = 0; tile < 2; ++tile)
 #pragma unroll
       for (int e = 0; e < 8; ++e) owned[tile].x[e] *= decay;
-    const float* kd_first = kd + first_key_tile * kTile * kTokenStride;
+    const float* keys_first = keys + first_key_tile * kTile * kTokenStride;
     if (owns[1])
-      mma_tile_pair_kpaired<kOnePass>(owned[0], owned[1], delta_rows, kDeltaStride, kd_first,
-                                      kd_first + 4 * kTile * kTokenStride, kTokenStride, kC / kPairK);
+      mma_tile_pair_kpaired<kOnePass>(owned[0], owned[1], delta_rows, kDeltaStride, keys_first,
+                                      keys_first + 4 * kTile * kTokenStride, kTokenStride, kC / kPairK);
     else if (owns[0])
-      mma_tile_kpaired<kOnePass>(owned[0], delta_rows, kDeltaStride, kd_first, kTokenStride, kC / kPairK);
+      mma_tile_kpaired<kOnePass>(owned[0], delta_rows, kDeltaStride, keys_first, kTokenStride, kC / kPairK);
     store_owned();
   }
   __syncthreads();
@@ -985,17 +1049,35 @@ GdnProducts gdn_prefill_products() {
 
 namespace {
 
+// Value heads a prepare block takes (see value_heads_per_key_head): one where the blocks of one value head all fit on
+// the GPU at once (then the pass takes about one block's time, and a block of one value head is the shorter), else
+// the key head's. Measured on the H200 (release shape, 132 SMs, 2 blocks an SM; whole prefill, 3×TF32): at T = 64
+// 48 blocks of one value head 64 µs against 85 for 16 key-head blocks, at T = 256 (192 against 64 blocks) 98 against
+// 108; at T = 512 (384 against 128) the key head's are the faster, 148 against 154 µs.
+int prepare_group(const GdnShape& s, int chunks, GdnPrepareBlocks blocks, const void* kernel, size_t bytes_of_one) {
+  const int key_group = value_heads_per_key_head(s);
+  if (blocks != GdnPrepareBlocks::Auto) return blocks == GdnPrepareBlocks::PerValueHead ? 1 : key_group;
+  int device = 0, multiprocessors = 0, per_multiprocessor = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, kernel, kPrepareThreads, bytes_of_one);
+  return long(s.heads) * chunks <= long(multiprocessors) * per_multiprocessor ? 1 : key_group;
+}
+
 // The three (or four) launches at one arithmetic; gdn_prefill picks the instantiation.
 template <bool kOnePass>
 void launch_prefill(const GdnShape& s, const GdnInputs& in, const ChunkScratch& x, float* recurrent, float* out,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, GdnPrepareBlocks blocks) {
   const unsigned chunks = unsigned((in.rows + kC - 1) / kC), heads = unsigned(s.heads);
   const unsigned slices = unsigned((s.dv + kSliceColumns - 1) / kSliceColumns);
   const bool release = is_release(s);
   const auto prepare = release ? gdn_chunk_prepare_kernel<true, kOnePass> : gdn_chunk_prepare_kernel<false, kOnePass>;
-  const size_t prepare_bytes = prepare_shared_bytes(s);
-  cudaFuncSetAttribute(prepare, cudaFuncAttributeMaxDynamicSharedMemorySize, int(prepare_bytes));
-  prepare<<<dim3(heads, chunks), kPrepareThreads, prepare_bytes, stream>>>(s, in, x);
+  cudaFuncSetAttribute(prepare, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       int(prepare_shared_bytes(s, value_heads_per_key_head(s))));  // the larger
+  const int group =
+      prepare_group(s, int(chunks), blocks, reinterpret_cast<const void*>(prepare), prepare_shared_bytes(s, 1));
+  prepare<<<dim3(heads / unsigned(group), chunks), kPrepareThreads, prepare_shared_bytes(s, group), stream>>>(s, in, x,
+                                                                                                              group);
   const size_t scan_bytes = scan_shared_bytes(s);
   const unsigned scan_slices = unsigned(x.scan_slices);
   const auto scan = release ? gdn_chunk_scan_kernel<true, kOnePass> : gdn_chunk_scan_kernel<false, kOnePass>;
@@ -1021,13 +1103,13 @@ void launch_prefill(const GdnShape& s, const GdnInputs& in, const ChunkScratch& 
 }  // namespace
 
 void gdn_prefill(const GdnShape& s, const GdnInputs& in, float* recurrent, float* scratch, float* out,
-                 cudaStream_t stream, GdnProducts products) {
+                 cudaStream_t stream, GdnProducts products, GdnPrepareBlocks prepare_blocks) {
   if (in.rows <= 0) return;
   const ChunkScratch x = chunk_scratch(s, in.rows, scratch, nullptr);
   if (products == GdnProducts::Tf32)
-    launch_prefill<true>(s, in, x, recurrent, out, stream);
+    launch_prefill<true>(s, in, x, recurrent, out, stream, prepare_blocks);
   else
-    launch_prefill<false>(s, in, x, recurrent, out, stream);
+    launch_prefill<false>(s, in, x, recurrent, out, stream, prepare_blocks);
 }
 
 }  // namespace vavilov::cuda

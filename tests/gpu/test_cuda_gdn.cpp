@@ -239,6 +239,7 @@ constexpr double kOnePassOutputTolerance = 80 * kTf32Unit;
 struct PrefillCheck {
   cuda::GdnProducts products = cuda::GdnProducts::Tf32x3;
   double output_tolerance = kTolerance, state_tolerance = kTolerance;
+  cuda::GdnPrepareBlocks prepare_blocks = cuda::GdnPrepareBlocks::Auto;
 };
 const PrefillCheck kOnePass{cuda::GdnProducts::Tf32, kOnePassOutputTolerance, kOnePassStateTolerance};
 
@@ -250,7 +251,7 @@ void expect_prefill_matches_reference(const GdnShape& s, const Inputs& in, int r
   float* state = d.copy(in.state);
   float* scratch = d.zeros(cuda::gdn_chunk_scratch_floats(s, rows));
   float* out = d.zeros(want.out.size());
-  cuda::gdn_prefill(s, gpu, state, scratch, out, nullptr, check.products);
+  cuda::gdn_prefill(s, gpu, state, scratch, out, nullptr, check.products, check.prepare_blocks);
   ASSERT_EQ(cudaGetLastError(), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const double out_error = error_of(host_copy(out, want.out.size()), want.out);
@@ -524,6 +525,58 @@ TEST(CudaGdn, ChunkedPrefillOnePassTf32OfManyChunksMatchesRecurrence) {
   const GdnShape s = shape_of(3, 1, 128, 128);
   const int rows = 1000;
   expect_prefill_matches_reference(s, random_inputs(s, rows, rng, true), rows, kOnePass);
+}
+
+// The prepare kernel's blocks take a key head's value heads together (looping over them: their β, decays and V
+// differ, q and k are shared) or one value head each; both, forced, with key heads of 6 value heads at the release's
+// head dimensions (two chunks, the second partial) and of 12 at a small shape (the outputs' unfused path), against
+// the recurrence in both precisions. A value head that took another's β, decays or V, or a counter left unzeroed,
+// gives errors of order one. (The other prefill tests take the automatic choice, which at their sizes is one value
+// head a block: their blocks all fit on the GPU at once.)
+TEST(CudaGdn, ChunkedPrefillOfKeyHeadsWithManyValueHeadsMatchesRecurrence) {
+  std::mt19937 rng(12);
+  for (const GdnShape& s : {shape_of(6, 1, 128, 128), shape_of(12, 1, 16, 136)})
+    for (const cuda::GdnPrepareBlocks blocks :
+         {cuda::GdnPrepareBlocks::PerKeyHead, cuda::GdnPrepareBlocks::PerValueHead})
+      for (PrefillCheck check : {PrefillCheck{}, kOnePass}) {
+        check.prepare_blocks = blocks;
+        SCOPED_TRACE(testing::Message() << "heads " << s.heads << " dk " << s.dk << " dv " << s.dv << " one pass "
+                                        << (check.products == cuda::GdnProducts::Tf32) << " per value head "
+                                        << (blocks == cuda::GdnPrepareBlocks::PerValueHead));
+        const int rows = 100;
+        expect_prefill_matches_reference(s, random_inputs(s, rows, rng, true), rows, check);
+      }
+}
+
+// The two ways of blocking the prepare kernel compute every value by the same operations in the same order: at the
+// release shape (48 value heads on 16 key heads, 200 rows) their outputs and final states are bit for bit the same,
+// in both precisions.
+TEST(CudaGdn, PrefillPrepareBlocksGiveBitIdenticalResults) {
+  std::mt19937 rng(13);
+  const GdnShape s = shape_of(48, 16, 128, 128);
+  const int rows = 200;
+  const Inputs in = random_inputs(s, rows, rng, true);
+  for (const cuda::GdnProducts products : {cuda::GdnProducts::Tf32x3, cuda::GdnProducts::Tf32}) {
+    auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+    };
+    std::vector<float> outs[2], states[2];
+    for (int i = 0; i < 2; ++i) {
+      Device d;
+      const cuda::GdnInputs gpu = device_inputs(d, in, rows);
+      float* state = d.copy(in.state);
+      float* scratch = d.zeros(cuda::gdn_chunk_scratch_floats(s, rows));
+      float* out = d.zeros(size_t(rows) * s.heads * s.dv);
+      cuda::gdn_prefill(s, gpu, state, scratch, out, nullptr, products,
+                        i == 0 ? cuda::GdnPrepareBlocks::PerKeyHead : cuda::GdnPrepareBlocks::PerValueHead);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      outs[i] = host_copy(out, size_t(rows) * s.heads * s.dv);
+      states[i] = host_copy(state, in.state.size());
+    }
+    EXPECT_TRUE(same_bits(outs[0], outs[1]));
+    EXPECT_TRUE(same_bits(states[0], states[1]));
+    EXPECT_FALSE(same_bits(states[0], in.state));  // not vacuous: the pass moved the state
+  }
 }
 
 }  // namespace
