@@ -217,61 +217,62 @@ cudaError_t gemv_quant(const GemvMatrix& single, const GemvMatrix* matrices, con
 
 // ---------------------------------------------------------------------------------------------------------------
 // Expert launches (gemv_q4_experts): descriptors written in the pass, and often more tiles than one wave of warps (a
-// 4-row verify step's ~39 distinct experts: ~3120 gate/up tiles and ~6240 down tiles against 2112 resident warps),
-// which quant_split would cut into several waves of short blocks, each paying a block launch, the activation staging
-// after its wait, the partial-sum exchange and a tail. Here one wave of blocks of kFlatWarps warps, kFlatBlocksPerSm a
-// multiprocessor, shares the launch's tiles out evenly: every block reads all descriptors into shared memory and
-// numbers the tiles of those that have rows (the routing's empty slots, rows = 0, have none), and warp w of W takes
-// the consecutive tiles [w·T/W, (w+1)·T/W), whole rows each: every output is one warp's sum over its groups in order,
-// the bits of gemv_q4 with one slice. A warp streams its tiles' units of kUnroll groups without a break between
-// tiles, kFlatDepth units of loads in flight while it sums the one before. The activations are staged once per block
-// when every matrix reads the same (settled_x), else per descriptor of the block's tiles, kFlatRegions at a time.
-// (Session 6–8's kernel here gave each block `rounds` runs of 8 tiles of one descriptor in a (blocks, descriptors)
-// grid: its multiprocessors held 16 to 32 gate/up tiles at 4 rows, the busiest deciding, and each tile's first unit
-// of loads waited alone: docs/CUDA.md.)
+// 4-row verify step's 40 experts: 3200 gate/up tiles and 6560 down tiles against 2112 resident warps), which
+// quant_split then cuts into several waves of short blocks, each paying a block launch, the activation staging after
+// its wait, the partial-sum exchange and a tail. Here a block of kMaxTiles warps, one slice (whole rows) each, walks
+// `rounds` runs of kMaxTiles consecutive tiles in turn: it stages its activations once, its warps never wait for each
+// other after that, and one wave of such blocks covers the launch. Each output is one warp's sum over the groups in
+// order, as with one slice in gemv_quant_kernel.
 
-// Tuning knob (set with -D in a variant build): units of loads a warp keeps in flight beyond the one it sums.
-#ifndef VAVILOV_EXPERT_DEPTH
-#define VAVILOV_EXPERT_DEPTH 2
-#endif
-constexpr int kFlatDepth = VAVILOV_EXPERT_DEPTH;
-// And how a warp's ring of loads turns: 1 = its slots by constant indices in a loop unrolled kFlatDepth + 1 times (no
-// register copies, kFlatDepth + 1 copies of the unit's code), 0 = one copy of the code, the slots shifted down by
-// register copies after each unit (as tile_products' current = next).
-#ifndef VAVILOV_EXPERT_UNROLLED_RING
-#define VAVILOV_EXPERT_UNROLLED_RING 1
-#endif
-constexpr bool kFlatUnrolledRing = VAVILOV_EXPERT_UNROLLED_RING != 0;
-static_assert(kFlatDepth >= 1 && kFlatDepth <= 3);
-constexpr int kFlatWarps = 8;        // warps of a block
-constexpr int kFlatBlocksPerSm = 2;  // blocks a multiprocessor: 16 warps at up to 128 registers
-constexpr int kFlatRegions = 4;      // descriptors whose activations a block stages at once (when not settled)
-
-// What a gemv_quant_flat_kernel launch reads: `count` descriptors (GemvDescriptors says whether before its wait),
-// staged activations in `regions` regions of region_bytes (the widest matrix's, `groups` groups), and settled_x when
-// every matrix reads those activations ([batch, groups·64]) and they were written two launches back or earlier
-// (launch.cuh's two-deep rule: the MoE block's input, for gate/up): then the block stages them before the wait, while
-// the routing still runs. Shared memory: the regions, then the descriptors, then tile_end (plan_tiles).
-struct FlatLaunch {
-  int count = 0, groups = 0, regions = 1, region_bytes = 0;
-  GemvDescriptors descriptors = GemvDescriptors::written_in_pass;
-  const float* settled_x = nullptr;
-};
-
-size_t flat_shared_bytes(const FlatLaunch& launch) {
-  return size_t(launch.regions) * size_t(launch.region_bytes) +
-         size_t(launch.count) * (sizeof(GemvMatrix) + sizeof(int));
+// A warp's next tile into L2 while it works on the current one: the first `lines` 128-byte lines of each of its 16
+// code rows and the start of its scale and bias rows (lane: row lane % 16; lanes 0–15 the even lines and the scales,
+// 16–31 the odd lines and the biases), so that the next run's loads wait for L2, not for memory. The prefetches hold
+// no registers: they keep more bytes in flight than the warp's own loads can.
+__device__ inline void prefetch_tile(const GemvMatrix& m, int tile_row, int row_words, int groups, int lines) {
+  if (tile_row >= m.rows) return;
+  constexpr int kLineWords = 128 / sizeof(uint32_t);
+  const int lane = threadIdx.x % 32, row = min(tile_row + lane % 16, m.rows - 1);
+  const int row_lines = min(lines, (row_words + kLineWords - 1) / kLineWords);
+  const uint32_t* codes = m.codes + size_t(row) * row_words;
+  for (int line = lane / 16; line < row_lines; line += 2)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(codes + line * kLineWords));
+  asm volatile("prefetch.global.L2 [%0];" ::"l"((lane < 16 ? m.scales : m.biases) + size_t(row) * groups));
 }
 
-// settled_x's activations into region 0, staged by the whole block before the wait: read through L2 (__ldcg), the
+// The code rows and the scale/bias row that lane (g, t) reads for the tile at warp_row; rows past the end re-read the
+// last row (their results are never stored).
+struct TileRows {
+  const uint32_t* codes[2];
+  const __nv_bfloat16* affine;
+};
+
+__device__ inline TileRows tile_rows(const GemvMatrix& m, int warp_row, int row_words, int groups) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int row0 = min(warp_row + g, m.rows - 1), row1 = min(row0 + 8, m.rows - 1);
+  return {{m.codes + size_t(row0) * row_words, m.codes + size_t(row1) * row_words},
+          (t & 2 ? m.biases : m.scales) + size_t(t & 1 ? row1 : row0) * groups};
+}
+
+// What a gemv_quant_rounds_kernel launch sums (rounds), prefetches (prefetch_tile's lines) and may read before its
+// wait: its descriptors (GemvDescriptors), and settled_x when every matrix reads those activations
+// ([batch, settled_cols]) and they were written two launches back or earlier (launch.cuh's two-deep rule: the MoE
+// block's input, for gate/up): then the block stages them before the wait, while the routing still runs.
+struct RoundsLaunch {
+  int rounds = 1, prefetch_lines = 0;
+  GemvDescriptors descriptors = GemvDescriptors::written_in_pass;
+  const float* settled_x = nullptr;
+  int settled_cols = 0;
+};
+
+// settled_x's activations (RoundsLaunch), staged by the whole block before the wait: read through L2 (__ldcg), the
 // same fp32 values as stage_activations.
 template <int Bits, int B>
-__device__ void stage_settled_activations(const FlatLaunch& launch, uint4* fragments) {
-  const int groups = launch.groups, cols = groups * kQuantGroup;
+__device__ void stage_settled_activations(const RoundsLaunch& launch, uint4* fragments) {
+  const int groups = launch.settled_cols / kQuantGroup;
   float2* group_terms = reinterpret_cast<float2*>(fragments + size_t(groups) * 16 * B);
   const auto load = [&](int b, int group, int t, float(&x)[16]) {
-    const float4* source =
-        reinterpret_cast<const float4*>(launch.settled_x + size_t(b) * cols + group * kQuantGroup + 16 * t);
+    const float4* source = reinterpret_cast<const float4*>(launch.settled_x + size_t(b) * launch.settled_cols +
+                                                           group * kQuantGroup + 16 * t);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const float4 v = __ldcg(source + i);
@@ -281,235 +282,81 @@ __device__ void stage_settled_activations(const FlatLaunch& launch, uint4* fragm
   stage_computed_activations<Bits, B>(groups, load, fragments, group_terms);
 }
 
-// Every descriptor into shared memory (through L2 when written two launches back) and tile_end[d] = the tiles (16
-// rows) of descriptors 0..d, numbered by warp 0 32 at a time; returns their total.
-__device__ int plan_tiles(const GemvMatrix* matrices, const FlatLaunch& launch, GemvMatrix* descriptors,
-                          int* tile_end) {
-  for (int d = int(threadIdx.x); d < launch.count; d += int(blockDim.x))
-    descriptors[d] =
-        launch.descriptors == GemvDescriptors::written_two_back ? load_descriptor_from_l2(matrices + d) : matrices[d];
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    const int lane = int(threadIdx.x);
-    int carry = 0;
-    for (int base = 0; base < launch.count; base += 32) {
-      const int d = base + lane;
-      int tiles = d < launch.count ? (descriptors[d].rows + kTileRows - 1) / kTileRows : 0;
-#pragma unroll
-      for (int offset = 1; offset < 32; offset <<= 1) {
-        const int before = __shfl_up_sync(0xffffffffu, tiles, offset);
-        if (lane >= offset) tiles += before;
-      }
-      if (d < launch.count) tile_end[d] = carry + tiles;
-      carry += __shfl_sync(0xffffffffu, tiles, 31);
-    }
-  }
-  __syncthreads();
-  return tile_end[launch.count - 1];
-}
-
-// The descriptor that holds tile `tile` (below the total): the number of descriptors whose tiles end at or before it.
-// The whole warp calls it.
-__device__ inline int descriptor_of(int tile, const int* tile_end, int count) {
-  int d = 0;
-  for (int base = 0; base < count; base += 32) {
-    const int i = base + int(threadIdx.x % 32);
-    d += __popc(__ballot_sync(0xffffffffu, i < count && tile_end[i] <= tile));
-  }
-  return d;
-}
-
-__device__ inline int first_tile_of(int d, const int* tile_end) { return d > 0 ? tile_end[d - 1] : 0; }
-
-// The code rows and the scale/bias row that lane (g, t) reads for the tile at warp_row; rows past the end re-read the
-// last row (their results are never stored).
-struct TileRows {
-  const uint32_t* codes[2];
-  const __nv_bfloat16* affine;
-};
-
-template <int Bits>
-__device__ inline TileRows tile_rows(const GemvMatrix& m, int warp_row, int groups) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, row_words = m.cols / 32 * Bits;
-  const int row0 = min(warp_row + g, m.rows - 1), row1 = min(row0 + 8, m.rows - 1);
-  return {{m.codes + size_t(row0) * row_words, m.codes + size_t(row1) * row_words},
-          (t & 2 ? m.biases : m.scales) + size_t(t & 1 ? row1 : row0) * groups};
-}
-
-// Where a warp's loads stand: the next unit to load (tile, first group) of its tiles up to `end`, and that tile's rows.
-struct UnitLoads {
-  int tile = 0, end = 0, descriptor = 0, group = 0, groups = 0;
-  TileRows rows;
-  AffineWidth width = AffineWidth::k8;
-};
-
-template <int Bits>
-__device__ inline void loads_at_tile(UnitLoads& c, const GemvMatrix* descriptors, const int* tile_end) {
-  while (tile_end[c.descriptor] <= c.tile) ++c.descriptor;
-  const GemvMatrix& m = descriptors[c.descriptor];
-  c.groups = m.cols / kQuantGroup;
-  c.rows = tile_rows<Bits>(m, (c.tile - first_tile_of(c.descriptor, tile_end)) * kTileRows, c.groups);
-  c.width = affine_width(m, c.groups);
-  c.group = 0;
-}
-
-// The next unit's loads into `loads` (nothing past the warp's last tile), and the cursor past it.
-template <int Bits>
-__device__ inline void issue_unit(WarpLoads& loads, UnitLoads& c, const GemvMatrix* descriptors, const int* tile_end) {
-  if (c.tile >= c.end) return;
-  load_group_block<Bits>(loads, c.rows.codes, c.rows.affine, c.group, c.groups, c.width, int(threadIdx.x % 4));
-  c.group += kUnroll;
-  if (c.group < c.groups) return;
-  if (++c.tile < c.end) loads_at_tile<Bits>(c, descriptors, tile_end);
-}
-
-// Where a warp's sums stand: the next unit to sum, its tile's output rows and staged activations, the running sums.
-struct UnitSums {
-  int tile = 0, end = 0, descriptor = 0, group = 0, groups = 0, row = 0, rows = 0;
-  float* y = nullptr;
-  const uint4* b_lane = nullptr;
-  const float2* terms_row = nullptr;
-  float acc[2] = {};
-};
-
-// The staged activations of descriptor d: region 0 when settled (region_first < 0), else region d − region_first.
-struct Regions {
-  const char* base;
-  int bytes, first;
-};
-
-template <int B>
-__device__ inline void sums_at_tile(UnitSums& s, const GemvMatrix* descriptors, const int* tile_end,
-                                    const Regions& regions) {
-  while (tile_end[s.descriptor] <= s.tile) ++s.descriptor;
-  const GemvMatrix& m = descriptors[s.descriptor];
-  s.groups = m.cols / kQuantGroup;
-  s.rows = m.rows;
-  s.y = m.y;
-  s.row = (s.tile - first_tile_of(s.descriptor, tile_end)) * kTileRows;
-  const int region = regions.first < 0 ? 0 : s.descriptor - regions.first;
-  const uint4* fragments = reinterpret_cast<const uint4*>(regions.base + size_t(region) * regions.bytes);
-  s.b_lane = lane_fragments<B>(fragments);
-  s.terms_row = lane_terms<B>(reinterpret_cast<const float2*>(fragments + size_t(s.groups) * 16 * B), s.groups);
-  s.group = 0;
-}
-
-// Sums the unit in `loads`; at its tile's last unit, stores the tile's outputs (lane (g, t): rows g and g + 8, batch
-// row t < B) and moves to the next tile.
+// The settled activations (if any) and the descriptor first (after the wait when the kernel before wrote it, else
+// before), then each warp's first tile: its first weight loads and the L2 prefetch of that tile's next lines and of
+// the next round's tile, all before the wait when the descriptors allow it (the weights never depend on the previous
+// kernel), then the staging of the activations that are not settled.
 template <int Bits, int B>
-__device__ inline void sum_unit(const WarpLoads& loads, UnitSums& s, const GemvMatrix* descriptors, const int* tile_end,
-                                const Regions& regions) {
-  unit_products<Bits, B>(loads, s.group, s.groups, s.b_lane, s.terms_row, s.acc);
-  s.group += kUnroll;
-  if (s.group < s.groups) return;
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  if (t < B) {
-    if (s.row + g < s.rows) s.y[size_t(t) * s.rows + s.row + g] = s.acc[0];
-    if (s.row + g + 8 < s.rows) s.y[size_t(t) * s.rows + s.row + g + 8] = s.acc[1];
-  }
-  s.acc[0] = s.acc[1] = 0.0f;
-  if (++s.tile < s.end) sums_at_tile<B>(s, descriptors, tile_end, regions);
-}
-
-// Block: the settled activations first (before the wait), then the plan (before the wait when the descriptors allow
-// it) and each warp's first kFlatDepth units of loads, then, pass by pass over the block's descriptors, the staging of
-// the activations that are not settled and the warps' streams of units.
-template <int Bits, int B>
-__global__ void __launch_bounds__(kFlatWarps * 32, kFlatBlocksPerSm)
-    gemv_quant_flat_kernel(const GemvMatrix* matrices, FlatLaunch launch) {
+__global__ void __launch_bounds__(kMaxTiles * 32, 2)
+    gemv_quant_rounds_kernel(const GemvMatrix* matrices, RoundsLaunch launch) {
   extern __shared__ uint4 shared[];
-  char* const region_base = reinterpret_cast<char*>(shared);
-  GemvMatrix* const descriptors =
-      reinterpret_cast<GemvMatrix*>(region_base + size_t(launch.regions) * size_t(launch.region_bytes));
-  int* const tile_end = reinterpret_cast<int*>(descriptors + launch.count);
-  const bool settled = launch.settled_x != nullptr;
-  if (settled) stage_settled_activations<Bits, B>(launch, shared);
-  const bool early = launch.descriptors != GemvDescriptors::written_in_pass;
-  if (!early) wait_for_producers(), allow_dependents();
-  const int total = plan_tiles(matrices, launch, descriptors, tile_end);
-
-  // Warp w of W: tiles [w·T/W, (w+1)·T/W); the block's are its warps' together.
-  const int warp = int(threadIdx.x) / 32;
-  const int64_t warps = int64_t(gridDim.x) * kFlatWarps, block_warp = int64_t(blockIdx.x) * kFlatWarps;
-  const auto share = [&](int64_t w) { return int(w * total / warps); };
-  const int block_first = share(block_warp), block_end = share(block_warp + kFlatWarps);
-  const int warp_first = share(block_warp + warp), warp_end = share(block_warp + warp + 1);
-  const int first_descriptor = block_first < block_end ? descriptor_of(block_first, tile_end, launch.count) : 0;
-  const int last_descriptor = block_first < block_end ? descriptor_of(block_end - 1, tile_end, launch.count) : -1;
-  const int per_pass = settled ? launch.count : launch.regions;
-  // The warp's tiles among the descriptors [d, d + per_pass).
-  const auto pass_end = [&](int d) { return min(warp_end, tile_end[min(d + per_pass, last_descriptor + 1) - 1]); };
-  const auto pass_first = [&](int d) { return max(warp_first, first_tile_of(d, tile_end)); };
-
-  WarpLoads ring[kFlatDepth + 1];
-  UnitLoads loads;
-  const auto start_loads = [&](int d) {
-    loads.tile = pass_first(d), loads.end = pass_end(d), loads.descriptor = d;
-    if (loads.tile < loads.end) loads_at_tile<Bits>(loads, descriptors, tile_end);
-#pragma unroll
-    for (int i = 0; i < kFlatDepth; ++i) issue_unit<Bits>(ring[i], loads, descriptors, tile_end);
-  };
-  if (first_descriptor <= last_descriptor) start_loads(first_descriptor);
-  if (early) wait_for_producers(), allow_dependents();
-
-  for (int d = first_descriptor; d <= last_descriptor; d += per_pass) {
-    if (d != first_descriptor) start_loads(d);
-    const Regions regions{region_base, launch.region_bytes, settled ? -1 : d};
-    if (!settled) {
-      for (int r = d; r < min(d + per_pass, last_descriptor + 1); ++r) {
-        const GemvMatrix& m = descriptors[r];
-        if (m.rows <= 0) continue;
-        const int groups = m.cols / kQuantGroup;
-        uint4* fragments = reinterpret_cast<uint4*>(region_base + size_t(r - d) * launch.region_bytes);
-        stage_matrix_activations<Bits, B>(m, groups, fragments,
-                                          reinterpret_cast<float2*>(fragments + size_t(groups) * 16 * B));
-      }
+  uint4* fragments = shared;
+  if (launch.settled_x) stage_settled_activations<Bits, B>(launch, fragments);
+  const GemvMatrix m = read_descriptor(matrices + blockIdx.y, launch.descriptors);
+  const int rounds = launch.rounds, prefetch_lines = launch.prefetch_lines;
+  const int first_row = int(blockIdx.x) * rounds * kMaxTiles * kTileRows;
+  // The whole block is past this matrix's rows (rows = 0: an empty descriptor); a second wait returns at once.
+  if (first_row >= m.rows) return wait_for_producers();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int groups = m.cols / kQuantGroup, row_words = m.cols / 32 * Bits;
+  const AffineWidth width = affine_width(m, groups);
+  const int run_rows = kMaxTiles * kTileRows;
+  int warp_row = first_row + warp * kTileRows;
+  TileRows tile = tile_rows(m, warp_row, row_words, groups);
+  WarpLoads current;
+  prefetch_tile(m, warp_row, row_words, groups, prefetch_lines);
+  load_group_block<Bits>(current, tile.codes, tile.affine, 0, warp_row < m.rows ? groups : 0, width, t);
+  if (rounds > 1) prefetch_tile(m, warp_row + run_rows, row_words, groups, prefetch_lines);
+  wait_for_producers();
+  allow_dependents();
+  float2* group_terms = reinterpret_cast<float2*>(fragments + size_t(groups) * 16 * B);
+  if (!launch.settled_x) stage_matrix_activations<Bits, B>(m, groups, fragments, group_terms);
+  __syncthreads();
+  for (int round = 0; round < rounds; ++round, warp_row += run_rows) {
+    if (warp_row >= m.rows) break;
+    if (round > 0) {
+      if (round + 1 < rounds) prefetch_tile(m, warp_row + run_rows, row_words, groups, prefetch_lines);
+      tile = tile_rows(m, warp_row, row_words, groups);
+      load_group_block<Bits>(current, tile.codes, tile.affine, 0, groups, width, t);
     }
-    __syncthreads();
-    UnitSums sums;
-    sums.tile = pass_first(d), sums.end = pass_end(d), sums.descriptor = d;
-    if (sums.tile < sums.end) sums_at_tile<B>(sums, descriptors, tile_end, regions);
-    if constexpr (kFlatUnrolledRing) {
-      // The ring's slots by constant indices (registers): slot s is summed while slot s + kFlatDepth is loaded.
-      while (sums.tile < sums.end) {
-#pragma unroll
-        for (int s = 0; s <= kFlatDepth; ++s) {
-          if (sums.tile >= sums.end) break;
-          issue_unit<Bits>(ring[(s + kFlatDepth) % (kFlatDepth + 1)], loads, descriptors, tile_end);
-          sum_unit<Bits, B>(ring[s], sums, descriptors, tile_end, regions);
-        }
-      }
-    } else {
-      // Slot 0 is summed while slot kFlatDepth is loaded; then the slots move down one.
-#pragma unroll 1
-      while (sums.tile < sums.end) {
-        issue_unit<Bits>(ring[kFlatDepth], loads, descriptors, tile_end);
-        sum_unit<Bits, B>(ring[0], sums, descriptors, tile_end, regions);
-#pragma unroll
-        for (int i = 0; i < kFlatDepth; ++i) ring[i] = ring[i + 1];
-      }
-    }
-    if (d + per_pass <= last_descriptor) __syncthreads();  // the next pass restages the regions
+    float acc[2] = {};
+    tile_products<Bits, B>(current, tile.codes, tile.affine, width, 0, groups, groups, fragments, group_terms, acc);
+    if (t >= B) continue;
+    if (warp_row + g < m.rows) m.y[size_t(t) * m.rows + warp_row + g] = acc[0];
+    if (warp_row + g + 8 < m.rows) m.y[size_t(t) * m.rows + warp_row + g + 8] = acc[1];
   }
 }
 
+// Lines of each code row of a warp's next tile that gemv_quant_rounds_kernel prefetches: the two its first two loads
+// of 4 groups read (H200, 3-draft step: 8.66 ms with 2, 9.00 ms with the whole row, whose prefetches crowd out the
+// current tile's loads; bench/results/2026-11-30-h200-moe-verify-s6.json).
+constexpr int kExpertPrefetchLines = 2;
+
 template <int Bits, int B>
-cudaError_t launch_flat(const GemvMatrix* matrices, FlatLaunch launch, cudaStream_t stream) {
-  launch.region_bytes = int((quant_shared_bytes(launch.groups, B) + 15) / 16 * 16);
-  while (launch.regions > 1 && flat_shared_bytes(launch) > kMaxDynamicShared) --launch.regions;
-  const size_t shared = flat_shared_bytes(launch);
+cudaError_t launch_rounds(const GemvMatrix* matrices, dim3 grid, int max_cols, const RoundsLaunch& launch,
+                          cudaStream_t stream) {
+  const size_t shared = quant_shared_bytes(max_cols / kQuantGroup, B);
   if (shared > kMaxDynamicShared) return cudaErrorInvalidValue;
   static const cudaError_t opted_in = cudaFuncSetAttribute(
-      gemv_quant_flat_kernel<Bits, B>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxDynamicShared));
+      gemv_quant_rounds_kernel<Bits, B>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxDynamicShared));
   if (opted_in != cudaSuccess) return opted_in;
-  const int blocks_per_sm = std::max(1, std::min(kFlatBlocksPerSm, int(kSharedPerSm / (shared + kReservedShared))));
-  return launch_dependent(gemv_quant_flat_kernel<Bits, B>, dim3(unsigned(kSms * blocks_per_sm)), dim3(kFlatWarps * 32),
-                          shared, stream, matrices, launch);
+  return launch_dependent(gemv_quant_rounds_kernel<Bits, B>, grid, dim3(kMaxTiles * 32), shared, stream, matrices,
+                          launch);
 }
 
-// Whether an expert launch takes gemv_quant_flat_kernel: when its tiles do not fit one wave of warps.
-bool experts_flat(int count, int tiles_per_matrix) {
-  return int64_t(count) * tiles_per_matrix > int64_t(kSms) * kQuantWarpsPerSm;
+// The rounds of an expert launch: 1 (gemv_quant's split) while its tiles fit one wave of warps, else the fewest for
+// which its blocks of kMaxTiles warps fit one wave (two blocks a multiprocessor, or fewer where the staged activations
+// fill its shared memory).
+int expert_rounds(int count, int tiles_per_matrix, int cols, int batch) {
+  if (int64_t(count) * tiles_per_matrix <= int64_t(kSms) * kQuantWarpsPerSm) return 1;
+  const size_t block_shared = quant_shared_bytes(cols / kQuantGroup, batch) + kReservedShared;
+  const int blocks_per_sm = std::max(1, std::min(kQuantWarpsPerSm / kMaxTiles, int(kSharedPerSm / block_shared)));
+  const int most = (tiles_per_matrix + kMaxTiles - 1) / kMaxTiles;
+  for (int rounds = 1; rounds < most; ++rounds) {
+    const int blocks = (tiles_per_matrix + rounds * kMaxTiles - 1) / (rounds * kMaxTiles);
+    if (int64_t(count) * blocks <= int64_t(kSms) * blocks_per_sm) return rounds;
+  }
+  return most;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -647,17 +494,20 @@ cudaError_t gemv_q4(const GemvMatrix* matrices, int count, int max_rows, int max
                        launch_plan(descriptors), stream);
 }
 
-bool gemv_experts_flat(int count, int max_rows) { return experts_flat(count, tiles_of(max_rows)); }
+int gemv_expert_rounds(int count, int max_rows, int max_cols, int batch) {
+  return expert_rounds(count, tiles_of(max_rows), max_cols, batch);
+}
 
 cudaError_t gemv_q4_experts(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch,
                             cudaStream_t stream, GemvDescriptors descriptors, const float* settled_x) {
   if (count <= 0 || max_rows <= 0 || max_cols <= 0 || max_cols % kQuantGroup != 0) return cudaErrorInvalidValue;
-  if (!experts_flat(count, tiles_of(max_rows)))
-    return gemv_q4(matrices, count, max_rows, max_cols, batch, stream, descriptors);
-  FlatLaunch launch;
-  launch.count = count, launch.groups = max_cols / kQuantGroup, launch.descriptors = descriptors;
-  launch.regions = settled_x ? 1 : kFlatRegions, launch.settled_x = settled_x;
-  return with_batch(batch, [&](auto b) { return launch_flat<4, decltype(b)::value>(matrices, launch, stream); });
+  const int tiles = tiles_of(max_rows), rounds = expert_rounds(count, tiles, max_cols, batch);
+  if (rounds == 1) return gemv_q4(matrices, count, max_rows, max_cols, batch, stream, descriptors);
+  const dim3 grid(unsigned((tiles + rounds * kMaxTiles - 1) / (rounds * kMaxTiles)), unsigned(count));
+  RoundsLaunch launch{rounds, kExpertPrefetchLines, descriptors};
+  if (settled_x) launch.settled_x = settled_x, launch.settled_cols = max_cols;
+  return with_batch(
+      batch, [&](auto b) { return launch_rounds<4, decltype(b)::value>(matrices, grid, max_cols, launch, stream); });
 }
 
 cudaError_t gemv_q4_fixed(const GemvMatrix* matrices, const int* matrix_rows, int count, int max_rows, int max_cols,

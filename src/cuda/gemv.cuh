@@ -70,16 +70,15 @@ cudaError_t gemv_q4_fixed(const GemvMatrix* matrices, const int* matrix_rows, in
                           int batch, cudaStream_t stream);
 
 // Q4 matrices whose descriptors are written in the pass (the MoE experts'): as gemv_q4 while their tiles fit one wave
-// of warps; past that (gemv_experts_flat), one wave of blocks that read every descriptor and share the tiles of those
-// with rows out evenly among their warps, whole rows a warp (same sums as gemv_q4 with one slice). settled_x: when
-// every matrix's x is this array of max_cols columns (and every matrix has max_cols columns), written two launches back
-// or earlier (launch.cuh's two-deep rule), so that those blocks may stage it before their wait; nullptr: each
-// matrix's own x (and x_up), staged after it.
+// of warps; past that, blocks that each stage their activations once and sum gemv_expert_rounds(...) runs of tiles in
+// turn, whole rows a warp (same sums as gemv_q4 with one slice). settled_x: when every matrix's x is this array of
+// max_cols columns, written two launches back or earlier (launch.cuh's two-deep rule), so that those blocks may stage
+// it before their wait; nullptr: staged after it.
 cudaError_t gemv_q4_experts(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch,
                             cudaStream_t stream, GemvDescriptors descriptors = GemvDescriptors::written_in_pass,
                             const float* settled_x = nullptr);
-// Whether gemv_q4_experts takes those blocks (else gemv_q4's kernel and split).
-bool gemv_experts_flat(int count, int max_rows);
+// Those runs a block of gemv_q4_experts sums (1: gemv_q4's kernel and split).
+int gemv_expert_rounds(int count, int max_rows, int max_cols, int batch);
 
 // One matrix (cuda::linear's formats), its descriptor passed by value as a kernel parameter.
 cudaError_t gemv_q4(const GemvMatrix& matrix, int batch, cudaStream_t stream);

@@ -271,49 +271,6 @@ __device__ inline int slice_start(int k, int slices, int groups) {
   return min(k * units / slices * kUnroll, groups);
 }
 
-// Σ over the groups [first, end) of one unit (first a multiple of kUnroll, end ≤ first + kUnroll) whose weights
-// `current` holds, into acc as tile_products describes; b_lane and terms_row are the lane's B fragments and group terms
-// (tile_products' first lines). For kernels that keep their own units of loads in flight.
-template <int Bits, int B>
-__device__ inline void unit_products(const WarpLoads& current, int first, int end, const uint4* b_lane,
-                                     const float2* terms_row, float (&acc)[2]) {
-  const int lane = threadIdx.x % 32, t = lane % 4;
-  uint32_t scale_bias[4];  // bf16 pairs of two groups: scale row g, scale row g + 8, bias g, bias g + 8
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const int group = first + u;
-    if (group >= end) break;
-    const uint4 b_fragment[2] = {b_lane[(group * 2) * 8 * B], b_lane[(group * 2 + 1) * 8 * B]};
-    const float2 terms = terms_row[group];
-    if (u % 2 == 0)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) scale_bias[i] = __shfl_sync(0xffffffffu, current.affine[u / 2], (lane & ~3) | i);
-    uint32_t a0[8], a1[8];
-    decode<Bits>(current.codes[u][0], t, a0);
-    decode<Bits>(current.codes[u][1], t, a1);
-    float c[4] = {};
-    mma_f16(c, a0[0], a1[0], a0[1], a1[1], b_fragment[0].x, b_fragment[0].y);
-    mma_f16(c, a0[2], a1[2], a0[3], a1[3], b_fragment[0].z, b_fragment[0].w);
-    mma_f16(c, a0[4], a1[4], a0[5], a1[5], b_fragment[1].x, b_fragment[1].y);
-    mma_f16(c, a0[6], a1[6], a0[7], a1[7], b_fragment[1].z, b_fragment[1].w);
-    const auto pick = [&](uint32_t pair) { return u % 2 ? bf16_high(pair) : bf16_low(pair); };
-    acc[0] = fmaf(c[0] + c[1], pick(scale_bias[0]) * terms.y, fmaf(pick(scale_bias[2]), terms.x, acc[0]));
-    acc[1] = fmaf(c[2] + c[3], pick(scale_bias[1]) * terms.y, fmaf(pick(scale_bias[3]), terms.x, acc[1]));
-  }
-}
-
-// The B fragments and group terms that lane `lane` reads (unit_products). Lanes past the batch's B columns (lane ≥
-// 8B: columns n ≥ 2B) and terms (t ≥ B) read the last batch row's instead of zeros: they only feed the accumulators of
-// lanes t ≥ B, which no caller reads, and no predicate or zeroing is left in the loop.
-template <int B>
-__device__ inline const uint4* lane_fragments(const uint4* fragments) {
-  return fragments + min(int(threadIdx.x % 32), 8 * B - 1);
-}
-template <int B>
-__device__ inline const float2* lane_terms(const float2* group_terms, int groups) {
-  return group_terms + min(int(threadIdx.x % 4), B - 1) * groups;
-}
-
 // Σ over groups [begin, end) of one warp's tile: acc[r] = row g + 8r's product with batch row t (lane (g, t), t < B;
 // the accumulators of lanes t ≥ B hold sums that mean nothing).
 template <int Bits, int B>
@@ -321,7 +278,9 @@ __device__ inline void tile_products(WarpLoads& current, const uint32_t* const (
                                      AffineWidth width, int begin, int end, int groups, const uint4* fragments,
                                      const float2* group_terms, float (&acc)[2]) {
   const int lane = threadIdx.x % 32, t = lane % 4;
-  // Lanes past the batch's B columns read the last batch row's fragments and terms (lane_fragments, lane_terms).
+  // Lanes past the batch's B columns (lane ≥ 8B: columns n ≥ 2B) and terms (t ≥ B) read the last batch row's instead
+  // of zeros: they only feed the accumulators of lanes t ≥ B, which no caller reads, and no predicate or zeroing is
+  // left in the loop.
   const uint4* b_lane = fragments + min(lane, 8 * B - 1);
   const float2* terms_row = group_terms + min(t, B - 1) * groups;
   for (int first = begin; first < end; first += kUnroll) {
@@ -329,7 +288,28 @@ __device__ inline void tile_products(WarpLoads& current, const uint32_t* const (
     // with no copy, the step measured 3-5 % slower: docs/CUDA-KERNELS.md).
     WarpLoads next;
     load_group_block<Bits>(next, codes, affine, first + kUnroll, end, width, t);
-    unit_products<Bits, B>(current, first, end, b_lane, terms_row, acc);
+    uint32_t scale_bias[4];  // bf16 pairs of two groups: scale row g, scale row g + 8, bias g, bias g + 8
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int group = first + u;
+      if (group >= end) break;
+      const uint4 b_fragment[2] = {b_lane[(group * 2) * 8 * B], b_lane[(group * 2 + 1) * 8 * B]};
+      const float2 terms = terms_row[group];
+      if (u % 2 == 0)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) scale_bias[i] = __shfl_sync(0xffffffffu, current.affine[u / 2], (lane & ~3) | i);
+      uint32_t a0[8], a1[8];
+      decode<Bits>(current.codes[u][0], t, a0);
+      decode<Bits>(current.codes[u][1], t, a1);
+      float c[4] = {};
+      mma_f16(c, a0[0], a1[0], a0[1], a1[1], b_fragment[0].x, b_fragment[0].y);
+      mma_f16(c, a0[2], a1[2], a0[3], a1[3], b_fragment[0].z, b_fragment[0].w);
+      mma_f16(c, a0[4], a1[4], a0[5], a1[5], b_fragment[1].x, b_fragment[1].y);
+      mma_f16(c, a0[6], a1[6], a0[7], a1[7], b_fragment[1].z, b_fragment[1].w);
+      const auto pick = [&](uint32_t pair) { return u % 2 ? bf16_high(pair) : bf16_low(pair); };
+      acc[0] = fmaf(c[0] + c[1], pick(scale_bias[0]) * terms.y, fmaf(pick(scale_bias[2]), terms.x, acc[0]));
+      acc[1] = fmaf(c[2] + c[3], pick(scale_bias[1]) * terms.y, fmaf(pick(scale_bias[3]), terms.x, acc[1]));
+    }
     current = next;
   }
 }

@@ -9,7 +9,6 @@
 #include <memory>
 #include <random>
 #include <set>
-#include <string>
 #include <vector>
 
 #include "core/dtype.h"
@@ -208,8 +207,8 @@ TEST(CudaLinear, GroupedQ4MatchesDoublePrecision) {
   }
 }
 
-// gemv_q4_experts (the MoE experts' launches): past one wave of tiles its blocks share the tiles out evenly
-// (gemv_experts_flat), else gemv_q4's kernel; in both, matrices with x_up take silu(x)·x_up as activations. The
+// gemv_q4_experts (the MoE experts' launches): past one wave of tiles its blocks sum several runs of tiles each
+// (gemv_expert_rounds > 1), else gemv_q4's kernel; in both, matrices with x_up take silu(x)·x_up as activations. The
 // launch holds a matrix whose height is no multiple of a run (2500 rows), one with an odd number of groups and an
 // empty descriptor (rows 0, no outputs) as the MoE routing writes for unused slots.
 TEST(CudaLinear, ExpertLaunchesMatchDoublePrecision) {
@@ -254,14 +253,14 @@ TEST(CudaLinear, ExpertLaunchesMatchDoublePrecision) {
     }
     descriptors.push_back(cuda::GemvMatrix{});  // an empty slot
     cuda::GemvMatrix* device = device_copy(descriptors);
-    ASSERT_TRUE(cuda::gemv_experts_flat(kMatrices, kMaxRows)) << "the premise: the flat kernel";
+    ASSERT_GT(cuda::gemv_expert_rounds(kMatrices, kMaxRows, kMaxCols, batch), 1) << "the premise: several runs";
     ASSERT_EQ(cuda::gemv_q4_experts(device, kMatrices, kMaxRows, kMaxCols, batch, nullptr), cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     for (size_t i = 0; i < cases.size(); ++i)
       expect_product(matrices[i]->exact, cases[i].rows, cases[i].cols, activations[i], batch,
-                     download(descriptors[i].y, size_t(batch) * cases[i].rows), "expert launch, flat");
+                     download(descriptors[i].y, size_t(batch) * cases[i].rows), "expert launch, runs");
     // The first four alone fit one wave: gemv_q4's kernel, outputs poisoned first.
-    ASSERT_FALSE(cuda::gemv_experts_flat(4, kMaxRows));
+    ASSERT_EQ(cuda::gemv_expert_rounds(4, kMaxRows, kMaxCols, batch), 1);
     for (size_t i = 0; i < 4; ++i)
       ASSERT_EQ(cudaMemset(descriptors[i].y, 0xff, size_t(batch) * cases[i].rows * sizeof(float)), cudaSuccess);
     ASSERT_EQ(cuda::gemv_q4_experts(device, 4, kMaxRows, kMaxCols, batch, nullptr), cudaSuccess);
@@ -272,129 +271,6 @@ TEST(CudaLinear, ExpertLaunchesMatchDoublePrecision) {
     cudaFree(device);
     for (void* p : buffers) cudaFree(p);
   }
-}
-
-// gemv_q4_experts' flat kernel against gemv_q4 with one slice on each matrix alone: both make each output one warp's
-// sum over its groups in order, so the bits must be the same. The MoE block's launches at Flash-Next's widths for 2–4
-// rows, laid out as the routing writes them (the distinct experts first, empty slots after them, the shared expert's
-// down after the empty ones; three weight matrices shared by the descriptors, each with its own outputs; gate/up on
-// one settled input staged before the wait, down on each slot's own SwiGLU input, descriptors read through L2). Then
-// 1200 one-tile matrices with their own activations, some empty, so that blocks stage their descriptors' inputs in
-// several passes, against double precision.
-TEST(CudaLinear, FlatExpertLaunchEqualsOneSliceProducts) {
-  using cuda::GemvMatrix;
-  std::mt19937 rng(11);
-  std::normal_distribution<float> normal;
-  std::vector<void*> buffers;
-  const auto random_array = [&](size_t n) {
-    std::vector<float> v(n);
-    for (float& x : v) x = normal(rng);
-    float* device = device_copy(v);
-    buffers.push_back(device);
-    return device;
-  };
-  const auto matrix = [&](const TestMatrix& w, const float* x, const float* x_up, int batch) {
-    GemvMatrix m;
-    m.codes = static_cast<const uint32_t*>(w.device.data);
-    m.scales = reinterpret_cast<const __nv_bfloat16*>(w.device.scales);
-    m.biases = reinterpret_cast<const __nv_bfloat16*>(w.device.biases);
-    m.rows = w.device.rows;
-    m.cols = w.device.cols;
-    m.x = x;
-    m.x_up = x_up;
-    float* y = nullptr;
-    EXPECT_EQ(cudaMalloc(&y, size_t(batch) * m.rows * sizeof(float)), cudaSuccess);
-    buffers.push_back(y);
-    m.y = y;
-    return m;
-  };
-  const auto expect_same = [&](const std::vector<GemvMatrix>& descriptors, int max_rows, int max_cols, int batch,
-                               cuda::GemvDescriptors mode, const float* settled_x, const std::string& what) {
-    const int count = int(descriptors.size());
-    ASSERT_TRUE(cuda::gemv_experts_flat(count, max_rows)) << what << ": the premise";
-    GemvMatrix* device = device_copy(descriptors);
-    ASSERT_EQ(cuda::gemv_q4_experts(device, count, max_rows, max_cols, batch, nullptr, mode, settled_x), cudaSuccess);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    float* single_y = nullptr;
-    ASSERT_EQ(cudaMalloc(&single_y, size_t(batch) * max_rows * sizeof(float)), cudaSuccess);
-    for (int i = 0; i < count; ++i) {
-      GemvMatrix single = descriptors[i];
-      if (single.rows == 0) continue;
-      const size_t n = size_t(batch) * single.rows;
-      const std::vector<float> flat = download(single.y, n);
-      single.y = single_y;
-      ASSERT_EQ(cuda::gemv_q4(single, batch, cuda::GemvSplit{1, 1}, nullptr), cudaSuccess);
-      const std::vector<float> one_slice = download(single_y, n);
-      for (size_t k = 0; k < n; ++k)
-        ASSERT_EQ(flat[k], one_slice[k]) << what << " batch " << batch << ": matrix " << i << " (" << single.rows << "x"
-                                         << single.cols << ") output " << k;
-    }
-    cudaFree(single_y);
-    cudaFree(device);
-  };
-
-  constexpr int kHidden = 2560, kInner = 640, kTopK = 10;
-  std::vector<std::unique_ptr<TestMatrix>> gates, downs;
-  for (int i = 0; i < 3; ++i) {
-    gates.push_back(std::make_unique<TestMatrix>(Case{cuda::WeightFormat::Q4, kInner, kHidden}, rng));
-    downs.push_back(std::make_unique<TestMatrix>(Case{cuda::WeightFormat::Q4, kHidden, kInner}, rng));
-  }
-  for (int rows = 2; rows <= cuda::kMaxGemvRows; ++rows) {
-    const int selections = rows * kTopK, distinct = selections - rows;  // each row shares one expert with another
-    const float* x = random_array(size_t(rows) * kHidden);
-    std::vector<GemvMatrix> gate_up(2 * selections), down(selections + 1);
-    for (int slot = 0; slot < distinct; ++slot) {
-      gate_up[2 * slot] = matrix(*gates[slot % 3], x, nullptr, rows);
-      gate_up[2 * slot + 1] = matrix(*gates[(slot + 1) % 3], x, nullptr, rows);
-      down[slot] =
-          matrix(*downs[slot % 3], random_array(size_t(rows) * kInner), random_array(size_t(rows) * kInner), rows);
-    }
-    down[selections] =
-        matrix(*downs[2], random_array(size_t(rows) * kInner), random_array(size_t(rows) * kInner), rows);
-    const std::string shape = std::to_string(rows) + " rows";
-    if (cuda::gemv_experts_flat(2 * selections, kInner))  // 2 rows: gemv_q4's kernel (one wave)
-      expect_same(gate_up, kInner, kHidden, rows, cuda::GemvDescriptors::written_in_pass, x, "gate/up, " + shape);
-    expect_same(down, kHidden, kInner, rows, cuda::GemvDescriptors::written_two_back, nullptr, "down, " + shape);
-  }
-
-  // 1200 matrices of one tile (9 or 16 rows, 1 or 2 groups; every 50th empty), a block holding ~4.5 of them, against
-  // the double-precision products (expect_product: a descriptor summed with another's activations is off by O(1)).
-  std::vector<std::unique_ptr<TestMatrix>> small;
-  for (const Case& c : {Case{cuda::WeightFormat::Q4, 9, 64}, Case{cuda::WeightFormat::Q4, 16, 128},
-                        Case{cuda::WeightFormat::Q4, 16, 64}})
-    small.push_back(std::make_unique<TestMatrix>(c, rng));
-  for (int batch : {1, 4}) {
-    constexpr int kSmall = 1200;
-    std::vector<GemvMatrix> descriptors(kSmall);
-    std::vector<std::vector<float>> activations(kSmall);  // what each product multiplies: x, or silu(x)·up
-    for (int i = 0; i < kSmall; ++i) {
-      if (i % 50 == 7) continue;
-      const TestMatrix& w = *small[i % 3];
-      std::vector<float> x(size_t(batch) * w.device.cols), up(x.size());
-      for (float& v : x) v = normal(rng);
-      for (float& v : up) v = normal(rng);
-      float *x_device = device_copy(x), *up_device = i % 2 ? device_copy(up) : nullptr;
-      buffers.push_back(x_device);
-      if (up_device) buffers.push_back(up_device);
-      descriptors[i] = matrix(w, x_device, up_device, batch);
-      activations[i] = x;
-      if (up_device)
-        for (size_t k = 0; k < x.size(); ++k)
-          activations[i][k] = float(double(x[k]) / (1.0 + std::exp(-double(x[k]))) * double(up[k]));
-    }
-    ASSERT_TRUE(cuda::gemv_experts_flat(kSmall, 32)) << "the premise";
-    GemvMatrix* device = device_copy(descriptors);
-    ASSERT_EQ(cuda::gemv_q4_experts(device, kSmall, 32, 128, batch, nullptr), cudaSuccess);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    for (int i = 0; i < kSmall; ++i) {
-      const GemvMatrix& m = descriptors[i];
-      if (m.rows == 0) continue;
-      expect_product(small[i % 3]->exact, m.rows, m.cols, activations[i], batch, download(m.y, size_t(batch) * m.rows),
-                     "1200 one-tile matrices");
-    }
-    cudaFree(device);
-  }
-  for (void* p : buffers) cudaFree(p);
 }
 
 }  // namespace

@@ -166,7 +166,7 @@ cuda::DeviceMatrix random_q4(DeviceMemory& memory, int rows, int cols, std::mt19
 }
 
 // The MoE block of a 2–4-row pass (the six launches; Flash-Next's widths, 40 Q4 experts, top 10, so that the expert
-// launches take gemv_quant_flat_kernel) after a producer that writes the block's input late. The expert down launch
+// launches take gemv_quant_rounds_kernel) after a producer that writes the block's input late. The expert down launch
 // reads its descriptors, which the routing writes two launches back, and gate/up stages the block's input, before
 // their waits: correct only because the launches in between let their dependents start after their own waits.
 // Descriptors and slots are zeroed first (rows = 0: no work), the input, the expert buffers and the output poisoned
@@ -196,7 +196,7 @@ TEST(CudaDependentLaunch, MoeBlockAfterLateInputMatchesFinishedInput) {
   const cuda::MoeDecodePlan plan = cuda::plan_moe_decode(moe, shape, buffers);
   ASSERT_TRUE(plan.decodes);
   ASSERT_EQ(plan.fused_max_rows, 1);  // 2–4 rows take the six launches
-  ASSERT_TRUE(cuda::gemv_experts_flat(2 * 4 * kTopK, kInner)) << "the premise: the flat kernel";
+  ASSERT_GT(cuda::gemv_expert_rounds(2 * 4 * kTopK, kInner, kHidden, 4), 1) << "the premise: the rounds kernel";
   const size_t slot_rows = size_t(cuda::kMaxGemvRows) * kTopK * cuda::kMaxGemvRows;  // [slot, row] of the buffers
   for (int rows = 2; rows <= cuda::kMaxGemvRows; ++rows) {
     std::vector<float> x(size_t(rows) * kHidden);
