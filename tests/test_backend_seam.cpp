@@ -79,15 +79,25 @@ class ContractCheckingSequence final : public SequenceBackend {
 
 class BackendSeam : public ::testing::TestWithParam<std::filesystem::path> {};
 
-TEST_P(BackendSeam, DeviceStyleDecoderKeepsTheContractAndEqualsPlainGreedy) {
-  auto model = load_model(GetParam().string());
-  ASSERT_TRUE(model->mtp.has_value());
-  std::ifstream in(GetParam() / "reference.json");
-  const auto prompt = nlohmann::json::parse(in)["prompt_ids"].get<std::vector<int32_t>>();
+std::vector<int32_t> reference_prompt(const std::filesystem::path& fixture) {
+  std::ifstream in(fixture / "reference.json");
+  return nlohmann::json::parse(in)["prompt_ids"].get<std::vector<int32_t>>();
+}
+
+// kTokens greedy tokens past EOS, the prompt prefilled `prefill_chunk` rows at a time.
+GenerateOptions seam_options(int64_t prefill_chunk) {
   GenerateOptions options;
   options.max_tokens = kTokens;
   options.ignore_eos = true;
-  options.prefill_chunk = 5;
+  options.prefill_chunk = prefill_chunk;
+  return options;
+}
+
+TEST_P(BackendSeam, DeviceStyleDecoderKeepsTheContractAndEqualsPlainGreedy) {
+  auto model = load_model(GetParam().string());
+  ASSERT_TRUE(model->mtp.has_value());
+  const auto prompt = reference_prompt(GetParam());
+  const GenerateOptions options = seam_options(5);
   GenerateStats stats;
   const std::vector<int32_t> plain = generate_greedy(*model, prompt, options, stats);
   for (int drafts = 0; drafts <= 3; ++drafts)
@@ -119,12 +129,8 @@ TEST_P(BackendSeam, DeviceStyleDecoderKeepsTheContractAndEqualsPlainGreedy) {
 // the uninterrupted decoder's tokens.
 TEST_P(BackendSeam, DeviceStyleDecoderExportsChunkStatesAndResumesFromThem) {
   auto model = load_model(GetParam().string());
-  std::ifstream in(GetParam() / "reference.json");
-  const auto prompt = nlohmann::json::parse(in)["prompt_ids"].get<std::vector<int32_t>>();
-  GenerateOptions options;
-  options.max_tokens = kTokens;
-  options.ignore_eos = true;
-  options.prefill_chunk = 8;
+  const auto prompt = reference_prompt(GetParam());
+  const GenerateOptions options = seam_options(8);
   SpeculativeOptions speculative;
   speculative.drafts = 2;
   const SequenceFactory device = [&]() -> std::unique_ptr<SequenceBackend> {
