@@ -148,28 +148,16 @@ __device__ void add_release(uint32_t* p, uint32_t v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-__device__ uint32_t fetch_add_acq_rel(uint32_t* p, uint32_t v) {
-  uint32_t old;
-  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  return old;
-}
-
-__device__ void store_relaxed(uint32_t* p, uint32_t v) {
-  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
 // How the blocks wait for each other between phases (all through one thread a block):
 //   kPollAcquire:   arrive with a release reduction on one counter, poll it with acquire loads;
 //   kPollRelaxed:   the same, polling with relaxed loads and one acquire fence once the count is reached;
-//   kBroadcast:     arrive with an acq_rel fetch-add on the counter; the last to arrive stores the phase count to a
-//                   flag line of each block (one fence, then relaxed stores), and each block polls only its own line;
 //   kNone:          no waiting at all (values then race): how fast the ring streams without dependencies.
-enum Barrier : int { kPollAcquire = 0, kPollRelaxed = 1, kBroadcast = 2, kNone = 3 };
-constexpr int kFlagStride = 32;  // words between two blocks' flags: a 128-byte line each
+// (A third, the last arriver storing the phase count to a flag line of each block, measured 25-70 % slower than
+// kPollAcquire: bench/results/2026-12-01-h200-persistent-ring-chain.json.)
+enum Barrier : int { kPollAcquire = 0, kPollRelaxed = 1, kNone = 2 };
 
 struct Sync {
-  uint32_t* arrivals;
-  uint32_t* flags;  // [blocks][kFlagStride]
+  uint32_t* arrivals;  // phases finished, summed over the blocks
   Barrier barrier;
 };
 
@@ -186,25 +174,14 @@ __device__ void wait_for_phases(const Sync& sync, uint32_t phases_done, int bloc
       }
       fence_acq_rel();
       break;
-    case kBroadcast:
-      while (load_relaxed(sync.flags + size_t(blockIdx.x) * kFlagStride) < phases_done) {
-      }
-      fence_acq_rel();
-      break;
     case kNone:
       break;
   }
 }
 
-// This block has finished phase p (its outputs are stored).
-__device__ void arrive_after(const Sync& sync, int p, int blocks) {
-  if (sync.barrier == kNone) return;
-  if (sync.barrier != kBroadcast) {
-    add_release(sync.arrivals, 1);
-    return;
-  }
-  if (fetch_add_acq_rel(sync.arrivals, 1) + 1 != uint32_t(p + 1) * uint32_t(blocks)) return;
-  for (int b = 0; b < blocks; ++b) store_relaxed(sync.flags + size_t(b) * kFlagStride, uint32_t(p + 1));
+// This block has finished its phase (its outputs are stored).
+__device__ void arrive(const Sync& sync) {
+  if (sync.barrier != kNone) add_release(sync.arrivals, 1);
 }
 
 __device__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory"); }
@@ -296,7 +273,7 @@ __device__ void consume(const Phases& ph, const unsigned char* ring, uint32_t pi
       for (int w = 0; w < kConsumerWarps; ++w) block ^= folded[w];
       const uint32_t previous = __ldcg(ph.values + size_t(p) * ph.blocks + (blockIdx.x + 1) % unsigned(ph.blocks));
       ph.values[size_t(p + 1) * ph.blocks + blockIdx.x] = chain_value(block, previous);
-      arrive_after(sync, p, ph.blocks);
+      arrive(sync);
     }
   }
 }
@@ -441,10 +418,9 @@ Timed time_ring(const Chain& c, const std::vector<uint32_t>& expected, uint32_t 
     std::fprintf(stderr, "ring_bench: %d phases, the ring kernel takes at most %d\n", c.ph.count, kMaxPhases);
     std::exit(1);
   }
-  const size_t sync_words = 1 + size_t(c.ph.blocks) * kFlagStride;
-  uint32_t* sync_memory;
-  CHECK(cudaMalloc(&sync_memory, sync_words * sizeof(uint32_t)));
-  Sync sync{sync_memory, sync_memory + kFlagStride, barrier};
+  uint32_t* arrivals;
+  CHECK(cudaMalloc(&arrivals, sizeof(uint32_t)));
+  Sync sync{arrivals, barrier};
   const size_t ring_bytes = size_t(piece_kb) * 1024 * slots;
   CHECK(cudaFuncSetAttribute(ring_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ring_bytes)));
   cudaStream_t stream;
@@ -454,10 +430,10 @@ Timed time_ring(const Chain& c, const std::vector<uint32_t>& expected, uint32_t 
   int slot_count = slots;
   void* args[] = {&ph, &piece_words, &slot_count, &sync, &l2_ahead};
   auto pass = [&] {
-    CHECK(cudaMemsetAsync(sync_memory, 0, sync_words * sizeof(uint32_t), stream));
+    CHECK(cudaMemsetAsync(arrivals, 0, sizeof(uint32_t), stream));
     CHECK(cudaMemsetAsync(c.ph.values, 0, sizeof(uint32_t) * c.ph.blocks, stream));
-    CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(ring_kernel), dim3(c.ph.blocks), dim3(kRingThreads),
-                                      args, ring_bytes, stream));
+    CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(ring_kernel), dim3(c.ph.blocks), dim3(kRingThreads), args,
+                                      ring_bytes, stream));
   };
   cudaEvent_t start, stop;
   CHECK(cudaEventCreate(&start));
@@ -469,14 +445,16 @@ Timed time_ring(const Chain& c, const std::vector<uint32_t>& expected, uint32_t 
   CHECK(cudaEventSynchronize(stop));
   const Timed t{elapsed_ms(start, stop) * 1e3 / kRepeats, values_match(c, expected)};
   CHECK(cudaStreamDestroy(stream));
-  CHECK(cudaFree(sync_memory));
+  CHECK(cudaFree(arrivals));
   return t;
 }
 
 std::string entry(const std::string& name, double floor_us, const Timed& t) {
   const bool racing = name.find("no_dependency") != std::string::npos;  // its values are not meant to match
   std::printf("  %-40s %9.1f us  %5.1f %% of the copy floor  values %s\n", name.c_str(), t.us, 100 * floor_us / t.us,
-              racing ? "(not checked)" : t.same ? "ok" : "WRONG");
+              racing   ? "(not checked)"
+              : t.same ? "ok"
+                       : "WRONG");
   return "      {\"variant\": \"" + name + "\", \"us\": " + std::to_string(t.us) +
          ", \"fraction_of_copy_floor\": " + std::to_string(floor_us / t.us) +
          ", \"values_ok\": " + (t.same ? "true" : "false") + "}";
@@ -514,9 +492,9 @@ int main(int argc, char** argv) {
     Barrier barrier;
     int l2_ahead;
   };
-  const char* barrier_names[] = {"poll_acquire", "poll_relaxed", "broadcast", "no_dependency"};
+  const char* barrier_names[] = {"poll_acquire", "poll_relaxed", "no_dependency"};
   const std::vector<RingRun> step_runs = {
-      {{16, 12}, kPollAcquire, 0}, {{32, 6}, kPollAcquire, 0}, {{32, 6}, kNone, 0},   {{32, 6}, kPollAcquire, 2},
+      {{16, 12}, kPollAcquire, 0}, {{32, 6}, kPollAcquire, 0}, {{32, 6}, kNone, 0},         {{32, 6}, kPollAcquire, 2},
       {{32, 6}, kPollAcquire, 4},  {{32, 6}, kPollAcquire, 8}, {{32, 6}, kPollAcquire, 16}, {{16, 12}, kPollAcquire, 8},
       {{32, 6}, kPollRelaxed, 8},  {{32, 6}, kNone, 8}};
   const std::vector<RingRun> uniform_runs = {
@@ -533,17 +511,19 @@ int main(int argc, char** argv) {
             ", \"runs\": [\n";
     {
       Chain c = make_chain(profile.megabytes, 4 * sms);
-      const auto expected = expected_values(c, [&](uint64_t i, uint64_t) { return int((i / kLaunchThreads) % (4 * sms)); });
+      const auto expected =
+          expected_values(c, [&](uint64_t i, uint64_t) { return int((i / kLaunchThreads) % (4 * sms)); });
       json += entry("launches_4x256_early8", floor_us, time_launches(c, expected));
       free_chain(c);
     }
     Chain c = make_chain(profile.megabytes, sms);
-    const auto expected = expected_values(c, [&](uint64_t i, uint64_t words) { return int(i / ((words + sms - 1) / sms)); });
+    const auto expected =
+        expected_values(c, [&](uint64_t i, uint64_t words) { return int(i / ((words + sms - 1) / sms)); });
     for (const RingRun& run : i == 0 ? step_runs : uniform_runs) {
       const std::string name = "ring_" + std::to_string(run.shape.piece_kb) + "kb_x" + std::to_string(run.shape.slots) +
                                "_" + barrier_names[run.barrier] + "_l2ahead" + std::to_string(run.l2_ahead);
       json += ",\n" + entry(name, floor_us,
-                             time_ring(c, expected, run.shape.piece_kb, run.shape.slots, run.barrier, run.l2_ahead));
+                            time_ring(c, expected, run.shape.piece_kb, run.shape.slots, run.barrier, run.l2_ahead));
     }
     free_chain(c);
     json += std::string("\n    ]}") + (i + 1 < profiles.size() ? ",\n" : "\n");
