@@ -7,7 +7,10 @@ Shape of Qwen3.8-Flash-Next: batch 1, 48 value heads on 16 key heads (fla's GVA)
   each of --precisions: fp32 (3×TF32 tensor cores, fp32 accuracy) and tf32 (one TF32 pass a product), the bench run
   with VAVILOV_GEMM_PRECISION set to it; fla in float32 (Triton's tl.dot on fp32 inputs: TF32 tensor cores) and bfloat16 inputs, with
   use_qk_l2norm_in_kernel and precomputed g, beta (their computation is left out of fla's time). Median of CUDA-event
-  timings after warm-up (Triton compiles and autotunes in the warm-up).
+  timings after warm-up (Triton compiles and autotunes in the warm-up). fla's Python wrapper launches several Triton
+  kernels a call, so an eager call's time can be the host's, not the GPU's: --fla-timers adds the mean of calls
+  enqueued back to back and the median of CUDA-graph replays, and --rounds N times ours and fla N more times,
+  alternating, at T = 8192.
 - Agreement: on the same random inputs (zero initial state), ours at each precision (`vavilov_gdn_bench check`), fla
   and a float64 recurrence of the spec (torch, token by token): the gated, normalised outputs and the final state.
 
@@ -17,7 +20,7 @@ import). The GPU machine has no internet: fetch the wheels elsewhere with
 DIR on PYTHONPATH. fla compiles and autotunes each dtype on first use (over a minute on the H200).
 
 Usage: gdn_vs_fla.py --bench BUILD/vavilov_gdn_bench --out RESULT.json [--commit C] [--budget-s S] [--bf16-only]
-                     [--precisions fp32 tf32]
+                     [--precisions fp32 tf32] [--fla-timers eager back_to_back graph] [--rounds N]
 (--bf16-only: fla with bf16 inputs only, its agreement check included; fp32 inputs compile and autotune for minutes)
 """
 import argparse
@@ -118,6 +121,40 @@ def median_us(fn, warmup, repeats):
     return times[len(times) // 2]
 
 
+def back_to_back_us(fn, warmup, repeats):
+    """Mean time of `repeats` calls enqueued between two events: the host's launch overhead overlaps the GPU's work
+    wherever the GPU is the slower of the two, so this is the GPU time of a GPU-bound call."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        fn()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) * 1e3 / repeats
+
+
+def graph_us(fn, warmup, repeats):
+    """Median time of one call replayed from a CUDA graph (no host launch overhead at all)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # the capture's allocations come from a warmed pool
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return median_us(graph.replay, warmup, repeats)
+
+
+FLA_TIMERS = {"eager": median_us, "back_to_back": back_to_back_us, "graph": graph_us}
+
+
 def relative_error(got, want):
     got, want = got.double().to(want.device), want
     return float((got - want).abs().max() / max(1.0, float(want.abs().max())))
@@ -132,6 +169,12 @@ def main():
     parser.add_argument("--bf16-only", action="store_true", help="run fla with bf16 inputs only")
     parser.add_argument("--precisions", nargs="+", default=["fp32"], choices=["fp32", "tf32"],
                         help="our prefill's products: fp32 (3×TF32, the default) and/or tf32 (one pass)")
+    parser.add_argument("--fla-timers", nargs="+", default=["eager"], choices=sorted(FLA_TIMERS),
+                        help="how fla is timed: eager (median of single calls between events, the host's Python "
+                             "launch overhead included), back_to_back (mean of calls enqueued together), graph "
+                             "(median of CUDA-graph replays)")
+    parser.add_argument("--rounds", type=int, default=0,
+                        help="time ours and fla this many times, alternating, at T = 8192 (drift between runs)")
     args = parser.parse_args()
     begin = time.time()
     device = torch.device("cuda")
@@ -160,16 +203,18 @@ def main():
         chunk_gated_delta_rule = None
         result["fla_error"] = repr(error)
 
-    ours_prefill = {}  # precision → T → µs
-    result["ours_kernels"] = {}
-    for precision in args.precisions:
+    def ours_prefill_times(precision):
+        """T → µs of one `vavilov_gdn_bench prefill` run (its whole JSON kept under ours_kernels)."""
         ours_json = args.out + ".ours.json"
         subprocess.run([args.bench, "prefill", ours_json], check=True, env=with_precision(precision))
         with open(ours_json) as f:
             ours = json.load(f)
         os.remove(ours_json)
         result["ours_kernels"][precision] = ours
-        ours_prefill[precision] = {p["T"]: p["us"] for p in ours["prefill"]}
+        return {p["T"]: p["us"] for p in ours["prefill"]}
+
+    result["ours_kernels"] = {}
+    ours_prefill = {precision: ours_prefill_times(precision) for precision in args.precisions}  # precision → T → µs
 
     fla_dtype, fla_name = (torch.bfloat16, "fla_bf16") if args.bf16_only else (torch.float32, "fla_fp32")
 
@@ -215,12 +260,41 @@ def main():
             return
         print(f"[{time.time() - begin:.1f} s] {name} T={t}", flush=True)
         try:
-            timing[name] = median_us(fla_call(chunk_gated_delta_rule, random_inputs(t, 1), dtype, device), 3, 20)
-            for precision in args.precisions:
-                timing[f"fla_over_ours_{precision}_{name}"] = timing[name] / timing[f"ours_{precision}"]
+            call = fla_call(chunk_gated_delta_rule, random_inputs(t, 1), dtype, device)
+            for timer in args.fla_timers:
+                key = name if timer == "eager" else f"{name}_{timer}"
+                try:
+                    timing[key] = FLA_TIMERS[timer](call, 3, 20)
+                except Exception as error:  # noqa: BLE001 - recorded in the result (e.g. a graph capture refused)
+                    timing[key + "_error"] = repr(error)
+                    continue
+                for precision in args.precisions:
+                    timing[f"fla_over_ours_{precision}_{key}"] = timing[key] / timing[f"ours_{precision}"]
         except Exception as error:  # noqa: BLE001 - recorded in the result
             timing[name + "_error"] = repr(error)
         print(t, timing, flush=True)
+
+    def rounds(fla_dtype_and_name):
+        """Ours (every precision) and fla (every timer) again, alternating, at T = 8192."""
+        if args.rounds < 1 or chunk_gated_delta_rule is None:
+            return
+        dtype, name = fla_dtype_and_name
+        call = fla_call(chunk_gated_delta_rule, random_inputs(8192, 1), dtype, device)
+        series = result.setdefault("rounds_8192_us", [])
+        for r in range(args.rounds):
+            if time.time() - begin > args.budget_s:
+                result["skipped"].append(f"round {r}: over the time budget")
+                return
+            entry = {f"ours_{p}": ours_prefill_times(p)[8192] for p in args.precisions}
+            for timer in args.fla_timers:
+                key = name if timer == "eager" else f"{name}_{timer}"
+                try:
+                    entry[key] = FLA_TIMERS[timer](call, 3, 20)
+                except Exception as error:  # noqa: BLE001 - recorded in the result
+                    entry[key + "_error"] = repr(error)
+            series.append(entry)
+            print("round", r, entry, flush=True)
+            save()
 
     # Each stage saves what it has: a run cut short still leaves its results.
     # fla compiles and autotunes per dtype on first use (tens of seconds): bf16, its fastest path, first.
@@ -233,6 +307,8 @@ def main():
         for t in (512, 8192):
             fla_timing(t, dtype, name)
             save()
+    rounds(dtypes[0])
+    save()
     agreement(512, with_fla=True)
     save()
     agreement(8192, with_fla=True)
