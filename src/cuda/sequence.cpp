@@ -381,7 +381,7 @@ class CudaSequence final : public SequenceBackend {
     for (int32_t id : step.rows)
       check(id >= 0 && id < c_.vocab_size, "token id {} is outside the vocabulary [0, {})", id, c_.vocab_size);
     check(mtp_position_ == position_, "greedy_step: the head is at {}, the trunk at {}", mtp_position_, position_);
-    const int rows = int(step.rows.size()), drafts = std::max(step.drafts, step.drafts_after_rejection);
+    const int rows = int(step.rows.size()), drafts = step.drafts;
     const int64_t first = position_;
     reserve_trunk(first + rows);
     // Head rows at first … first + rows − 1, chained drafts at committed + j − 1 ≤ first + rows + drafts − 2: the
@@ -401,8 +401,7 @@ class CudaSequence final : public SequenceBackend {
     recorded_rows_ = 0;
     GreedyStepResult result;
     result.emitted.assign(outcome.emitted, outcome.emitted + outcome.kept);
-    const int wanted = outcome.kept == rows ? step.drafts : step.drafts_after_rejection;
-    result.drafts.assign(outcome.drafts, outcome.drafts + wanted);
+    result.drafts.assign(outcome.drafts, outcome.drafts + drafts);
     return result;
   }
 
@@ -484,13 +483,14 @@ class CudaSequence final : public SequenceBackend {
     }
   }
   // Whether greedy_step runs fused on the device: every weight resident (no expert cache), an attention head, no
-  // oracle drafts (the host replaces them), at most kGreedyStepMaxStops stops, recorded rows only.
+  // oracle drafts (the host replaces them), at most kGreedyStepMaxStops stops, recorded rows only, and as many drafts
+  // after a rejection as after a full acceptance (fixed drafting: the graph's shape cannot depend on the kept count,
+  // and computing adaptive drafting's larger count after every rejection would cost a chained head pass each time).
   bool fused_step_applies(const GreedyStep& step) const {
     return step.head && model_->mtp && model_->mtp->layer.kind == LayerKind::SparseAttention && !model_->expert_cache &&
            !step.draft_override && step.stops.size() <= size_t(kGreedyStepMaxStops) && !step.rows.empty() &&
            step.rows.size() <= size_t(kRecordedRows) && step.stack_size == c_.hc_hidden() &&
-           std::max(step.drafts, step.drafts_after_rejection) <= kGreedyStepMaxDrafts &&
-           std::max(step.drafts, step.drafts_after_rejection) >= 1;
+           step.drafts == step.drafts_after_rejection && step.drafts >= 1 && step.drafts <= kGreedyStepMaxDrafts;
   }
   // The stop tokens to the device when they differ from the last ones sent (once per sequence in practice).
   void upload_stops(std::span<const int64_t> stops) {
