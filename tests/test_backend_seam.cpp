@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "composed_sequence.h"
 #include "engine/backend.h"
 #include "engine/generate.h"
 #include "engine/speculative.h"
@@ -122,6 +123,105 @@ TEST_P(BackendSeam, DeviceStyleDecoderKeepsTheContractAndEqualsPlainGreedy) {
       EXPECT_GT(sequence.calls(), 0);
       EXPECT_EQ(sequence.logits_requests(), 0) << "greedy decoding downloaded logits";
     }
+}
+
+struct Decoded {
+  std::vector<int32_t> tokens;
+  SpeculativeStats stats;
+};
+
+// Decodes until options.max_tokens tokens or a stop, as generate_speculative does.
+Decoded decode(const Model& model, const std::vector<int32_t>& prompt, const GenerateOptions& options,
+               const SpeculativeOptions& speculative, const SequenceFactory& device) {
+  Decoder decoder(model, options, speculative, device);
+  Decoded run;
+  std::vector<int32_t> pending{decoder.start(prompt)};
+  for (;;) {
+    bool done = false;
+    for (size_t i = 0; i < pending.size() && !done; ++i) {
+      run.tokens.push_back(pending[i]);
+      done = decoder.is_stop(pending[i]) || int64_t(run.tokens.size()) >= options.max_tokens;
+    }
+    if (done) break;
+    pending = decoder.step();
+  }
+  run.stats = decoder.stats();
+  return run;
+}
+
+void expect_same_stats(const SpeculativeStats& a, const SpeculativeStats& b, const std::string& what) {
+  EXPECT_EQ(a.proposed, b.proposed) << what;
+  EXPECT_EQ(a.accepted, b.accepted) << what;
+  EXPECT_EQ(a.verify_steps, b.verify_steps) << what;
+  EXPECT_EQ(a.emitted, b.emitted) << what;
+}
+
+// The Decoder's greedy step through the seam's default greedy_step (a device-style backend) against the CPU
+// decoder's own path (the trunk's logits, accept and fold_head: the rules as they always were): the same tokens and
+// the same statistics at 0–3 drafts, fixed and adaptive, past EOS and with stop tokens the continuation reaches
+// (inside a step's drafts or at its end), and with oracle drafts replaced on the host.
+TEST_P(BackendSeam, DefaultGreedyStepEqualsTheLogitsPathTokensAndStats) {
+  auto model = load_model(GetParam().string());
+  const auto prompt = reference_prompt(GetParam());
+  GenerateOptions past_eos = seam_options(0);
+  GenerateStats stats;
+  const std::vector<int32_t> plain = generate_greedy(*model, prompt, past_eos, stats);
+  GenerateOptions with_stops = past_eos;
+  with_stops.ignore_eos = false;
+  with_stops.stop_ids = {plain[7], plain[11]};
+  const SequenceFactory composed = [&]() -> std::unique_ptr<SequenceBackend> {
+    return std::make_unique<test::ComposedSequence>(cpu_sequence(*model));
+  };
+  for (const GenerateOptions* options : {&past_eos, &with_stops})
+    for (int drafts = 0; drafts <= 3; ++drafts)
+      for (int variant = 0; variant < 3; ++variant) {
+        SpeculativeOptions speculative;
+        speculative.drafts = drafts;
+        speculative.adaptive = variant == 1;
+        if (variant == 2)  // oracle drafts: plain greedy's token at the position, wrong at every fifth
+          speculative.draft_override = [&](int64_t position, int32_t head) {
+            const int64_t at = position - int64_t(prompt.size());
+            return at % 5 == 4 || at >= int64_t(plain.size()) ? head : plain[size_t(at)];
+          };
+        const std::string what = "drafts " + std::to_string(drafts) + " variant " + std::to_string(variant) +
+                                 (options == &with_stops ? " with stops" : " past EOS");
+        const Decoded reference = decode(*model, prompt, *options, speculative, {});
+        const Decoded stepped = decode(*model, prompt, *options, speculative, composed);
+        EXPECT_EQ(stepped.tokens, reference.tokens) << what;
+        expect_same_stats(stepped.stats, reference.stats, what);
+        if (options == &past_eos) {
+          EXPECT_EQ(stepped.tokens, plain) << what;
+        }
+      }
+}
+
+// accept_all (benchmarks' forced full acceptance): every draft kept, the emitted tokens the drafts and the last row's
+// greedy id, the trunk and head advanced by every row.
+TEST_P(BackendSeam, AcceptAllKeepsEveryDraft) {
+  auto model = load_model(GetParam().string());
+  const ModelConfig& c = model->config;
+  auto sequence = cpu_sequence(*model);
+  const std::vector<int32_t> prompt{3, 1, 4, 1, 5, 9};
+  std::vector<float> stacks(prompt.size() * size_t(c.hc_hidden())), head(size_t(c.hc_hidden()));
+  int32_t first = 0;
+  sequence->forward(prompt, {false, nullptr, stacks.data(), false, &first});
+  std::vector<int32_t> next(prompt.begin() + 1, prompt.end());
+  next.push_back(first);
+  sequence->mtp_forward(stacks.data(), next, head.data(), MtpRows::Last);
+  const std::vector<int32_t> rows{first, 7, 2, 8};
+  GreedyStep step;
+  step.rows = rows;
+  step.stack_size = c.hc_hidden();
+  step.head = true;
+  step.drafts = step.drafts_after_rejection = 3;
+  step.accept_all = true;
+  const GreedyStepResult result = sequence->greedy_step(step);
+  ASSERT_EQ(result.emitted.size(), 4u);
+  EXPECT_EQ(std::vector<int32_t>(result.emitted.begin(), result.emitted.begin() + 3),
+            std::vector<int32_t>(rows.begin() + 1, rows.end()));
+  EXPECT_EQ(result.drafts.size(), 3u);
+  EXPECT_EQ(sequence->position(), int64_t(prompt.size()) + 4);
+  EXPECT_EQ(sequence->cpu_state()->mtp_position, sequence->position());
 }
 
 // Prefix caching through the seam alone: a device-style decoder (no CPU state) hands out its chunk-boundary states

@@ -124,6 +124,15 @@ void run_bench(const BenchArgs& args) {
     out["verify3_over_single"] = r.decode[3].step_ms / r.decode[0].step_ms;
     out["chained_pass_ms"] = r.chained_pass_ms;
   }
+  if (!r.greedy_steps.empty()) {  // whole greedy steps at forced acceptance: one graph vs the seam's calls
+    nlohmann::json fused, composed;
+    for (const cuda::GreedyStepMeasurement& m : r.greedy_steps) {
+      fused[std::to_string(m.drafts)] = m.fused_ms;
+      composed[std::to_string(m.drafts)] = m.composed_ms;
+    }
+    out["greedy_step_fused_ms"] = fused;
+    out["greedy_step_composed_ms"] = composed;
+  }
   nlohmann::json prefill;
   for (const auto& [length, speed] : r.prefill_tokens_per_second) prefill[std::to_string(length)] = speed;
   out["prefill_tok_s"] = prefill;

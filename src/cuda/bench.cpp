@@ -138,6 +138,40 @@ void verify_step(SequenceBackend& seq, const ModelConfig& c, int drafts, uint64_
   seq.truncate_head(committed);
 }
 
+// Fused and composed greedy steps with `drafts` drafts at forced full acceptance, each after warm-up steps, in one
+// sequence: each step verifies the drafts the step before proposed.
+static GreedyStepMeasurement measure_greedy_steps(const SequenceFactory& sequences, const ModelConfig& c,
+                                                  const BenchOptions& options, int drafts, uint64_t& rng,
+                                                  StepBuffers& buffers) {
+  auto seq = sequences();
+  start_sequence(*seq, c, options.context, true, rng, buffers);
+  std::vector<int32_t> rows = random_ids(drafts + 1, c.vocab_size, rng);
+  GreedyStep step;
+  step.stack_size = c.hc_hidden();
+  step.head = true;
+  step.drafts = step.drafts_after_rejection = drafts;
+  step.accept_all = true;
+  auto steps = [&](int count, bool fused) {
+    for (int i = 0; i < count; ++i) {
+      step.rows = rows;
+      GreedyStepResult result = fused ? seq->greedy_step(step) : seq->SequenceBackend::greedy_step(step);
+      check(result.emitted.size() == rows.size() && int(result.drafts.size()) == drafts,
+            "bench: a forced greedy step kept {} of {} rows", result.emitted.size(), rows.size());
+      rows = {result.emitted.back()};
+      rows.insert(rows.end(), result.drafts.begin(), result.drafts.end());
+    }
+  };
+  GreedyStepMeasurement m;
+  m.drafts = drafts;
+  for (bool fused : {true, false}) {
+    steps(3, fused);  // warm-up (graph capture)
+    const double start = now_ms();
+    steps(options.decode_steps, fused);
+    (fused ? m.fused_ms : m.composed_ms) = (now_ms() - start) / options.decode_steps;
+  }
+  return m;
+}
+
 void start_sequence(SequenceBackend& seq, const ModelConfig& c, int64_t context, bool head, uint64_t& rng,
                     StepBuffers& buffers) {
   std::vector<int32_t> prompt = random_ids(context, c.vocab_size, rng);
@@ -248,6 +282,8 @@ BenchResult run_bench(std::shared_ptr<const DeviceModel> model, const BenchOptio
     }
     result.chained_pass_ms = (now_ms() - start) / options.decode_steps;
   }
+  for (int drafts = 1; has_head && drafts < StepBuffers::kVerifyRows; ++drafts)
+    result.greedy_steps.push_back(measure_greedy_steps(sequences, c, options, drafts, rng, buffers));
   if (!options.prefill_lengths.empty()) {  // first-use costs (module loading, library handles) stay out of the timings
     auto seq = sequences();
     int32_t first = 0;

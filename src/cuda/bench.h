@@ -30,12 +30,20 @@ struct DecodeMeasurement {
   double bytes = 0;              // weight bytes the step must read (dense once, the expected union of routed experts)
 };
 
+// A whole greedy step at forced full acceptance (GreedyStep::accept_all) through greedy_step: fused on the device (one
+// graph, one synchronisation) and composed from the seam's calls (SequenceBackend's default), in the same sequence.
+struct GreedyStepMeasurement {
+  int drafts = 0;
+  double fused_ms = 0, composed_ms = 0;
+};
+
 struct BenchResult {
   std::string gpu;
   double copy_bandwidth_gbs = 0;  // device-to-device copy, bytes read + written per second
   double weight_bytes = 0;
-  std::vector<DecodeMeasurement> decode;  // drafts 0..3 (1..3 only with an MTP head)
-  double chained_pass_ms = 0;             // one chained MTP draft pass (head layer + lm_head, one row)
+  std::vector<DecodeMeasurement> decode;            // drafts 0..3 (1..3 only with an MTP head)
+  double chained_pass_ms = 0;                       // one chained MTP draft pass (head layer + lm_head, one row)
+  std::vector<GreedyStepMeasurement> greedy_steps;  // drafts 1..3, with an MTP head
   std::vector<std::pair<int64_t, double>> prefill_tokens_per_second;
   nlohmann::json trace;  // with BenchOptions::trace: one kernel_trace::summarise() per traced step kind
   // With an expert cache (DeviceModel::expert_cache): per draft count, over its timed steps, the hit rate, the bytes

@@ -279,6 +279,8 @@ const char* pass_kind_name(int kind) {
       return "head";
     case 2:
       return "head_logits";
+    case 3:
+      return "greedy_step";
     default:
       return "other";
   }

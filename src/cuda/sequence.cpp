@@ -16,6 +16,7 @@
 #include "cuda/expert_prefill.cuh"
 #include "cuda/gated_deltanet.cuh"
 #include "cuda/gemm.cuh"
+#include "cuda/greedy_step.cuh"
 #include "cuda/hyper_connection.cuh"
 #include "cuda/kernel_trace.h"
 #include "cuda/linear.cuh"
@@ -46,8 +47,9 @@ constexpr int kRecordedRows = 4;   // rows whose recurrent state a pass can reco
 constexpr int kMaxDecodeRows = 4;  // passes of more rows take the prefill branches (grouped expert GEMMs)
 static_assert(kRecordedRows <= kGdnDecodeMaxRows, "recorded rows run through the GDN decode kernel");
 
-// The passes a sequence captures as graphs.
-enum PassKind { kTrunk, kHead, kHeadLogits };
+// The passes a sequence captures as graphs (kStep: a whole greedy verify step, greedy_step).
+enum PassKind { kTrunk, kHead, kHeadLogits, kStep };
+static_assert(kRecordedRows <= kGreedyStepMaxRows, "a greedy step's rows are recorded rows");
 
 // Scratch buffers of one pass of up to kChunkRows rows. Sized from the config; the attention scratch grows with the
 // context.
@@ -71,6 +73,10 @@ struct Workspace {
   float *logits, *mtp_row, *mtp_normed, *mtp_embedded;
   int32_t* greedy;  // [kLogitRows]: each logits row's argmax (argmax.cuh), with its scratch
   ArgmaxPartial* argmax_scratch;
+  // A fused greedy step's outcome (greedy_step.cuh), its stop tokens, and the head stack its next draft comes from.
+  GreedyStepState* step_state;
+  GreedyStepStops* step_stops;
+  float* step_stack;
   // Attention scratch for contexts up to `tokens` positions.
   DeviceAllocation attention_memory;
   int64_t tokens = 0;
@@ -164,6 +170,9 @@ void make_workspace(const ModelConfig& c, Workspace& w) {
   l.add(w.logits, size_t(kLogitRows) * size_t(c.vocab_size));
   l.add(w.greedy, kLogitRows);
   l.add(w.argmax_scratch, argmax_scratch_count(kLogitRows));
+  l.add(w.step_state, 1);
+  l.add(w.step_stops, 1);
+  l.add(w.step_stack, sh);
   const AttentionShape attention = attention_shape(c);
   l.add(w.attend.values, attend_value_floats(attention, kAttentionRows));
   l.add(w.attend.stats, attend_stat_count(attention, kAttentionRows));
@@ -271,6 +280,7 @@ class CudaSequence final : public SequenceBackend {
       plan_layer(model_->mtp->layer, mtp_state_);
       mtp_final_read_ = read_products(model_->mtp->final_mixer);
     }
+    make_rollback_table();
     // The state's memsets and the plans' uploads ran on the legacy stream, which the sequence's non-blocking stream
     // does not wait for.
     cuda_check(cudaDeviceSynchronize(), "sequence state");
@@ -364,6 +374,37 @@ class CudaSequence final : public SequenceBackend {
     head_outputs(head_stacks, rows, nullptr, ids);
   }
 
+  // The whole step as one pass (one graph when graphs are on), one download and one synchronisation; the default
+  // composition where the fused one does not apply (fused_step_applies).
+  GreedyStepResult greedy_step(const GreedyStep& step) override {
+    if (!fused_step_applies(step)) return SequenceBackend::greedy_step(step);
+    for (int32_t id : step.rows)
+      check(id >= 0 && id < c_.vocab_size, "token id {} is outside the vocabulary [0, {})", id, c_.vocab_size);
+    check(mtp_position_ == position_, "greedy_step: the head is at {}, the trunk at {}", mtp_position_, position_);
+    const int rows = int(step.rows.size()), drafts = step.drafts;
+    const int64_t first = position_;
+    reserve_trunk(first + rows);
+    // Head rows at first … first + rows − 1, chained drafts at committed + j − 1 ≤ first + rows + drafts − 2: the
+    // capacity the composed calls would reserve when every draft is kept.
+    reserve_attention(mtp_state_.attention, first + rows + drafts - 1);
+    upload_stops(step.stops);
+    stage(step.rows, first);
+    run_pass({kStep, rows, true, drafts, step.accept_all}, [&] { fused_step(rows, drafts, step.accept_all); });
+    GreedyStepState outcome{};
+    runner_.download(&outcome, work_.step_state, sizeof outcome);
+    runner_.finish();
+    cuda_check(cudaGetLastError(), "greedy step");
+    check(outcome.kept >= 1 && outcome.kept <= rows, "greedy step: the device kept {} of {} rows", outcome.kept, rows);
+    position_ = first + outcome.kept;  // rolled back on the device; attention caches are truncated by the position
+    mtp_position_ = position_;
+    recorded_from_ = -1;
+    recorded_rows_ = 0;
+    GreedyStepResult result;
+    result.emitted.assign(outcome.emitted, outcome.emitted + outcome.kept);
+    result.drafts.assign(outcome.drafts, outcome.drafts + drafts);
+    return result;
+  }
+
   void truncate_head(int64_t position) override {
     check(position >= 0 && position <= mtp_position_, "truncate_head: position {} is past the head's {}", position,
           mtp_position_);
@@ -441,6 +482,43 @@ class CudaSequence final : public SequenceBackend {
       runner_.finish();
     }
   }
+  // Whether greedy_step runs fused on the device: every weight resident (no expert cache), an attention head, no
+  // oracle drafts (the host replaces them), at most kGreedyStepMaxStops stops, recorded rows only, and as many drafts
+  // after a rejection as after a full acceptance (fixed drafting: the graph's shape cannot depend on the kept count,
+  // and computing adaptive drafting's larger count after every rejection would cost a chained head pass each time).
+  bool fused_step_applies(const GreedyStep& step) const {
+    return step.head && model_->mtp && model_->mtp->layer.kind == LayerKind::SparseAttention && !model_->expert_cache &&
+           !step.draft_override && step.stops.size() <= size_t(kGreedyStepMaxStops) && !step.rows.empty() &&
+           step.rows.size() <= size_t(kRecordedRows) && step.stack_size == c_.hc_hidden() &&
+           step.drafts == step.drafts_after_rejection && step.drafts >= 1 && step.drafts <= kGreedyStepMaxDrafts;
+  }
+  // The stop tokens to the device when they differ from the last ones sent (once per sequence in practice).
+  void upload_stops(std::span<const int64_t> stops) {
+    std::vector<int32_t> ids(stops.begin(), stops.end());
+    if (stops_sent_ && ids == stops_) return;
+    GreedyStepStops device{};
+    device.count = int32_t(ids.size());
+    std::copy(ids.begin(), ids.end(), device.ids);
+    runner_.upload(work_.step_stops, &device, sizeof device);
+    stops_ = std::move(ids);
+    stops_sent_ = true;
+  }
+  // Every recurrent buffer a rollback restores (keep_rows' list), for greedy_rollback's single launch.
+  void make_rollback_table() {
+    std::vector<RollbackBuffer> table;
+    for (LayerState& layer : layers_)
+      for (RecurrentBuffer* buffer : {&layer.gdn_conv, &layer.gdn_recurrent, &layer.ple_previous, &layer.ple_conv})
+        if (buffer->now) {
+          check(buffer->bytes % 4 == 0, "rollback: a recurrent state of {} bytes", buffer->bytes);
+          table.push_back({buffer->now.get(), buffer->rows.get(), buffer->bytes});
+        }
+    rollback_count_ = int(table.size());
+    if (table.empty()) return;
+    rollback_table_ = device_alloc(table.size() * sizeof(RollbackBuffer), "rollback table");
+    cuda_check(
+        cudaMemcpy(rollback_table_.get(), table.data(), table.size() * sizeof(RollbackBuffer), cudaMemcpyHostToDevice),
+        "rollback table");
+  }
   // work_.greedy = the argmax of each of work_.logits' first `rows` rows.
   void greedy_ids(int rows) {
     cuda_check(argmax_rows(work_.logits, rows, c_.vocab_size, work_.argmax_scratch, work_.greedy, stream_), "argmax");
@@ -456,6 +534,7 @@ class CudaSequence final : public SequenceBackend {
   void plan_layer(const DeviceLayer& w, LayerState& state) const;
   ProductGroup read_products(const DeviceGatedResidual& w) const;
   void trunk_pass(int rows, bool record, int logit_rows, bool greedy);
+  void fused_step(int rows, int drafts, bool accept_all);
   void head_pass(int rows);
   void run_layer(const DeviceLayer& w, LayerState& state, int64_t first, int rows, bool record, float* stack,
                  bool normed, const DeviceGatedResidual* next_read);
@@ -486,6 +565,10 @@ class CudaSequence final : public SequenceBackend {
   uint64_t generation_ = 0;                   // counts reallocations of memory that captured graphs address
   int64_t position_ = 0, mtp_position_ = 0;
   int64_t recorded_from_ = -1, recorded_rows_ = 0;
+  DeviceAllocation rollback_table_;  // [rollback_count_] RollbackBuffer: every recurrent buffer, fixed for life
+  int rollback_count_ = 0;
+  std::vector<int32_t> stops_;  // the stop tokens on the device (work_.step_stops), once stops_sent_
+  bool stops_sent_ = false;
   // The stack still lacks the last hyper-connection write (work_.inject's gates times work_.output): the next read,
   // a fused one, applies it (hyper_write).
   bool write_pending_ = false;
@@ -508,6 +591,38 @@ void CudaSequence::trunk_pass(int rows, bool record, int logit_rows, bool greedy
     logits_from_stacks(model_->final_mixer, final_read_,
                        work_.stack + size_t(rows - logit_rows) * size_t(c_.hc_hidden()), logit_rows, normed);
   if (greedy) greedy_ids(logit_rows);
+}
+
+// A greedy verify step of `rows` staged rows without the host: the recorded trunk pass (every row's greedy id), the
+// accepted prefix (greedy_accept), the rollback (greedy_rollback), the head over every row of the pass with the trunk's
+// stacks and greedy ids — rows past the kept ones only write head cache entries past the committed position, which
+// the chained passes and later steps overwrite before any row reads them (attention reads its cache causally, by
+// position) — then `drafts` drafts: the head logits' argmax of the last kept row's head stack, and for each further
+// draft a one-row head pass at committed + j − 1 on the previous draft and head stack.
+void CudaSequence::fused_step(int rows, int drafts, bool accept_all) {
+  const int64_t sh = c_.hc_hidden();
+  const char* what = "greedy step";
+  trunk_pass(rows, true, rows, true);
+  cuda_check(greedy_accept(work_.ids, work_.greedy, work_.step_stops, rows, accept_all, work_.position,
+                           work_.step_state, work_.ids, stream_),
+             what);
+  cuda_check(greedy_rollback(static_cast<const RollbackBuffer*>(rollback_table_.get()), rollback_count_,
+                             work_.step_state, rows, stream_),
+             what);
+  cuda_check(greedy_copy_row(work_.stack, 0, false, work_.step_state, work_.mtp_normed, rows * sh, stream_), what);
+  head_pass(rows);
+  cuda_check(greedy_copy_row(work_.stack, sh, true, work_.step_state, work_.step_stack, sh, stream_), what);
+  for (int j = 0; j < drafts; ++j) {
+    if (j > 0) {
+      head_pass(1);
+      cuda_check(greedy_copy_row(work_.stack, sh, false, work_.step_state, work_.step_stack, sh, stream_), what);
+    }
+    logits_from_stacks(model_->mtp->final_mixer, mtp_final_read_, work_.step_stack, 1, false);
+    greedy_ids(1);
+    cuda_check(greedy_take_draft(j, work_.greedy, work_.step_state, work_.ids, work_.position, stream_), what);
+    if (j + 1 < drafts)
+      cuda_check(greedy_copy_row(work_.step_stack, 0, false, work_.step_state, work_.mtp_normed, sh, stream_), what);
+  }
 }
 
 // e = fc_embedding · RMS0(embed[next]);  R'[s] = fc_hidden · RMS0(R)[s] + e; then the head's layer. The stacks R

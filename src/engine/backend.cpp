@@ -1,5 +1,6 @@
 #include "engine/backend.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -78,6 +79,43 @@ class CpuSequence final : public SequenceBackend {
 };
 
 }  // namespace
+
+GreedyStepResult SequenceBackend::greedy_step(const GreedyStep& step) {
+  const int64_t count = int64_t(step.rows.size()), first = position();
+  std::vector<float> stacks(static_cast<size_t>(count * step.stack_size));
+  std::vector<int32_t> greedy(static_cast<size_t>(count));
+  forward(step.rows, {true, nullptr, stacks.data(), true, greedy.data()});
+  GreedyStepResult result;
+  for (int64_t r = 0; r < count; ++r) {
+    const bool has_draft = r + 1 < count;
+    const int32_t token = step.accept_all && has_draft ? step.rows[size_t(r) + 1] : greedy[size_t(r)];
+    result.emitted.push_back(token);
+    if (step.accept_all) continue;
+    const bool stop = std::find(step.stops.begin(), step.stops.end(), token) != step.stops.end();
+    if (!has_draft || token != step.rows[size_t(r) + 1] || stop) break;
+  }
+  const int64_t kept = int64_t(result.emitted.size());
+  keep_rows(first, kept);
+  if (!step.head) return result;
+  // The head over the kept rows (trunk stacks paired with their next tokens), the first draft from the last row,
+  // chained drafts from the head's own stacks; the chained entries leave the head's cache afterwards.
+  const int64_t committed = position();
+  truncate_head(committed - kept);
+  std::vector<float> chain(size_t(step.stack_size)), chained(chain.size());
+  mtp_forward(stacks.data(), result.emitted, chain.data(), MtpRows::Last);
+  const int wanted = kept == count ? step.drafts : step.drafts_after_rejection;
+  for (int j = 0; j < wanted; ++j) {
+    if (j > 0) {
+      mtp_forward(chain.data(), std::span<const int32_t>(&result.drafts.back(), 1), chained.data(), MtpRows::Last);
+      chain.swap(chained);
+    }
+    int32_t draft = draft_greedy(chain.data());
+    if (step.draft_override) draft = (*step.draft_override)(committed + j + 1, draft);
+    result.drafts.push_back(draft);
+  }
+  truncate_head(committed);
+  return result;
+}
 
 std::vector<int32_t> draft_vocabulary(const Model& model, int64_t count) {
   const std::filesystem::path path = std::filesystem::path(model.directory) / "draft_vocab.json";

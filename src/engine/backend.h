@@ -28,6 +28,28 @@ struct TrunkOutputs {
   int32_t* greedy = nullptr;
 };
 
+// One greedy verify step (SequenceBackend::greedy_step): verify `rows` = [last token, drafts…], keep the accepted
+// prefix, roll back, fold the MTP head over the kept rows and draft the next step.
+struct GreedyStep {
+  std::span<const int32_t> rows;   // the last emitted token, then 0–3 drafts
+  std::span<const int64_t> stops;  // tokens that end acceptance (empty when stops are ignored)
+  int64_t stack_size = 0;          // S·H: one row's residual stack (the MTP head's input)
+  bool head = false;               // fold the MTP head and draft (the Decoder's drafts > 0)
+  int drafts = 0;                  // next drafts after a step that accepted every draft
+  int drafts_after_rejection = 0;  // next drafts after a rejection (adaptive drafting: 1)
+  // Replaces the head's draft for a position (SpeculativeOptions::draft_override); the replaced draft is what the
+  // next chained draft continues from.
+  const std::function<int32_t(int64_t position, int32_t head_draft)>* draft_override = nullptr;
+  // Benchmarks only (`vavilov bench`'s forced full acceptance): every draft kept whatever the trunk's ids; the emitted
+  // tokens are then the drafts and the last row's greedy id.
+  bool accept_all = false;
+};
+
+struct GreedyStepResult {
+  std::vector<int32_t> emitted;  // the trunk's greedy ids up to and including the first mismatch or stop
+  std::vector<int32_t> drafts;   // the next step's drafts
+};
+
 class SequenceBackend {
  public:
   virtual ~SequenceBackend() = default;
@@ -55,6 +77,14 @@ class SequenceBackend {
   }
   // Drops the head's cache entries from `position` on.
   virtual void truncate_head(int64_t position) = 0;
+  // One greedy verify step: a recorded trunk pass over step.rows (greedy ids, stacks), the accepted prefix kept
+  // (draft r + 1 is accepted while it equals row r's greedy id and that id is no stop; the emitted tokens are the
+  // greedy ids up to and including the first mismatch or stop), the rest rolled back, the head over the kept rows
+  // paired with their next tokens, the first draft from its last row and chained drafts on its own stack, the head
+  // truncated to the committed position. Needs head ⇒ the head at the trunk's position. The default composes the
+  // calls above exactly as the Decoder always did; a device may fuse them (the CUDA backend: one graph, one
+  // synchronisation).
+  virtual GreedyStepResult greedy_step(const GreedyStep& step);
   // The state in the CPU engine's layout (engine/state.h), whatever the device: position, attention and indexer
   // caches up to the position, GDN, PLE and the MTP head's caches. A state is portable: any backend of the same model
   // geometry imports it (prefix caching keeps these).

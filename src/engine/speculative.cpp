@@ -129,8 +129,7 @@ int32_t Decoder::prefill_next(const std::function<void(const SequenceState&)>& o
 
 // Row r's token, given the tokens before it (history_ holds them). A row that emits its draft lets the next row
 // continue; the last row (no draft) gives the bonus token.
-int32_t Decoder::verify_row(const float* logits, const int32_t* greedy, int64_t row) {
-  if (greedy) return greedy[row];
+int32_t Decoder::verify_row(const float* logits, int64_t row) {
   const int64_t vocab = c_.vocab_size;
   const bool has_draft = row + 1 < int64_t(rows_.size());
   if (options_.sampling.greedy() || !has_draft) return choose(logits, vocab, options_.sampling, history_, rng_);
@@ -147,32 +146,60 @@ int32_t Decoder::verify_row(const float* logits, const int32_t* greedy, int64_t 
   return draw(residual > 0 ? std::span<const double>(q) : std::span<const double>(p), rng_);
 }
 
-std::vector<int32_t> Decoder::accept(const float* logits, const float* stacks, const int32_t* greedy) {
+std::vector<int32_t> Decoder::accept(const float* logits, const float* stacks) {
   const int64_t count = int64_t(rows_.size()), proposed = count - 1, vocab = c_.vocab_size;
   const int64_t first = sequence_->position() - count;
   std::vector<int32_t> emitted;
   for (int64_t r = 0; r < count; ++r) {
-    const int32_t token = verify_row(greedy ? nullptr : logits + r * vocab, greedy, r);
+    const int32_t token = verify_row(logits + r * vocab, r);
     emitted.push_back(token);
     history_.push(token);
     if (r == proposed || token != rows_[size_t(r) + 1] || is_stop(token)) break;
   }
   const int64_t accepted = int64_t(emitted.size()) - 1;
   sequence_->keep_rows(first, accepted + 1);
+  count_step(proposed, accepted);
+  std::vector<int32_t> committed(rows_.begin(), rows_.begin() + accepted + 1);
+  rows_ = {emitted.back()};
+  if (spec_.drafts) fold_head(stacks, emitted);
+  if (spec_.on_step) spec_.on_step(state(), committed);
+  return emitted;
+}
 
+// The statistics of a verify step that accepted `accepted` of `proposed` drafts, and the adaptive draft count.
+void Decoder::count_step(int64_t proposed, int64_t accepted) {
   ++stats_.verify_steps;
   for (int64_t j = 0; j < proposed; ++j) {
     ++stats_.proposed[size_t(j)];
     if (j < accepted) ++stats_.accepted[size_t(j)];
   }
   if (spec_.adaptive) drafts_wanted_ = accepted == proposed ? spec_.drafts : 1;
+  stats_.emitted += accepted + 1;
+}
 
-  stats_.emitted += int64_t(emitted.size());
+// Greedy ids only: the whole step is the backend's (SequenceBackend::greedy_step), which a device runs without the
+// host in between; the drafts it returns follow the rules fold_head applies on the logits path.
+std::vector<int32_t> Decoder::step_greedy() {
+  const std::vector<int64_t> no_stops;
+  GreedyStep step;
+  step.rows = rows_;
+  step.stops = options_.ignore_eos ? std::span<const int64_t>(no_stops) : std::span<const int64_t>(stops_);
+  step.stack_size = c_.hc_hidden();
+  step.head = spec_.drafts > 0;
+  step.drafts = spec_.drafts;
+  step.drafts_after_rejection = spec_.adaptive ? std::min(spec_.drafts, 1) : spec_.drafts;
+  step.draft_override = spec_.draft_override ? &spec_.draft_override : nullptr;
+  GreedyStepResult result = sequence_->greedy_step(step);
+  const int64_t proposed = int64_t(rows_.size()) - 1, accepted = int64_t(result.emitted.size()) - 1;
+  check(accepted >= 0 && accepted <= proposed, "greedy_step: {} tokens emitted for {} rows", result.emitted.size(),
+        rows_.size());
+  for (int32_t token : result.emitted) history_.push(token);
+  count_step(proposed, accepted);
   std::vector<int32_t> committed(rows_.begin(), rows_.begin() + accepted + 1);
-  rows_ = {emitted.back()};
-  if (spec_.drafts) fold_head(stacks, emitted);
+  rows_ = {result.emitted.back()};
+  rows_.insert(rows_.end(), result.drafts.begin(), result.drafts.end());
   if (spec_.on_step) spec_.on_step(state(), committed);
-  return emitted;
+  return std::move(result.emitted);
 }
 
 std::vector<int32_t> Decoder::step() {
@@ -242,24 +269,14 @@ float* Decoder::verify_logits() {
   return verify_logits_.data();
 }
 
-int32_t* Decoder::verify_greedy() {
-  verify_greedy_.resize(rows_.size());
-  return verify_greedy_.data();
-}
-
 float* Decoder::verify_stacks() {
   verify_stacks_.resize(rows_.size() * size_t(c_.hc_hidden()));
   return verify_stacks_.data();
 }
 
-// Greedy without logit adjustments: the backend returns each row's argmax, not its logits.
 std::vector<int32_t> Decoder::step_alone() {
+  if (greedy_ids_) return step_greedy();
   float* stacks = verify_stacks();
-  if (greedy_ids_) {
-    int32_t* greedy = verify_greedy();
-    sequence_->forward(rows_, {true, nullptr, stacks, true, greedy});
-    return accept(nullptr, stacks, greedy);
-  }
   float* logits = verify_logits();
   sequence_->forward(rows_, {true, logits, stacks, true});
   return accept(logits, stacks);

@@ -13,9 +13,10 @@
 // tokens before it, accepted drafts included.
 //
 // Greedy without logit adjustments (no bias, no penalties; the Decoder returns no logprobs) needs only each row's
-// argmax: the Decoder then asks its backend for greedy ids (TrunkOutputs::greedy, mtp_greedy, draft_greedy) instead
-// of logits, which a GPU computes on the device (4 bytes a row to the host instead of the vocabulary's logits). The
-// ids follow cpu::argmax's rule, the same as choose() on the logits, so both paths give the same tokens.
+// argmax: a decoder on a device then hands its backend the whole step (SequenceBackend::greedy_step, built on greedy
+// ids: TrunkOutputs::greedy, draft_greedy) instead of asking for logits, which a GPU runs on the device (a few ids to
+// the host instead of the vocabulary's logits). The ids follow cpu::argmax's rule, the same as choose() on the logits,
+// so both paths give the same tokens.
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -80,18 +81,17 @@ class Decoder {
   int32_t prefill_next(const std::function<void(const SequenceState&)>& on_chunk = {});
   // The rows the next verify step runs through the trunk: the last token, then the drafts.
   std::span<const int32_t> rows() const { return rows_; }
-  // Takes the trunk's outputs for rows() (a pass that recorded its rows): logits [rows, vocab], stacks [rows, S·H],
-  // or instead of the logits each row's greedy id [rows] (only when greedy_ids()). Keeps the accepted prefix, drafts
-  // the next step, and returns the tokens it emits (1 + accepted drafts).
-  std::vector<int32_t> accept(const float* logits, const float* stacks, const int32_t* greedy = nullptr);
+  // Takes the trunk's outputs for rows() (a pass that recorded its rows): logits [rows, vocab], stacks [rows, S·H].
+  // Keeps the accepted prefix, drafts the next step, and returns the tokens it emits (1 + accepted drafts).
+  std::vector<int32_t> accept(const float* logits, const float* stacks);
   // One verify step on its own.
   std::vector<int32_t> step();
-  // One verify step through this decoder's own backend (step_batch's path for non-CPU decoders).
+  // One verify step through this decoder's own backend (step_batch's path for non-CPU decoders): with greedy ids,
+  // the backend's greedy_step; otherwise a recorded trunk pass's logits through accept().
   std::vector<int32_t> step_alone();
   // Buffers sized for the next verify pass (step_batch fills them for CPU decoders).
   float* verify_logits();
   float* verify_stacks();
-  int32_t* verify_greedy();
   // Whether this decoder takes greedy ids instead of logits from its backend (greedy, no logit adjustments).
   bool greedy_ids() const { return greedy_ids_; }
 
@@ -105,7 +105,9 @@ class Decoder {
   void fold_head(const float* trunk_stacks, std::span<const int32_t> next_ids, bool draft = true);
   void add_draft(const float* head_logits, int64_t position);
   void add_draft(int32_t draft, std::vector<double> q, int64_t position);
-  int32_t verify_row(const float* logits, const int32_t* greedy, int64_t row);
+  int32_t verify_row(const float* logits, int64_t row);
+  void count_step(int64_t proposed, int64_t accepted);
+  std::vector<int32_t> step_greedy();
   void truncate_head(int64_t position);
   const SequenceState& chunk_state();
   bool wants_chunk_state(int64_t end) const;
@@ -121,7 +123,6 @@ class Decoder {
   std::vector<int32_t> rows_;    // [last, drafts...]
   // The verify pass's outputs, kept from step to step: [rows, vocab] and [rows, S·H].
   std::vector<float> verify_logits_, verify_stacks_;
-  std::vector<int32_t> verify_greedy_;        // or each row's greedy id, when greedy_ids_
   std::vector<std::vector<double>> draft_q_;  // when sampling: the distribution each draft was drawn from
   TokenHistory history_;                      // prompt and emitted tokens (the penalties' input)
   Rng rng_;                                   // this sequence's own stream: batching cannot change it
