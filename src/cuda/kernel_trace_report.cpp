@@ -281,6 +281,8 @@ const char* pass_kind_name(int kind) {
       return "head_logits";
     case 3:
       return "greedy_step";
+    case 4:
+      return "greedy_step_drafts";
     default:
       return "other";
   }

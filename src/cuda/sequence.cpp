@@ -47,8 +47,9 @@ constexpr int kRecordedRows = 4;   // rows whose recurrent state a pass can reco
 constexpr int kMaxDecodeRows = 4;  // passes of more rows take the prefill branches (grouped expert GEMMs)
 static_assert(kRecordedRows <= kGdnDecodeMaxRows, "recorded rows run through the GDN decode kernel");
 
-// The passes a sequence captures as graphs (kStep: a whole greedy verify step, greedy_step).
-enum PassKind { kTrunk, kHead, kHeadLogits, kStep };
+// The passes a sequence captures as graphs (kStep: a whole greedy verify step, greedy_step; kStepDrafts: the rest of
+// its chained drafts after a fully accepted adaptive step).
+enum PassKind { kTrunk, kHead, kHeadLogits, kStep, kStepDrafts };
 static_assert(kRecordedRows <= kGreedyStepMaxRows, "a greedy step's rows are recorded rows");
 
 // Scratch buffers of one pass of up to kChunkRows rows. Sized from the config; the attention scratch grows with the
@@ -381,12 +382,16 @@ class CudaSequence final : public SequenceBackend {
     for (int32_t id : step.rows)
       check(id >= 0 && id < c_.vocab_size, "token id {} is outside the vocabulary [0, {})", id, c_.vocab_size);
     check(mtp_position_ == position_, "greedy_step: the head is at {}, the trunk at {}", mtp_position_, position_);
-    const int rows = int(step.rows.size()), drafts = step.drafts;
+    // Adaptive drafting wants fewer drafts after a rejection: the step's graph drafts that many, and a fully accepted
+    // step runs the rest of its chained drafts as a second graph (a second synchronisation) rather than every step
+    // paying for chained passes a rejection discards.
+    const int rows = int(step.rows.size()), drafts = std::min(step.drafts, step.drafts_after_rejection);
+    const int most = std::max(step.drafts, step.drafts_after_rejection);
     const int64_t first = position_;
     reserve_trunk(first + rows);
-    // Head rows at first … first + rows − 1, chained drafts at committed + j − 1 ≤ first + rows + drafts − 2: the
+    // Head rows at first … first + rows − 1, chained drafts at committed + j − 1 ≤ first + rows + most − 2: the
     // capacity the composed calls would reserve when every draft is kept.
-    reserve_attention(mtp_state_.attention, first + rows + drafts - 1);
+    reserve_attention(mtp_state_.attention, first + rows + most - 1);
     upload_stops(step.stops);
     stage(step.rows, first);
     run_pass({kStep, rows, true, drafts, step.accept_all}, [&] { fused_step(rows, drafts, step.accept_all); });
@@ -395,13 +400,22 @@ class CudaSequence final : public SequenceBackend {
     runner_.finish();
     cuda_check(cudaGetLastError(), "greedy step");
     check(outcome.kept >= 1 && outcome.kept <= rows, "greedy step: the device kept {} of {} rows", outcome.kept, rows);
+    const int wanted = outcome.kept == rows ? step.drafts : step.drafts_after_rejection;
+    if (wanted > drafts) {  // kStepDrafts' shape: the first draft it makes (as rows) and the count (as logits)
+      run_pass({kStepDrafts, drafts, false, wanted, false}, [&] {
+        for (int j = drafts; j < wanted; ++j) draft_pass(j);
+      });
+      runner_.download(&outcome, work_.step_state, sizeof outcome);
+      runner_.finish();
+      cuda_check(cudaGetLastError(), "greedy step drafts");
+    }
     position_ = first + outcome.kept;  // rolled back on the device; attention caches are truncated by the position
     mtp_position_ = position_;
     recorded_from_ = -1;
     recorded_rows_ = 0;
     GreedyStepResult result;
     result.emitted.assign(outcome.emitted, outcome.emitted + outcome.kept);
-    result.drafts.assign(outcome.drafts, outcome.drafts + drafts);
+    result.drafts.assign(outcome.drafts, outcome.drafts + wanted);
     return result;
   }
 
@@ -483,14 +497,13 @@ class CudaSequence final : public SequenceBackend {
     }
   }
   // Whether greedy_step runs fused on the device: every weight resident (no expert cache), an attention head, no
-  // oracle drafts (the host replaces them), at most kGreedyStepMaxStops stops, recorded rows only, and as many drafts
-  // after a rejection as after a full acceptance (fixed drafting: the graph's shape cannot depend on the kept count,
-  // and computing adaptive drafting's larger count after every rejection would cost a chained head pass each time).
+  // oracle drafts (the host replaces them), at most kGreedyStepMaxStops stops, recorded rows only.
   bool fused_step_applies(const GreedyStep& step) const {
     return step.head && model_->mtp && model_->mtp->layer.kind == LayerKind::SparseAttention && !model_->expert_cache &&
            !step.draft_override && step.stops.size() <= size_t(kGreedyStepMaxStops) && !step.rows.empty() &&
            step.rows.size() <= size_t(kRecordedRows) && step.stack_size == c_.hc_hidden() &&
-           step.drafts == step.drafts_after_rejection && step.drafts >= 1 && step.drafts <= kGreedyStepMaxDrafts;
+           std::min(step.drafts, step.drafts_after_rejection) >= 1 &&
+           std::max(step.drafts, step.drafts_after_rejection) <= kGreedyStepMaxDrafts;
   }
   // The stop tokens to the device when they differ from the last ones sent (once per sequence in practice).
   void upload_stops(std::span<const int64_t> stops) {
@@ -535,6 +548,7 @@ class CudaSequence final : public SequenceBackend {
   ProductGroup read_products(const DeviceGatedResidual& w) const;
   void trunk_pass(int rows, bool record, int logit_rows, bool greedy);
   void fused_step(int rows, int drafts, bool accept_all);
+  void draft_pass(int j);
   void head_pass(int rows);
   void run_layer(const DeviceLayer& w, LayerState& state, int64_t first, int rows, bool record, float* stack,
                  bool normed, const DeviceGatedResidual* next_read);
@@ -612,17 +626,22 @@ void CudaSequence::fused_step(int rows, int drafts, bool accept_all) {
   cuda_check(greedy_copy_row(work_.stack, 0, false, work_.step_state, work_.mtp_normed, rows * sh, stream_), what);
   head_pass(rows);
   cuda_check(greedy_copy_row(work_.stack, sh, true, work_.step_state, work_.step_stack, sh, stream_), what);
-  for (int j = 0; j < drafts; ++j) {
-    if (j > 0) {
-      head_pass(1);
-      cuda_check(greedy_copy_row(work_.stack, sh, false, work_.step_state, work_.step_stack, sh, stream_), what);
-    }
-    logits_from_stacks(model_->mtp->final_mixer, mtp_final_read_, work_.step_stack, 1, false);
-    greedy_ids(1);
-    cuda_check(greedy_take_draft(j, work_.greedy, work_.step_state, work_.ids, work_.position, stream_), what);
-    if (j + 1 < drafts)
-      cuda_check(greedy_copy_row(work_.step_stack, 0, false, work_.step_state, work_.mtp_normed, sh, stream_), what);
+  for (int j = 0; j < drafts; ++j) draft_pass(j);
+}
+
+// Draft j of a fused step: for j > 0 a one-row head pass on draft j − 1 and the head stack it came from (the position
+// greedy_take_draft left), then the head's logits and argmax of the stack.
+void CudaSequence::draft_pass(int j) {
+  const int64_t sh = c_.hc_hidden();
+  const char* what = "greedy step draft";
+  if (j > 0) {
+    cuda_check(greedy_copy_row(work_.step_stack, 0, false, work_.step_state, work_.mtp_normed, sh, stream_), what);
+    head_pass(1);
+    cuda_check(greedy_copy_row(work_.stack, sh, false, work_.step_state, work_.step_stack, sh, stream_), what);
   }
+  logits_from_stacks(model_->mtp->final_mixer, mtp_final_read_, work_.step_stack, 1, false);
+  greedy_ids(1);
+  cuda_check(greedy_take_draft(j, work_.greedy, work_.step_state, work_.ids, work_.position, stream_), what);
 }
 
 // e = fc_embedding · RMS0(embed[next]);  R'[s] = fc_hidden · RMS0(R)[s] + e; then the head's layer. The stacks R

@@ -140,7 +140,7 @@ TEST_P(GpuGreedyStep, FusedEqualsComposedAcrossCacheGrowth) {
   std::mt19937 rng(5);
   std::vector<int32_t> prompt(1010);
   for (int32_t& id : prompt) id = int32_t(rng() % uint32_t(model->config.vocab_size));
-  expect_fused_equals_composed(*model, prompt, 40, {3}, {false}, {true, false});
+  expect_fused_equals_composed(*model, prompt, 40, {3}, {false, true}, {true, false});
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuGreedyStep, ::testing::ValuesIn(test::fixture_dirs(test::mtp_fixtures())),
