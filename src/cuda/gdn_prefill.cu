@@ -396,7 +396,7 @@ __device__ inline void stage_tile(float* tile, int ld, int tile_rows, int tile_w
 // multiprocessors it leaves free, wait on it (acquire).
 struct ChunkScratch {
   float *w, *u, *q_factor, *keys, *key_decay, *p, *s0, *decay;  // [C, dk], [C, dv], [C], [dk, C] (transposed), [C],
-                                                                // [C, C], [dk, dv], [1]
+                                                                // [C, C], [dv, dk] (transposed), [1]
   unsigned* progress;                                           // [heads][scan_slices]
   int scan_slices;
 };
@@ -837,8 +837,10 @@ __global__ void __launch_bounds__(kScanThreads, 1)
     }
   // Sᵀ to shared memory for the Δ products and, while chunks are left, to the scratch as chunk `chunk`'s S₀ for the
   // outputs: the same words (stored_operands), rounded once.
+  // S₀ goes out transposed, [dv][dk] (the outputs read it as a column-major operand), so that the two adjacent keys
+  // of a thread's element pairs are one 8-byte store at the release.
   auto store_owned = [&](int chunk) {
-    float* s0 = x.s0 + (size_t(chunk) * s.heads + h) * s.dk * dv + j0 + c0;
+    float* s0 = x.s0 + (size_t(chunk) * s.heads + h) * s.dk * dv + size_t(j0 + c0) * s.dk;
 #pragma unroll
     for (int tile = 0; tile < 2; ++tile) {
       if (!owns[tile]) continue;
@@ -846,9 +848,18 @@ __global__ void __launch_bounds__(kScanThreads, 1)
       store_a_pair(state_rows + 2 * (first_key_tile + 4 * tile) * kTile, words, lds);
       if (chunk == chunks) continue;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const int key = key_of(tile, e);
-        if (key < s.dk && in_slice(e)) s0[key * dv + row_of(e)] = words.x[e];
+      for (int e = 0; e < 8; e += 2) {
+        const int key = key_of(tile, e);  // even; key + 1 is element e + 1's
+        float* target = s0 + row_of(e) * s.dk + key;
+        if constexpr (kRelease)  // (as a float2 the compiler split half of them into two stores)
+          asm volatile("st.global.v2.f32 [%0], {%1, %2};"
+                       :
+                       : "l"(target), "f"(words.x[e]), "f"(words.x[e + 1])
+                       : "memory");
+        else if (in_slice(e)) {
+          if (key < s.dk) target[0] = words.x[e];
+          if (key + 1 < s.dk) target[1] = words.x[e + 1];
+        }
       }
     }
   };
@@ -945,10 +956,10 @@ __device__ inline void scale_rows(Accumulator& acc, const float* factors) {
   for (int e = 0; e < 8; ++e) acc.x[e] *= factors[g + 8 * (e / 2 % 2)];
 }
 
-// Shared memory of the outputs: raw Q [C][ldk] (then the output tile [C][36]), P [C][C + 4], S₀ [kdp][36], Δ [C][36],
-// q factors [C].
+// Shared memory of the outputs: raw Q [C][ldk] (then the output tile [C][36]), P [C][C + 4], S₀ᵀ [32][ldk],
+// Δ [C][36], q factors [C].
 size_t output_shared_bytes(const GdnShape& s) {
-  return (size_t(kC) * stride_of(s.dk) + size_t(kC) * kChunkStride + size_t(padded(s.dk)) * kSliceStride +
+  return (size_t(kC) * stride_of(s.dk) + size_t(kC) * kChunkStride + size_t(kSliceColumns) * stride_of(s.dk) +
           size_t(kC) * kSliceStride + kC) *
          4;
 }
@@ -963,8 +974,8 @@ __global__ void __launch_bounds__(kThreads)
   const int kdp = padded(s.dk), ldk = stride_of(s.dk);
   float* qd = reinterpret_cast<float*>(shared4);  // [C][ldk]
   float* p = qd + kC * ldk;                       // [C][C + 4]
-  float* s0 = p + kC * kChunkStride;              // [kdp][36]
-  float* delta = s0 + kdp * kSliceStride;         // [C][36]
+  float* s0 = p + kC * kChunkStride;              // S₀ᵀ [32][ldk] (a column-major B operand)
+  float* delta = s0 + kSliceColumns * ldk;        // [C][36]
   float* factors = delta + kC * kSliceStride;     // [C]
   float* o = qd;  // [C][36] once every warp is done with its tiles (may run into P: at least 64·(20 + 68) floats)
   const int h = blockIdx.x, chunk = blockIdx.y, tid = threadIdx.x, warp = tid / 32;
@@ -973,7 +984,7 @@ __global__ void __launch_bounds__(kThreads)
   const size_t block = size_t(chunk) * s.heads + h, dv = size_t(s.dv);
   stage_queries(qd, ldk, kdp, factors, s, in, x, h, chunk);
   stage_tile(p, kChunkStride, kC, kC, x.p + block * kC * kC, size_t(kC), kC, kC);
-  stage_tile(s0, kSliceStride, kdp, kSliceColumns, x.s0 + block * s.dk * dv + j0, dv, s.dk, columns);
+  stage_tile(s0, ldk, kSliceColumns, kdp, x.s0 + block * s.dk * dv + size_t(j0) * s.dk, size_t(s.dk), columns, s.dk);
   stage_tile(delta, kSliceStride, kC, kSliceColumns, x.u + block * kC * dv + j0, dv, kC, columns);
   wait_copies();
   __syncthreads();
@@ -981,7 +992,7 @@ __global__ void __launch_bounds__(kThreads)
   const int r0 = warp / 2 * kTile, c0 = warp % 2 * kTile;
   Accumulator acc;
   fill(acc, 0.0f);
-  mma_tile<kOnePass, RowMajor, RowMajor, false, true>(acc, qd + r0 * ldk, ldk, s0 + c0, kSliceStride, kdp / kStep);
+  mma_tile<kOnePass, RowMajor, ColMajor, false, true>(acc, qd + r0 * ldk, ldk, s0 + c0 * ldk, ldk, kdp / kStep);
   scale_rows(acc, factors + r0);
   mma_tile<kOnePass, RowMajor, RowMajor, true, true>(acc, p + r0 * kChunkStride, kChunkStride, delta + c0, kSliceStride,
                                                      kC / kStep);
@@ -1005,7 +1016,7 @@ constexpr size_t kMaxDynamicShared = 227 * 1024;  // what a block may opt into o
 
 size_t output_norm_shared_bytes(const GdnShape& s) {
   const size_t ldq = size_t(s.dk) + 4, ldo = size_t(operand_stride_of(s.dv));
-  return std::max(kC * ldq + size_t(s.dk) * ldo + kC, size_t(kC) * kChunkStride + 2 * kC * ldo) * 4;
+  return std::max(kC * ldq + size_t(s.dv) * ldq + kC, size_t(kC) * kChunkStride + 2 * kC * ldo) * 4;
 }
 
 bool fused_output_fits(const GdnShape& s) {
@@ -1038,11 +1049,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   const GdnShape s = fixed<kRelease>(shape);
   allow_dependents();
   extern __shared__ __align__(128) float4 shared4[];
-  const int ldq = s.dk + 4, ldo = operand_stride_of(s.dv);  // S₀ and Δ are row-major B operands
+  const int ldq = s.dk + 4, ldo = operand_stride_of(s.dv);  // S₀ᵀ: a column-major B operand; Δ a row-major one
 
   float* qd = reinterpret_cast<float*>(shared4);  // phase 1: raw Q [C][dk + 4]
-  float* s0 = qd + kC * ldq;                      //          S₀ [dk][dv + 8]
-  float* factors = s0 + s.dk * ldo;               //          q factors [C]
+  float* s0 = qd + kC * ldq;                      //          S₀ᵀ [dv][dk + 4]
+  float* factors = s0 + s.dv * ldq;               //          q factors [C]
   float* p = qd;                                  // phase 2: P [C][C + 4]
   float* delta = p + kC * kChunkStride;           //          Δ [C][dv + 8], then O
   float* gate = delta + kC * ldo;                 //          z [C][dv + 8]
@@ -1051,7 +1062,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const size_t block = size_t(chunk) * s.heads + h, row_stride = size_t(s.heads) * s.dv;
   stage_queries(qd, ldq, s.dk, factors, s, in, x, h, chunk);  // the prepare kernel's, complete before the scan began
   wait_for_scan(x, h, chunk);
-  stage_tile(s0, ldo, s.dk, s.dv, x.s0 + block * s.dk * s.dv, size_t(s.dv), s.dk, s.dv);
+  stage_tile(s0, ldq, s.dv, s.dk, x.s0 + block * s.dk * s.dv, size_t(s.dk), s.dv, s.dk);
   wait_copies();
   __syncthreads();
   if constexpr (kOnePass) {  // Q rounded once here, not by each of the 8 warps that load it
@@ -1067,8 +1078,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (computes)
 #pragma unroll
     for (int r = 0; r < kC / kTile; r += 2)
-      mma_tile_pair<kOnePass, RowMajor, RowMajor, true, true>(
-          acc[r], acc[r + 1], qd + r * kTile * ldq, qd + (r + 1) * kTile * ldq, ldq, s0 + c0, ldo, s.dk / kStep);
+      mma_tile_pair<kOnePass, RowMajor, ColMajor, true, true>(
+          acc[r], acc[r + 1], qd + r * kTile * ldq, qd + (r + 1) * kTile * ldq, ldq, s0 + c0 * ldq, ldq, s.dk / kStep);
 #pragma unroll
   for (int r = 0; r < kC / kTile; ++r) scale_rows(acc[r], factors + r * kTile);
   __syncthreads();  // Q, S₀ and the factors are used up
