@@ -121,7 +121,8 @@ __device__ inline float round_tf32(float x) {
 // rounding takes four instructions (cvt.rna.tf32 is an add, a finiteness test, a select and a mask on sm_90), and a
 // tile's words are loaded by several warps and for several products: where every reader of a tile only feeds the
 // products with it, its producer stores it rounded once (the scan's operands; in one-pass mode also the keys and
-// queries of prepare's products, A and the diagonal blocks' inverses of the solve, P, S₀, Δ and the outputs' queries).
+// queries of prepare's products, A and the diagonal blocks' inverses of the solve, P and the outputs' queries). S₀ and
+// Δ, which only the outputs read, are not: storing them rounded slowed the scan (see docs/CUDA.md).
 template <bool kOnePass, bool kStored = false>
 __device__ inline Split operand(float x) {
   if constexpr (!kOnePass) return split_tf32(x);
@@ -283,23 +284,15 @@ __device__ inline void load_a_pair(Split (&f)[2][4], const float* a, int ld) {
   }
 }
 
-// c with every element as stored_operand makes it.
+// c stored in fragment order (as load_a_pair reads it) at a: its 16 columns are the k block's (stored_operand).
 template <bool kOnePass>
-__device__ inline Accumulator stored_operands(const Accumulator& c) {
-  Accumulator words;
-#pragma unroll
-  for (int e = 0; e < 8; ++e) words.x[e] = stored_operand<kOnePass>(c.x[e]);
-  return words;
-}
-
-// words (stored_operands of a tile) stored in fragment order (as load_a_pair reads it) at a: its 16 columns are the
-// k block's.
-__device__ inline void store_a_pair(float* a, const Accumulator& words, int ld) {
+__device__ inline void store_a_pair(float* a, const Accumulator& c, int ld) {
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
 #pragma unroll
   for (int h = 0; h < 2; ++h)  // column 8h + 2t + i of rows g, g + 8: k = 4(2h + t/2) + 2(t % 2) + i
     *reinterpret_cast<float4*>(a + g * ld + 16 * (t % 2) + 4 * (2 * h + t / 2)) =
-        make_float4(words.x[4 * h], words.x[4 * h + 2], words.x[4 * h + 1], words.x[4 * h + 3]);
+        make_float4(stored_operand<kOnePass>(c.x[4 * h]), stored_operand<kOnePass>(c.x[4 * h + 2]),
+                    stored_operand<kOnePass>(c.x[4 * h + 1]), stored_operand<kOnePass>(c.x[4 * h + 3]));
 }
 __host__ __device__ inline int pair_rows_stride_of(int width) { return 2 * padded(width) + 16; }
 constexpr int kPairRows = kTile / 2;  // row pairs a tile
@@ -396,7 +389,7 @@ __device__ inline void stage_tile(float* tile, int ld, int tile_rows, int tile_w
 // multiprocessors it leaves free, wait on it (acquire).
 struct ChunkScratch {
   float *w, *u, *q_factor, *keys, *key_decay, *p, *s0, *decay;  // [C, dk], [C, dv], [C], [dk, C] (transposed), [C],
-                                                                // [C, C], [dv, dk] (transposed), [1]
+                                                                // [C, C], [dk, dv], [1]
   unsigned* progress;                                           // [heads][scan_slices]
   int scan_slices;
 };
@@ -774,10 +767,9 @@ __device__ inline unsigned load_progress(const unsigned* counter) {
 __device__ inline int row_of(int e) { return threadIdx.x % 32 / 4 + 8 * (e / 2 % 2); }
 __device__ inline int column_of(int e) { return 8 * (e / 4) + 2 * (threadIdx.x % 4) + e % 2; }
 
-// Per chunk, in order: Δᵀ = Uᵀ − Sᵀ Wᵀ (warp w: the tile at value columns 16·(w%4), tokens 16·(w/4)), Δ to the scratch
-// (over U) and Δᵀ diag(e^{γ_C−γ}) to shared memory; Sᵀ ← e^{γ_C} Sᵀ + (Δᵀ diag(e^{γ_C−γ})) K (two key tiles a warp
-// sharing the Δᵀ operand), Sᵀ to shared memory and, as the next chunk's S₀, to the scratch (from the owners'
-// registers). S₀ and Δ are stored as the outputs' products take them (stored_operand): they are their only reader. Two
+// Per chunk, in order: S₀ to the scratch (from the owners' registers); Δᵀ = Uᵀ − Sᵀ Wᵀ (warp w: the tile at value
+// columns 16·(w%4), tokens 16·(w/4)), Δ to the scratch (over U) and Δᵀ diag(e^{γ_C−γ}) to shared memory;
+// Sᵀ ← e^{γ_C} Sᵀ + (Δᵀ diag(e^{γ_C−γ})) K (two key tiles a warp sharing the Δᵀ operand), Sᵀ to shared memory. Two
 // barriers a chunk: the one at its start also frees the stage that the next chunk's operands then load into (the
 // previous chunk's update was its last reader).
 template <bool kRelease, bool kOnePass>
@@ -835,35 +827,12 @@ __global__ void __launch_bounds__(kScanThreads, 1)
       const int key = key_of(tile, e);
       owned[tile].x[e] = owns[tile] && key < s.dk && in_slice(e) ? head_state[key * dv + c0 + row_of(e)] : 0.0f;
     }
-  // Sᵀ to shared memory for the Δ products and, while chunks are left, to the scratch as chunk `chunk`'s S₀ for the
-  // outputs: the same words (stored_operands), rounded once.
-  // S₀ goes out transposed, [dv][dk] (the outputs read it as a column-major operand), so that the two adjacent keys
-  // of a thread's element pairs are one 8-byte store at the release.
-  auto store_owned = [&](int chunk) {
-    float* s0 = x.s0 + (size_t(chunk) * s.heads + h) * s.dk * dv + size_t(j0 + c0) * s.dk;
+  auto store_owned = [&] {
 #pragma unroll
-    for (int tile = 0; tile < 2; ++tile) {
-      if (!owns[tile]) continue;
-      const Accumulator words = stored_operands<kOnePass>(owned[tile]);
-      store_a_pair(state_rows + 2 * (first_key_tile + 4 * tile) * kTile, words, lds);
-      if (chunk == chunks) continue;
-#pragma unroll
-      for (int e = 0; e < 8; e += 2) {
-        const int key = key_of(tile, e);  // even; key + 1 is element e + 1's
-        float* target = s0 + row_of(e) * s.dk + key;
-        if constexpr (kRelease)  // (as a float2 the compiler split half of them into two stores)
-          asm volatile("st.global.v2.f32 [%0], {%1, %2};"
-                       :
-                       : "l"(target), "f"(words.x[e]), "f"(words.x[e + 1])
-                       : "memory");
-        else if (in_slice(e)) {
-          if (key < s.dk) target[0] = words.x[e];
-          if (key + 1 < s.dk) target[1] = words.x[e + 1];
-        }
-      }
-    }
+    for (int tile = 0; tile < 2; ++tile)
+      if (owns[tile]) store_a_pair<kOnePass>(state_rows + 2 * (first_key_tile + 4 * tile) * kTile, owned[tile], lds);
   };
-  store_owned(0);
+  store_owned();
 
   // U of this warp's Δᵀ tile (element e: value column c0 + row_of(e), token d0 + column_of(e)), a chunk ahead.
   auto u_at = [&](int chunk) { return x.u + (size_t(chunk) * s.heads + h) * kC * dv + j0 + c0; };
@@ -882,6 +851,14 @@ __global__ void __launch_bounds__(kScanThreads, 1)
 #pragma unroll
     for (int e = 0; e < 8; ++e) u[e] = u_next[e];
     if (chunk + 1 < chunks) load_u(u_next, chunk + 1);
+    float* s0 = x.s0 + block * s.dk * dv + j0 + c0;  // S₀, for the outputs
+#pragma unroll
+    for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const int key = key_of(tile, e);
+        if (owns[tile] && key < s.dk && in_slice(e)) s0[key * dv + row_of(e)] = owned[tile].x[e];
+      }
     wait_copies();    // this chunk's stage
     __syncthreads();  // ... for every thread, and Sᵀ; and the previous chunk is done with the other stage and Δᵀ
     if (chunk + 1 < chunks) stage_chunk(chunk + 1);
@@ -897,10 +874,10 @@ __global__ void __launch_bounds__(kScanThreads, 1)
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         product.x[e] = u[e] - product.x[e];
-        if (in_slice(e)) target[(d0 + column_of(e)) * dv + row_of(e)] = stored_operand<kOnePass>(product.x[e]);
+        if (in_slice(e)) target[(d0 + column_of(e)) * dv + row_of(e)] = product.x[e];
         product.x[e] *= key_decay[d0 + column_of(e)];  // Δᵀ diag(e^{γ_C−γ}) for the state update
       }
-      store_a_pair(delta_rows + 2 * d0, stored_operands<kOnePass>(product), kDeltaStride);
+      store_a_pair<kOnePass>(delta_rows + 2 * d0, product, kDeltaStride);
     }
     __syncthreads();
     // Every thread stored the previous chunk's S₀ and Δ before this chunk's first barrier: the outputs may read them.
@@ -918,7 +895,7 @@ __global__ void __launch_bounds__(kScanThreads, 1)
                                       keys_first + 4 * kTile * kTokenStride, kTokenStride, kC / kPairK);
     else if (owns[0])
       mma_tile_kpaired<kOnePass>(owned[0], delta_rows, kDeltaStride, keys_first, kTokenStride, kC / kPairK);
-    store_owned(chunk + 1);
+    store_owned();
   }
   __syncthreads();
   if (tid == 0) publish_progress(progress, unsigned(chunks));
@@ -956,10 +933,10 @@ __device__ inline void scale_rows(Accumulator& acc, const float* factors) {
   for (int e = 0; e < 8; ++e) acc.x[e] *= factors[g + 8 * (e / 2 % 2)];
 }
 
-// Shared memory of the outputs: raw Q [C][ldk] (then the output tile [C][36]), P [C][C + 4], S₀ᵀ [32][ldk],
-// Δ [C][36], q factors [C].
+// Shared memory of the outputs: raw Q [C][ldk] (then the output tile [C][36]), P [C][C + 4], S₀ [kdp][36], Δ [C][36],
+// q factors [C].
 size_t output_shared_bytes(const GdnShape& s) {
-  return (size_t(kC) * stride_of(s.dk) + size_t(kC) * kChunkStride + size_t(kSliceColumns) * stride_of(s.dk) +
+  return (size_t(kC) * stride_of(s.dk) + size_t(kC) * kChunkStride + size_t(padded(s.dk)) * kSliceStride +
           size_t(kC) * kSliceStride + kC) *
          4;
 }
@@ -974,8 +951,8 @@ __global__ void __launch_bounds__(kThreads)
   const int kdp = padded(s.dk), ldk = stride_of(s.dk);
   float* qd = reinterpret_cast<float*>(shared4);  // [C][ldk]
   float* p = qd + kC * ldk;                       // [C][C + 4]
-  float* s0 = p + kC * kChunkStride;              // S₀ᵀ [32][ldk] (a column-major B operand)
-  float* delta = s0 + kSliceColumns * ldk;        // [C][36]
+  float* s0 = p + kC * kChunkStride;              // [kdp][36]
+  float* delta = s0 + kdp * kSliceStride;         // [C][36]
   float* factors = delta + kC * kSliceStride;     // [C]
   float* o = qd;  // [C][36] once every warp is done with its tiles (may run into P: at least 64·(20 + 68) floats)
   const int h = blockIdx.x, chunk = blockIdx.y, tid = threadIdx.x, warp = tid / 32;
@@ -984,7 +961,7 @@ __global__ void __launch_bounds__(kThreads)
   const size_t block = size_t(chunk) * s.heads + h, dv = size_t(s.dv);
   stage_queries(qd, ldk, kdp, factors, s, in, x, h, chunk);
   stage_tile(p, kChunkStride, kC, kC, x.p + block * kC * kC, size_t(kC), kC, kC);
-  stage_tile(s0, ldk, kSliceColumns, kdp, x.s0 + block * s.dk * dv + size_t(j0) * s.dk, size_t(s.dk), columns, s.dk);
+  stage_tile(s0, kSliceStride, kdp, kSliceColumns, x.s0 + block * s.dk * dv + j0, dv, s.dk, columns);
   stage_tile(delta, kSliceStride, kC, kSliceColumns, x.u + block * kC * dv + j0, dv, kC, columns);
   wait_copies();
   __syncthreads();
@@ -992,10 +969,10 @@ __global__ void __launch_bounds__(kThreads)
   const int r0 = warp / 2 * kTile, c0 = warp % 2 * kTile;
   Accumulator acc;
   fill(acc, 0.0f);
-  mma_tile<kOnePass, RowMajor, ColMajor, false, true>(acc, qd + r0 * ldk, ldk, s0 + c0 * ldk, ldk, kdp / kStep);
+  mma_tile<kOnePass, RowMajor, RowMajor>(acc, qd + r0 * ldk, ldk, s0 + c0, kSliceStride, kdp / kStep);
   scale_rows(acc, factors + r0);
-  mma_tile<kOnePass, RowMajor, RowMajor, true, true>(acc, p + r0 * kChunkStride, kChunkStride, delta + c0, kSliceStride,
-                                                     kC / kStep);
+  mma_tile<kOnePass, RowMajor, RowMajor, true, false>(acc, p + r0 * kChunkStride, kChunkStride, delta + c0,
+                                                      kSliceStride, kC / kStep);
   __syncthreads();  // every warp is done with Qd
   store_tile(o + r0 * kSliceStride + c0, acc, kSliceStride);
   __syncthreads();
@@ -1016,7 +993,7 @@ constexpr size_t kMaxDynamicShared = 227 * 1024;  // what a block may opt into o
 
 size_t output_norm_shared_bytes(const GdnShape& s) {
   const size_t ldq = size_t(s.dk) + 4, ldo = size_t(operand_stride_of(s.dv));
-  return std::max(kC * ldq + size_t(s.dv) * ldq + kC, size_t(kC) * kChunkStride + 2 * kC * ldo) * 4;
+  return std::max(kC * ldq + size_t(s.dk) * ldo + kC, size_t(kC) * kChunkStride + 2 * kC * ldo) * 4;
 }
 
 bool fused_output_fits(const GdnShape& s) {
@@ -1049,11 +1026,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   const GdnShape s = fixed<kRelease>(shape);
   allow_dependents();
   extern __shared__ __align__(128) float4 shared4[];
-  const int ldq = s.dk + 4, ldo = operand_stride_of(s.dv);  // S₀ᵀ: a column-major B operand; Δ a row-major one
+  const int ldq = s.dk + 4, ldo = operand_stride_of(s.dv);  // S₀ and Δ are row-major B operands
 
   float* qd = reinterpret_cast<float*>(shared4);  // phase 1: raw Q [C][dk + 4]
-  float* s0 = qd + kC * ldq;                      //          S₀ᵀ [dv][dk + 4]
-  float* factors = s0 + s.dv * ldq;               //          q factors [C]
+  float* s0 = qd + kC * ldq;                      //          S₀ [dk][dv + 8]
+  float* factors = s0 + s.dk * ldo;               //          q factors [C]
   float* p = qd;                                  // phase 2: P [C][C + 4]
   float* delta = p + kC * kChunkStride;           //          Δ [C][dv + 8], then O
   float* gate = delta + kC * ldo;                 //          z [C][dv + 8]
@@ -1062,7 +1039,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const size_t block = size_t(chunk) * s.heads + h, row_stride = size_t(s.heads) * s.dv;
   stage_queries(qd, ldq, s.dk, factors, s, in, x, h, chunk);  // the prepare kernel's, complete before the scan began
   wait_for_scan(x, h, chunk);
-  stage_tile(s0, ldq, s.dv, s.dk, x.s0 + block * s.dk * s.dv, size_t(s.dk), s.dv, s.dk);
+  stage_tile(s0, ldo, s.dk, s.dv, x.s0 + block * s.dk * s.dv, size_t(s.dv), s.dk, s.dv);
   wait_copies();
   __syncthreads();
   if constexpr (kOnePass) {  // Q rounded once here, not by each of the 8 warps that load it
@@ -1078,8 +1055,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (computes)
 #pragma unroll
     for (int r = 0; r < kC / kTile; r += 2)
-      mma_tile_pair<kOnePass, RowMajor, ColMajor, true, true>(
-          acc[r], acc[r + 1], qd + r * kTile * ldq, qd + (r + 1) * kTile * ldq, ldq, s0 + c0 * ldq, ldq, s.dk / kStep);
+      mma_tile_pair<kOnePass, RowMajor, RowMajor, true, false>(
+          acc[r], acc[r + 1], qd + r * kTile * ldq, qd + (r + 1) * kTile * ldq, ldq, s0 + c0, ldo, s.dk / kStep);
 #pragma unroll
   for (int r = 0; r < kC / kTile; ++r) scale_rows(acc[r], factors + r * kTile);
   __syncthreads();  // Q, S₀ and the factors are used up
@@ -1092,9 +1069,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (computes)
 #pragma unroll
     for (int r = 0; r < kC / kTile; r += 2)
-      mma_tile_pair<kOnePass, RowMajor, RowMajor, true, true>(acc[r], acc[r + 1], p + r * kTile * kChunkStride,
-                                                              p + (r + 1) * kTile * kChunkStride, kChunkStride,
-                                                              delta + c0, ldo, kC / kStep);
+      mma_tile_pair<kOnePass, RowMajor, RowMajor, true, false>(acc[r], acc[r + 1], p + r * kTile * kChunkStride,
+                                                               p + (r + 1) * kTile * kChunkStride, kChunkStride,
+                                                               delta + c0, ldo, kC / kStep);
   __syncthreads();  // every warp is done with Δ
   if (computes)
 #pragma unroll
