@@ -116,7 +116,13 @@ __device__ inline float round_tf32(float x) {
 }
 
 // One operand word as the products take it. 3×TF32 (kOnePass false): split into hi and lo. One pass: rounded to tf32
-// (lo unused), or passed as it is where its producer stored it rounded (kStored: the scan's operands, see the scan).
+// (lo unused), or passed as it is where its producer stored it rounded (kStored). Rounding a rounded word changes
+// nothing, so a stored operand gives the products the same words as rounding at the load, bit for bit; but a
+// rounding takes four instructions (cvt.rna.tf32 is an add, a finiteness test, a select and a mask on sm_90), and a
+// tile's words are loaded by several warps and for several products: where every reader of a tile only feeds the
+// products with it, its producer stores it rounded once (the scan's operands; in one-pass mode also the keys and
+// queries of prepare's products, A and the diagonal blocks' inverses of the solve, P and the outputs' queries). S₀ and
+// Δ, which only the outputs read, are not: storing them rounded slowed the scan (see docs/CUDA.md).
 template <bool kOnePass, bool kStored = false>
 __device__ inline Split operand(float x) {
   if constexpr (!kOnePass) return split_tf32(x);
@@ -131,19 +137,20 @@ __device__ inline float stored_operand(float x) {
   return x;
 }
 
-// The A operand of one k-step: the 16 × 8 tile at a (element (m, k) as Layout says), as `operand` takes it.
-template <bool kOnePass, typename Layout>
+// The A operand of one k-step: the 16 × 8 tile at a (element (m, k) as Layout says), as `operand` takes it (kStored:
+// the tile's producer stored it rounded, see stored_operand).
+template <bool kOnePass, typename Layout, bool kStored = false>
 __device__ inline void load_a(Split (&f)[4], const float* a, int lda) {
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     const int m = g + 8 * (e % 2), k = t + 4 * (e / 2);
-    f[e] = operand<kOnePass>(std::is_same_v<Layout, RowMajor> ? a[m * lda + k] : a[k * lda + m]);
+    f[e] = operand<kOnePass, kStored>(std::is_same_v<Layout, RowMajor> ? a[m * lda + k] : a[k * lda + m]);
   }
 }
 
 // The B operand of one k-step: the 8 × 16 tile at b (element (k, n) as Layout says); f[h]: columns 8h….
-template <bool kOnePass, typename Layout>
+template <bool kOnePass, typename Layout, bool kStored = false>
 __device__ inline void load_b(Split (&f)[2][2], const float* b, int ldb) {
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
 #pragma unroll
@@ -151,7 +158,7 @@ __device__ inline void load_b(Split (&f)[2][2], const float* b, int ldb) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int k = t + 4 * e, n = 8 * h + g;
-      f[h][e] = operand<kOnePass>(std::is_same_v<Layout, RowMajor> ? b[k * ldb + n] : b[n * ldb + k]);
+      f[h][e] = operand<kOnePass, kStored>(std::is_same_v<Layout, RowMajor> ? b[k * ldb + n] : b[n * ldb + k]);
     }
 }
 
@@ -197,8 +204,9 @@ __device__ inline int b_offset(bool rows, int k, int ld) { return rows ? k * kSt
 // acc += A B over `steps` k-steps of 8: A is 16 × 8·steps at a (layout LayoutA, stride lda), B is 8·steps × 16 at b
 // (layout LayoutB, stride ldb); one warp. 3×TF32: the hi·hi products and the two kinds of cross terms go to three
 // accumulators, so three chains of dependent mma run side by side instead of one three times as long. One pass: the
-// even and odd k-steps form two chains (`steps` is even: every k extent here is a multiple of 16).
-template <bool kOnePass, typename LayoutA, typename LayoutB>
+// even and odd k-steps form two chains (`steps` is even: every k extent here is a multiple of 16). kStoredA / kStoredB:
+// that operand's producer stored it rounded (one pass: loaded as it is; stored_operand).
+template <bool kOnePass, typename LayoutA, typename LayoutB, bool kStoredA = false, bool kStoredB = false>
 __device__ inline void mma_tile(Accumulator& acc, const float* a, int lda, const float* b, int ldb, int steps) {
   constexpr bool a_rows = std::is_same_v<LayoutA, RowMajor>, b_rows = std::is_same_v<LayoutB, RowMajor>;
   Accumulator lo_hi, hi_lo;
@@ -209,8 +217,8 @@ __device__ inline void mma_tile(Accumulator& acc, const float* a, int lda, const
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         Split a_frag[4], b_frag[2][2];
-        load_a<true, LayoutA>(a_frag, a + a_offset(a_rows, k + j, lda), lda);
-        load_b<true, LayoutB>(b_frag, b + b_offset(b_rows, k + j, ldb), ldb);
+        load_a<true, LayoutA, kStoredA>(a_frag, a + a_offset(a_rows, k + j, lda), lda);
+        load_b<true, LayoutB, kStoredB>(b_frag, b + b_offset(b_rows, k + j, ldb), ldb);
         mma_step<true>(j == 0 ? acc : lo_hi, hi_lo, hi_lo, a_frag, b_frag);
       }
   } else {
@@ -227,7 +235,7 @@ __device__ inline void mma_tile(Accumulator& acc, const float* a, int lda, const
 
 // first += A₀ B and second += A₁ B (as mma_tile; A₀ at a0, A₁ at a1, one B): two independent tiles interleaved, B
 // loaded (and split) once.
-template <bool kOnePass, typename LayoutA, typename LayoutB>
+template <bool kOnePass, typename LayoutA, typename LayoutB, bool kStoredA = false, bool kStoredB = false>
 __device__ inline void mma_tile_pair(Accumulator& first, Accumulator& second, const float* a0, const float* a1, int lda,
                                      const float* b, int ldb, int steps) {
   constexpr bool a_rows = std::is_same_v<LayoutA, RowMajor>, b_rows = std::is_same_v<LayoutB, RowMajor>;
@@ -236,9 +244,9 @@ __device__ inline void mma_tile_pair(Accumulator& first, Accumulator& second, co
 #pragma unroll 2
   for (int k = 0; k < steps; ++k) {
     Split a0_frag[4], a1_frag[4], b_frag[2][2];
-    load_b<kOnePass, LayoutB>(b_frag, b + b_offset(b_rows, k, ldb), ldb);
-    load_a<kOnePass, LayoutA>(a0_frag, a0 + a_offset(a_rows, k, lda), lda);
-    load_a<kOnePass, LayoutA>(a1_frag, a1 + a_offset(a_rows, k, lda), lda);
+    load_b<kOnePass, LayoutB, kStoredB>(b_frag, b + b_offset(b_rows, k, ldb), ldb);
+    load_a<kOnePass, LayoutA, kStoredA>(a0_frag, a0 + a_offset(a_rows, k, lda), lda);
+    load_a<kOnePass, LayoutA, kStoredA>(a1_frag, a1 + a_offset(a_rows, k, lda), lda);
     mma_step<kOnePass>(first, lo_hi0, hi_lo0, a0_frag, b_frag);
     mma_step<kOnePass>(second, lo_hi1, hi_lo1, a1_frag, b_frag);
   }
@@ -418,7 +426,9 @@ ChunkScratch chunk_scratch(const GdnShape& s, int rows, float* base, size_t* tot
 // inverses[r0 + i][r0 + column] = ((I + A_bb)⁻¹)[i][column] for the unit lower triangular diagonal block b at rows
 // and columns r0 … r0 + 15 of A (row stride kChunkStride); lane `column` (< 16) of a warp solves (I + A_bb) x =
 // e_column by forward substitution (x[c] = 0 for c < column falls out of the sums, so no lane branches). Lanes 0–15
-// call it together; inverses may be A itself (the inverse overwrites the block: every lane has read it first).
+// call it together; inverses may be A itself (the inverse overwrites the block: every lane has read it first). The
+// inverses are stored as the solve's products take them (stored_operand): nothing else reads them.
+template <bool kOnePass>
 __device__ inline void invert_diagonal_block(float* inverses, const float* a, int r0, int column) {
   float x[kTile];
 #pragma unroll
@@ -436,7 +446,7 @@ __device__ inline void invert_diagonal_block(float* inverses, const float* a, in
   }
   __syncwarp(0xffffu);
 #pragma unroll
-  for (int i = 0; i < kTile; ++i) inverses[(r0 + i) * kChunkStride + r0 + column] = x[i];
+  for (int i = 0; i < kTile; ++i) inverses[(r0 + i) * kChunkStride + r0 + column] = stored_operand<kOnePass>(x[i]);
 }
 
 // The inclusive cumulative sum of the 64 log decays at gamma, in place, by one warp (two a lane).
@@ -471,6 +481,45 @@ size_t prepare_shared_bytes(const GdnShape& s, int group) {
 // latencies between its barriers, so more warps each do less.
 constexpr int kPrepareThreads = 512;
 constexpr int kPrepareWarps = kPrepareThreads / 32;
+
+// target[t·width + e] = convert(tile[t·ld + e]) for the chunk's rows t < C and e < width, by a prepare block: whole
+// float4s where the widths and the target allow it (the release: four loads, roundings and stores in one; with one
+// float a thread, the index and 64-bit address arithmetic took ~12 instructions an element in an issue-bound kernel).
+template <typename Convert>
+__device__ inline void write_rows(float* target, const float* tile, int ld, int width, Convert convert) {
+  if (width % 4 == 0 && ld % 4 == 0 && reinterpret_cast<uintptr_t>(target) % 16 == 0) {
+    for (unsigned e = 4 * threadIdx.x; e < unsigned(kC * width); e += 4 * blockDim.x) {
+      const float4 x = *reinterpret_cast<const float4*>(tile + e / width * ld + e % width);
+      *reinterpret_cast<float4*>(target + e) = make_float4(convert(x.x), convert(x.y), convert(x.z), convert(x.w));
+    }
+    return;
+  }
+  for (unsigned e = threadIdx.x; e < unsigned(kC * width); e += blockDim.x)
+    target[e] = convert(tile[e / width * ld + e % width]);
+}
+
+// keys_out[i·C + t] = keys[t·ld + i] at the release's dk = 128 (512 threads: one 4 × 4 block of tokens and keys
+// each): four float4 loads, a transpose in registers and four float4 stores. A quarter warp's loads (token quads 2m,
+// 2m + 1 and four key quads: rows 16 mod 32 banks apart) cover the 32 banks once; a warp's stores are 16 rows of 32
+// bytes.
+__device__ inline void transpose_keys(float* keys_out, const float* keys, int ld) {
+  static_assert(kPrepareThreads == kC / 4 * (kReleaseDim / 4));
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int token = 4 * (warp % 8 * 2 + lane % 2), key = 4 * (warp / 8 * 16 + lane / 2);
+  float rows[4][4];
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const float4 x = *reinterpret_cast<const float4*>(keys + (token + r) * ld + key);
+    rows[r][0] = x.x;
+    rows[r][1] = x.y;
+    rows[r][2] = x.z;
+    rows[r][3] = x.w;
+  }
+#pragma unroll
+  for (int c = 0; c < 4; ++c)
+    *reinterpret_cast<float4*>(keys_out + (key + c) * kC + token) =
+        make_float4(rows[0][c], rows[1][c], rows[2][c], rows[3][c]);
+}
 
 // Phase 1, once a group: q and k rows staged and l2-normalised, every value head's γ and β, K Kᵀ and Q Kᵀ, the
 // normalised keys to the scratch (by one block of the key head); then for each value head its P, key and q factors and
@@ -537,9 +586,9 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
       q_factor[t] = q_norm;
       k_factor[t] = k_norm;
     }
-    for (int i = lane; i < s.dk; i += 32) {
-      queries[t * ldk + i] *= q_norm;
-      keys[t * ldk + i] *= k_norm;
+    for (int i = lane; i < s.dk; i += 32) {  // (one pass: stored rounded; phase 2 restages the keys in fp32)
+      queries[t * ldk + i] = stored_operand<kOnePass>(queries[t * ldk + i] * q_norm);
+      keys[t * ldk + i] = stored_operand<kOnePass>(keys[t * ldk + i] * k_norm);
     }
   }
   __syncthreads();
@@ -552,22 +601,25 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
     const int r0 = row * kTile, c0 = (lower - row * (row + 1) / 2) * kTile;
     Accumulator acc;
     fill(acc, 0.0f);
-    mma_tile<kOnePass, RowMajor, ColMajor>(acc, (q_rows_tile ? queries : keys) + r0 * ldk, ldk, keys + c0 * ldk, ldk,
-                                           kdp / kStep);
+    mma_tile<kOnePass, RowMajor, ColMajor, true, true>(acc, (q_rows_tile ? queries : keys) + r0 * ldk, ldk,
+                                                       keys + c0 * ldk, ldk, kdp / kStep);
     store_tile((q_rows_tile ? qk : kk) + r0 * kChunkStride + c0, acc, kChunkStride);
   }
   __syncthreads();
 
-  // The normalised keys transposed, [dk][C] (the scan reads them k-contiguous), once a key head: a warp's 32
-  // elements are keys 4q … 4q + 3 of 8 tokens, on 32 banks in the keys tile (rows 4 mod 32 floats apart) and four
-  // 32-byte pieces in the scratch.
+  // The normalised keys transposed, [dk][C] (the scan reads them k-contiguous), once a key head, as the scan's
+  // products take them (in one-pass mode the keys tile holds them rounded already).
   if (first_head % value_heads_per_key_head(s) == 0) {
-    static_assert(kPrepareThreads / 4 % kC == 0);
-    const int key_quads = (s.dk + 3) / 4, token = tid / 4 % kC;
     float* keys_out = x.keys + (size_t(chunk) * s.key_heads + key_head) * kC * s.dk;
-    for (int e = tid; e < key_quads * 4 * kC; e += kPrepareThreads) {
-      const int i = e / (4 * kC) * 4 + e % 4;
-      if (i < s.dk) keys_out[i * kC + token] = stored_operand<kOnePass>(keys[token * ldk + i]);
+    if constexpr (kRelease)
+      transpose_keys(keys_out, keys, ldk);
+    else {  // a warp's 32 elements: keys 4q … 4q + 3 of 8 tokens (32 banks; four 32-byte pieces in the scratch)
+      static_assert(kPrepareThreads / 4 % kC == 0);
+      const int key_quads = (s.dk + 3) / 4, token = tid / 4 % kC;
+      for (int e = tid; e < key_quads * 4 * kC; e += kPrepareThreads) {
+        const int i = e / (4 * kC) * 4 + e % 4;
+        if (i < s.dk) keys_out[i * kC + token] = keys[token * ldk + i];
+      }
     }
   }
   // Each value head's P (decayed and masked), the keys' factors e^{γ_C−γ_t}, Qd's row factors and the chunk's decay.
@@ -578,7 +630,7 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
     for (unsigned e = tid; e < kC * kC; e += kPrepareThreads) {
       const int t = e / kC, u = e % kC;
       const float decay = u <= t ? expf(gamma[t] - gamma[u]) : 0.0f;
-      p[e] = u <= t ? decay * qk[t * kChunkStride + u] : 0.0f;
+      p[e] = u <= t ? stored_operand<kOnePass>(decay * qk[t * kChunkStride + u]) : 0.0f;
     }
     const float gamma_end = gamma[kC - 1];
     if (tid < kC) {
@@ -594,24 +646,29 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
     const float *gamma = gammas + head * kC, *beta = betas + head * kC;
     const size_t block = size_t(chunk) * s.heads + h;
     // The right-hand sides [diag(β e^γ) K | diag(β) V] (zero past the input: β = 0 there). V, and past the first
-    // value head the raw k rows again (from L2: this block read them), load by cp.async while A is formed.
+    // value head (in one-pass mode also for it: phase 1 left the keys rounded) the raw k rows again (from L2: this
+    // block read them), load by cp.async while A is formed.
+    const bool restage_keys = kOnePass || head > 0;
     stage_tile(values, ldv, kC, vdp, in.qkv + size_t(t0) * s.conv_dim + 2 * s.key_dim + h * s.dv, size_t(s.conv_dim), n,
                s.dv);
-    if (head > 0) stage_tile(keys, ldk, kC, kdp, k_rows, size_t(s.conv_dim), n, s.dk);
+    if (restage_keys) stage_tile(keys, ldk, kC, kdp, k_rows, size_t(s.conv_dim), n, s.dk);
     __pipeline_commit();
+    // A, stored as the solve's products take it outside the diagonal blocks (only they read it there; the inversion
+    // reads the diagonal blocks).
     for (unsigned e = tid; e < kC * kC; e += kPrepareThreads) {
       const int t = e / kC, u = e % kC;
-      a[t * kChunkStride + u] = u < t ? beta[t] * expf(gamma[t] - gamma[u]) * kk[t * kChunkStride + u] : 0.0f;
+      const float value = u < t ? beta[t] * expf(gamma[t] - gamma[u]) * kk[t * kChunkStride + u] : 0.0f;
+      a[t * kChunkStride + u] = t / kTile == u / kTile ? value : stored_operand<kOnePass>(value);
     }
     __pipeline_wait_prior(0);
     __syncthreads();
     // Four warps invert the diagonal blocks of I + A in place while the others scale the right-hand sides.
     if (warp >= kPrepareWarps - kC / kTile && lane < kTile)
-      invert_diagonal_block(a, a, (warp - (kPrepareWarps - kC / kTile)) * kTile, lane);
+      invert_diagonal_block<kOnePass>(a, a, (warp - (kPrepareWarps - kC / kTile)) * kTile, lane);
     for (int t = warp; t < kC; t += kPrepareWarps) {
       const float scale = beta[t] * expf(gamma[t]), norm = k_factor[t];
       for (int i = lane; i < kdp; i += 32) {
-        const float key = head > 0 ? keys[t * ldk + i] * norm : keys[t * ldk + i];  // normalised as in phase 1
+        const float key = restage_keys ? keys[t * ldk + i] * norm : keys[t * ldk + i];  // normalised as in phase 1
         keys[t * ldk + i] = key * scale;
       }
     }
@@ -631,7 +688,8 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
         if (r0 > 0) {
           Accumulator solved, rest;
           fill(solved, 0.0f);
-          mma_tile<kOnePass, RowMajor, RowMajor>(solved, a + r0 * kChunkStride, kChunkStride, rhs, ld, r0 / kStep);
+          mma_tile<kOnePass, RowMajor, RowMajor, true>(solved, a + r0 * kChunkStride, kChunkStride, rhs, ld,
+                                                       r0 / kStep);
           load_tile(rest, rhs + r0 * ld, ld);
 #pragma unroll
           for (int e = 0; e < 8; ++e) rest.x[e] -= solved.x[e];
@@ -640,8 +698,8 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
         }
         Accumulator solution;
         fill(solution, 0.0f);
-        mma_tile<kOnePass, RowMajor, RowMajor>(solution, a + r0 * kChunkStride + r0, kChunkStride, rhs + r0 * ld, ld,
-                                               kTile / kStep);
+        mma_tile<kOnePass, RowMajor, RowMajor, true>(solution, a + r0 * kChunkStride + r0, kChunkStride, rhs + r0 * ld,
+                                                     ld, kTile / kStep);
         __syncwarp();  // every lane has read the block before it is overwritten
         store_tile(rhs + r0 * ld, solution, ld);
         __syncwarp();
@@ -649,11 +707,8 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
     }
     __syncthreads();
 
-    float* w_out = x.w + block * kC * s.dk;
-    for (unsigned e = tid; e < unsigned(kC * s.dk); e += kPrepareThreads)
-      w_out[e] = stored_operand<kOnePass>(keys[e / s.dk * ldk + e % s.dk]);
-    float* u_out = x.u + block * kC * s.dv;
-    for (unsigned e = tid; e < unsigned(kC * s.dv); e += kPrepareThreads) u_out[e] = values[e / s.dv * ldv + e % s.dv];
+    write_rows(x.w + block * kC * s.dk, keys, ldk, s.dk, [](float w) { return stored_operand<kOnePass>(w); });
+    write_rows(x.u + block * kC * s.dv, values, ldv, s.dv, [](float u) { return u; });
     if (head + 1 < group) __syncthreads();  // the next value head restages the keys and values and forms its A
   }
 }
@@ -862,6 +917,15 @@ __device__ inline void stage_queries(float* tile, int ld, int tile_width, float*
   stage_tile(factors, kC, 1, kC, x.q_factor + (size_t(chunk) * s.heads + h) * kC, size_t(kC), 1, kC);
 }
 
+// tile[t][c] = round_tf32(tile[t][c]) for t < rows, c < width (a multiple of 4; rows 16-byte aligned), by the block.
+__device__ inline void round_in_place(float* tile, int ld, int rows, int width) {
+  for (int e = 4 * threadIdx.x; e < rows * width; e += 4 * blockDim.x) {
+    float4* words = reinterpret_cast<float4*>(tile + e / width * ld + e % width);
+    const float4 x = *words;
+    *words = make_float4(round_tf32(x.x), round_tf32(x.y), round_tf32(x.z), round_tf32(x.w));
+  }
+}
+
 // Rows g and g + 8 of a tile whose rows start at factors: acc (the product with raw q rows) becomes Qd's.
 __device__ inline void scale_rows(Accumulator& acc, const float* factors) {
   const int g = threadIdx.x % 32 / 4;
@@ -907,8 +971,8 @@ __global__ void __launch_bounds__(kThreads)
   fill(acc, 0.0f);
   mma_tile<kOnePass, RowMajor, RowMajor>(acc, qd + r0 * ldk, ldk, s0 + c0, kSliceStride, kdp / kStep);
   scale_rows(acc, factors + r0);
-  mma_tile<kOnePass, RowMajor, RowMajor>(acc, p + r0 * kChunkStride, kChunkStride, delta + c0, kSliceStride,
-                                         kC / kStep);
+  mma_tile<kOnePass, RowMajor, RowMajor, true, false>(acc, p + r0 * kChunkStride, kChunkStride, delta + c0,
+                                                      kSliceStride, kC / kStep);
   __syncthreads();  // every warp is done with Qd
   store_tile(o + r0 * kSliceStride + c0, acc, kSliceStride);
   __syncthreads();
@@ -978,6 +1042,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   stage_tile(s0, ldo, s.dk, s.dv, x.s0 + block * s.dk * s.dv, size_t(s.dv), s.dk, s.dv);
   wait_copies();
   __syncthreads();
+  if constexpr (kOnePass) {  // Q rounded once here, not by each of the 8 warps that load it
+    round_in_place(qd, ldq, kC, s.dk);
+    __syncthreads();
+  }
 
   const bool computes = warp < s.dv / kTile;
   const int c0 = warp * kTile;
@@ -987,8 +1055,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (computes)
 #pragma unroll
     for (int r = 0; r < kC / kTile; r += 2)
-      mma_tile_pair<kOnePass, RowMajor, RowMajor>(acc[r], acc[r + 1], qd + r * kTile * ldq, qd + (r + 1) * kTile * ldq,
-                                                  ldq, s0 + c0, ldo, s.dk / kStep);
+      mma_tile_pair<kOnePass, RowMajor, RowMajor, true, false>(
+          acc[r], acc[r + 1], qd + r * kTile * ldq, qd + (r + 1) * kTile * ldq, ldq, s0 + c0, ldo, s.dk / kStep);
 #pragma unroll
   for (int r = 0; r < kC / kTile; ++r) scale_rows(acc[r], factors + r * kTile);
   __syncthreads();  // Q, S₀ and the factors are used up
@@ -1001,9 +1069,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (computes)
 #pragma unroll
     for (int r = 0; r < kC / kTile; r += 2)
-      mma_tile_pair<kOnePass, RowMajor, RowMajor>(acc[r], acc[r + 1], p + r * kTile * kChunkStride,
-                                                  p + (r + 1) * kTile * kChunkStride, kChunkStride, delta + c0, ldo,
-                                                  kC / kStep);
+      mma_tile_pair<kOnePass, RowMajor, RowMajor, true, false>(acc[r], acc[r + 1], p + r * kTile * kChunkStride,
+                                                               p + (r + 1) * kTile * kChunkStride, kChunkStride,
+                                                               delta + c0, ldo, kC / kStep);
   __syncthreads();  // every warp is done with Δ
   if (computes)
 #pragma unroll

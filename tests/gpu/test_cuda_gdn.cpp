@@ -527,6 +527,21 @@ TEST(CudaGdn, ChunkedPrefillOnePassTf32OfManyChunksMatchesRecurrence) {
   expect_prefill_matches_reference(s, random_inputs(s, rows, rng, true), rows, kOnePass);
 }
 
+// The outputs with the gated norm fused at head dimensions other than the release's (dk and dv multiples of 16, dv ≤
+// 128: the fused kernel's any-shape instantiation, which the shapes above do not reach: the small ones take the
+// 32-column outputs and a separate norm): two chunks and four (both ending in a partial chunk; both output gates),
+// both precisions.
+TEST(CudaGdn, ChunkedPrefillOfFusedOutputsAtOtherWidthsMatchesRecurrence) {
+  std::mt19937 rng(14);
+  const GdnShape s = shape_of(4, 2, 32, 64);
+  for (PrefillCheck check : {PrefillCheck{}, kOnePass})
+    for (int rows : {100, 255}) {
+      SCOPED_TRACE(testing::Message() << "rows " << rows << " one pass "
+                                      << (check.products == cuda::GdnProducts::Tf32));
+      expect_prefill_matches_reference(s, random_inputs(s, rows, rng, rows % 2 == 0), rows, check);
+    }
+}
+
 // The prepare kernel's blocks take a key head's value heads together (looping over them: their β, decays and V
 // differ, q and k are shared) or one value head each; both, forced, with key heads of 6 value heads at the release's
 // head dimensions (two chunks, the second partial) and of 12 at a small shape (the outputs' unfused path), against
