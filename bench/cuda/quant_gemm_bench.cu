@@ -1,9 +1,9 @@
-// The prefill's dense quantized products (src/cuda/quant_gemm.cu) alone, at Flash-Next's shapes and a chunk of 512
-// rows (or the row count given), cut both ways: warp tiles (a warp decodes its 16 rows once per 16 activation rows)
-// and block tiles (a block decodes 128 rows once per 64 activation rows into shared memory). For each shape: µs a
-// product (the fastest of kRepeats runs of kLaunches back-to-back launches), the tensor-core rate it reaches (2 mma
-// products a multiply: hi and lo halves), and whether the two cuts gave the same bits (they must); first the rate
-// of mma.sync itself with no memory traffic (the ceiling of both cuts).
+// The prefill's dense quantized products (src/cuda/quant_gemm.cu) alone, at Flash-Next's shapes and a chunk of 512 rows
+// (or the row count given), cut both ways: warp tiles (a warp decodes its 16 rows once per 16 activation rows) and
+// block tiles (a block of 64 activation rows decodes each of its matrix rows once: the form and shape the build's knobs
+// choose, quant_gemm.cu). For each shape: µs a product (the fastest of kRepeats runs of kLaunches back-to-back
+// launches), the tensor-core rate it reaches (2 mma products a multiply: hi and lo halves), and whether the two cuts
+// gave the same bits (they must); first the rate of mma.sync itself with no memory traffic (the ceiling of both cuts).
 // Usage: quant_gemm_bench OUT.json [ROWS]
 #include <cuda_runtime.h>
 

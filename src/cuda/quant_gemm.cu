@@ -232,13 +232,15 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Block tiles (dense products of many rows): a block owns 128 matrix rows × 64 activation rows and walks the columns
-// one group of 64 at a time. Each group's weights are decoded ONCE a block into shared memory as mma A fragments
-// (warp w decodes m-tile w exactly as quant_gemm_kernel's warps do) and its activations are split into fp16 hi/lo B
-// fragments once a block (split_activations, as stage_fragments); every warp then multiplies 2 m-tiles × 8 n-tiles
-// (32 matrix rows × 32 activation rows) from shared memory. The next group's codes are loaded at a step's top and
-// decoded into the other of two shared stages after its products; its activations were copied (cp.async) a step
-// earlier, so no load waits; one barrier a group.
+// Block tiles (dense products of many rows). The default is the register-A form further below (256 matrix rows × 64
+// activation rows a block, each warp decoding its own 64 rows into registers); first the shared-A form, in its
+// 128 × 64 shape: a block owns 128 matrix rows × 64 activation rows and walks the columns one group of 64 at a time.
+// Each group's weights are decoded ONCE a block into shared memory as mma A fragments (warp w decodes m-tile w exactly
+// as quant_gemm_kernel's warps do) and its activations are split into fp16 hi/lo B fragments once a block
+// (split_activations, as stage_fragments); every warp then multiplies 2 m-tiles × 8 n-tiles (32 matrix rows × 32
+// activation rows) from shared memory. The next group's codes are loaded at a step's top and decoded into the other of
+// two shared stages after its products; its activations were copied (cp.async) a step earlier, so no load waits; one
+// barrier a group.
 //
 // Every output is the same sum as quant_gemm_kernel's: per group the same four chained mma steps with the same
 // k-slot → column map from zero, then acc = fma(hi + lo, scale·2^e, fma(bias, Σx, acc)), groups in order. So the
@@ -249,18 +251,18 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
 // register-A form below (each warp decodes its own m-tiles into registers; only the activations go through shared
 // memory). Measured at 512 rows on the H200 (bench/results/2026-12-01-h200-quant-gemm-tiled-s10.json), in_qkv: warp
 // tiles 400 µs, these defaults 378, 256-row blocks with 4 m-tiles a warp 306, the same in the register-A form 289
-// (1 block of 8 warps at 255 registers an SM). The defaults are the form whose tests ran on the device this session.
+// (1 block of 8 warps at 255 registers an SM). The defaults are that fastest form.
 #ifndef VAVILOV_TILED_MTILES
-#define VAVILOV_TILED_MTILES 8
+#define VAVILOV_TILED_MTILES 16
 #endif
 #ifndef VAVILOV_TILED_TOKENS
 #define VAVILOV_TILED_TOKENS 64
 #endif
 #ifndef VAVILOV_TILED_WARP_MTILES
-#define VAVILOV_TILED_WARP_MTILES 2
+#define VAVILOV_TILED_WARP_MTILES 4
 #endif
 #ifndef VAVILOV_TILED_REGISTER_A
-#define VAVILOV_TILED_REGISTER_A 0
+#define VAVILOV_TILED_REGISTER_A 1
 #endif
 constexpr int kTiledMTiles = VAVILOV_TILED_MTILES;    // 16-row m-tiles of a block: one a decoding warp
 constexpr int kTiledRows = kTiledMTiles * kTileRows;  // matrix rows of a block
@@ -374,7 +376,8 @@ struct TiledWeights {
   float4 f[kWarpMTiles];
 };
 
-__device__ __forceinline__ void tiled_weights(TiledWeights& w, const TiledStage& stage, int warp, int lane) {
+template <typename Stage>
+__device__ __forceinline__ void tiled_weights(TiledWeights& w, const Stage& stage, int warp, int lane) {
   const int first_m = (warp % kWarpsAlongM) * kWarpMTiles;
 #pragma unroll
   for (int m = 0; m < kWarpMTiles; ++m) {
@@ -568,7 +571,12 @@ __global__ void __launch_bounds__(kTiledWarps * 32, 1)
 template <int Bits>
 cudaError_t launch_tiled(const DeviceMatrix& w, const float* x, int x_rows, float* y, cudaStream_t stream) {
   constexpr bool register_a = VAVILOV_TILED_REGISTER_A;
-  const auto kernel = register_a ? quant_gemm_tiled_ra_kernel<Bits> : quant_gemm_tiled_kernel<Bits>;
+  const auto kernel = [] {  // only the chosen form is instantiated
+    if constexpr (register_a)
+      return quant_gemm_tiled_ra_kernel<Bits>;
+    else
+      return quant_gemm_tiled_kernel<Bits>;
+  }();
   const size_t shared = register_a ? kTiledRegisterAShared : kTiledShared;
   static const cudaError_t allowed =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared));
@@ -599,13 +607,13 @@ int multiprocessor_count() {
   return multiprocessors;
 }
 
-// The automatic choice: block tiles where a chunk has enough rows for whole tiles and at least three blocks a
-// multiprocessor (1.5 rounds of resident blocks); the warp tiles, which slice the rows finer, elsewhere. Measured at
-// 512 rows on the H200 (bench/results/2026-12-01-h200-quant-gemm-tiled-s10.json): with fewer blocks the last round's
-// idle multiprocessors cost more than the block tiles save (GDN out, 160 blocks; in_z, 384, breaks even).
+// The automatic choice: block tiles where a chunk has enough rows for whole tiles and at least one block for every
+// two multiprocessors; the warp tiles, which slice the rows finer, elsewhere. Measured at 512 rows on the H200
+// (bench/results/2026-12-01-h200-quant-gemm-tiled-s10.json, register-A 256 × 64 blocks): faster from 80 blocks up
+// (GDN out, attention o, shared down), slower at 16–24 (mix_down, attention k/v, shared gate/up).
 bool block_tiles_pay(const DeviceMatrix& w, int x_rows) {
   const int blocks = (w.rows + kTiledRows - 1) / kTiledRows * ((x_rows + kTiledTokens - 1) / kTiledTokens);
-  return x_rows >= kTiledTokens && blocks >= 3 * multiprocessor_count();
+  return x_rows >= kTiledTokens && 2 * blocks >= multiprocessor_count();
 }
 
 template <int Bits>

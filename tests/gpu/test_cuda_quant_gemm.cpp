@@ -136,9 +136,9 @@ double worst_dense_error(const TestMatrix& w, const std::vector<float>& x, int x
   return worst;
 }
 
-// The block tiles (128 matrix rows × 64 activation rows a block): a partial row block (200 = 128 + 72 rows, 72 not a
-// multiple of 16), partial activation-row blocks (1, 100, 130 rows), one whole (64) and the pipeline's edges (2
-// groups: one step ahead only once; 1 group: none), every format.
+// The block tiles (256 matrix rows × 64 activation rows a block, 64 rows a warp): partial row blocks (200 and 136
+// rows: a warp with half an m-tile, warps with no rows), one whole (256), partial activation-row blocks (1, 100, 130
+// rows), one whole (64) and the pipeline's edges (2 groups: one step ahead only once; 1 group: none), every format.
 TEST(CudaQuantGemm, BlockTilesMatchDoublePrecision) {
   struct Shape {
     int rows_out, cols;
@@ -173,8 +173,8 @@ TEST(CudaQuantGemm, BlockTilesGiveTheWarpTilesBits) {
   }
 }
 
-// A chunk large enough for the automatic choice to take block tiles on the H200 (10240 rows: 80 row blocks × 5
-// activation-row blocks ≥ 3 × 132 multiprocessors) matches double precision.
+// A chunk large enough for the automatic choice to take block tiles on the H200 (10240 rows: 40 row blocks × 5
+// activation-row blocks ≥ 132 / 2 multiprocessors) matches double precision.
 TEST(CudaQuantGemm, AutomaticChoiceOfManyRowsMatchesDoublePrecision) {
   constexpr int kRowsOut = 10240, kCols = 128, kRows = 300;
   std::mt19937 rng(28);
