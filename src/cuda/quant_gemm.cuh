@@ -22,9 +22,17 @@ bool quant_gemm_takes(WeightFormat format);
 bool quant_gemm_reads(const DeviceMatrix& m);
 bool quant_gemm_reads_all(const DeviceMatrix* device, int count, WeightFormat format, int rows, int cols);
 
+// How the dense form cuts the product: warp tiles (a warp owns 16 matrix rows and walks all columns for slices of up
+// to 16 activation rows, decoding its weights once a slice) or block tiles (a block owns 256 matrix rows × 64
+// activation rows, which it splits once into shared memory; each warp decodes its 64 matrix rows once for them and
+// multiplies 64 × 32 sub-tiles). Both give the same bits; automatic takes block tiles where they fill the GPU
+// (quant_gemm.cu's block_tiles_pay). The explicit choices are for tests and benchmarks.
+enum class QuantGemmTiles { automatic, warp, block };
+
 // y[r, :] = W · x[r, :] for r < x_rows. cudaErrorInvalidValue when !quant_gemm_reads(w) or x is not 16-byte
 // aligned (nothing is launched: the caller takes another path); otherwise the launch's status.
-cudaError_t quant_gemm(const DeviceMatrix& w, const float* x, int x_rows, float* y, cudaStream_t stream);
+cudaError_t quant_gemm(const DeviceMatrix& w, const float* x, int x_rows, float* y, cudaStream_t stream,
+                       QuantGemmTiles tiles = QuantGemmTiles::automatic);
 
 // For every expert e < experts_count with counts[e] > 0: y[offsets[e] + i, :] = E[e] · x[offsets[e] + i, :] for
 // i < counts[e], where `experts` is a device array of matrices of one format and shape rows_out × cols that

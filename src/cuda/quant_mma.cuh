@@ -130,6 +130,36 @@ constexpr size_t quant_shared_bytes(int groups, int batch) {
   return size_t(groups) * batch * (2 * 8 * sizeof(uint4) + sizeof(float2)) + kUnroll * sizeof(float2);
 }
 
+// Lane t's 16 columns x of one (batch row, group) item as fp16 hi and lo halves, registers p holding columns
+// pair_column(Bits, p, 0 / 1), and the item's terms: the sum of the group's activations and the power of two that
+// undoes their scaling. The four lanes t of an item are consecutive lanes and call this together (shuffles), as do
+// all lanes of the warp.
+template <int Bits>
+__device__ inline float2 split_activations(const float (&x)[16], uint32_t (&hi)[8], uint32_t (&lo)[8]) {
+  float peak = 0.0f, sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) peak = fmaxf(peak, fabsf(x[i])), sum += x[i];
+#pragma unroll
+  for (int offset = 1; offset < 4; offset <<= 1) {
+    peak = fmaxf(peak, __shfl_xor_sync(0xffffffffu, peak, offset));
+    sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  }
+  // Scale the group's peak into [2^14, 2^15): inside fp16's range, and lo stays a normal number for |x'| ≥ 1/8.
+  // Both 2^-e and 2^e stay normal floats for every finite peak.
+  const int peak_exponent = int((__float_as_uint(peak) >> 23) & 0xffu) - 127;
+  const int exponent = peak > 0.0f ? min(max(peak_exponent - 14, -126), 113) : 0;
+  const float down = __uint_as_float(uint32_t(127 - exponent) << 23);
+#pragma unroll
+  for (int p = 0; p < 8; ++p) {
+    const float first = x[pair_column(Bits, p, 0)] * down, second = x[pair_column(Bits, p, 1)] * down;
+    const __half2 h = __floats2half2_rn(first, second);
+    const float2 rounded = __half22float2(h);
+    hi[p] = as_bits(h);
+    lo[p] = as_bits(__floats2half2_rn(first - rounded.x, second - rounded.y));
+  }
+  return make_float2(sum, __uint_as_float(uint32_t(127 + exponent) << 23));
+}
+
 // The staging of activations into mma B fragments (the layout the comment above describes), by thread `index` of
 // `count` (whole warps, every one of them calling): items index, index + count, ... . load(b, group, t, x) fills x
 // with columns 16t..16t+15 of `group` for batch row b (activations read from memory, or computed on the fly: a norm,
@@ -145,36 +175,16 @@ __device__ void stage_fragments(int groups, const Load& load, uint4* fragments, 
     const bool active = item < items;
     float x[16] = {};
     if (active) load(b, group, t, x);
-    float peak = 0.0f, sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) peak = fmaxf(peak, fabsf(x[i])), sum += x[i];
-#pragma unroll
-    for (int offset = 1; offset < 4; offset <<= 1) {
-      peak = fmaxf(peak, __shfl_xor_sync(0xffffffffu, peak, offset));
-      sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    }
-    if (!active) continue;
-    // Scale the group's peak into [2^14, 2^15): inside fp16's range, and lo stays a normal number for |x'| ≥ 1/8.
-    // Both 2^-e and 2^e stay normal floats for every finite peak.
-    const int peak_exponent = int((__float_as_uint(peak) >> 23) & 0xffu) - 127;
-    const int exponent = peak > 0.0f ? min(max(peak_exponent - 14, -126), 113) : 0;
-    const float down = __uint_as_float(uint32_t(127 - exponent) << 23);
     uint32_t hi[8], lo[8];
-#pragma unroll
-    for (int p = 0; p < 8; ++p) {
-      const float first = x[pair_column(Bits, p, 0)] * down, second = x[pair_column(Bits, p, 1)] * down;
-      const __half2 h = __floats2half2_rn(first, second);
-      const float2 rounded = __half22float2(h);
-      hi[p] = as_bits(h);
-      lo[p] = as_bits(__floats2half2_rn(first - rounded.x, second - rounded.y));
-    }
+    const float2 terms = split_activations<Bits>(x, hi, lo);
+    if (!active) continue;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       uint4* entry = fragments + (size_t(group) * 2 + half) * 8 * B + 4 * (2 * b) + t;
       entry[0] = make_uint4(hi[4 * half], hi[4 * half + 1], hi[4 * half + 2], hi[4 * half + 3]);
       entry[4] = make_uint4(lo[4 * half], lo[4 * half + 1], lo[4 * half + 2], lo[4 * half + 3]);
     }
-    if (t == 0) group_terms[b * groups + group] = make_float2(sum, __uint_as_float(uint32_t(127 + exponent) << 23));
+    if (t == 0) group_terms[b * groups + group] = terms;
   }
 }
 

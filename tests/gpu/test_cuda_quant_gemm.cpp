@@ -107,11 +107,82 @@ TEST(CudaQuantGemm, RowResultsDoNotDependOnTheExpertsOtherRows) {
   EXPECT_EQ(std::memcmp(y_alone.data(), y_many.data() + 20 * kRowsOut, kRowsOut * sizeof(float)), 0);
 }
 
-// y = W · x by the dense form, copied to the host.
-std::vector<float> dense(DeviceMemory& memory, const TestMatrix& w, const std::vector<float>& x, int x_rows) {
-  float* y = memory.zeros<float>(size_t(x_rows) * size_t(w.rows));
-  EXPECT_EQ(cuda::quant_gemm(w.device, memory.copy(x), x_rows, y, nullptr), cudaSuccess);
-  return test::download(y, size_t(x_rows) * size_t(w.rows));
+// y = W · x by the dense form (cut as `tiles` says), copied to the host. Outputs start as NaN, so that one never
+// written fails the checks.
+std::vector<float> dense(DeviceMemory& memory, const TestMatrix& w, const std::vector<float>& x, int x_rows,
+                         cuda::QuantGemmTiles tiles = cuda::QuantGemmTiles::automatic) {
+  const size_t outputs = size_t(x_rows) * size_t(w.rows);
+  float* y = memory.copy(std::vector<float>(outputs, std::numeric_limits<float>::quiet_NaN()));
+  EXPECT_EQ(cuda::quant_gemm(w.device, memory.copy(x), x_rows, y, nullptr, tiles), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return test::download(y, outputs);
+}
+
+// Activations of very different magnitudes from row to row and group to group, so that the per-group scaling of the
+// activations is exercised.
+std::vector<float> mixed_magnitudes(std::mt19937& rng, int rows, int cols) {
+  std::vector<float> x = test::normal_values(rng, size_t(rows) * size_t(cols), 1.0f);
+  for (int r = 0; r < rows; ++r)
+    for (int k = 0; k < cols; ++k) x[size_t(r) * size_t(cols) + size_t(k)] *= std::ldexp(1.0f, (r + k / 64) % 9 - 4);
+  return x;
+}
+
+double worst_dense_error(const TestMatrix& w, const std::vector<float>& x, int x_rows, const std::vector<float>& y) {
+  double worst = 0;
+  for (int b = 0; b < x_rows; ++b)
+    for (int r = 0; r < w.rows; ++r)
+      worst = std::max(
+          worst, scaled_error(w, r, x.data() + size_t(b) * size_t(w.cols), y[size_t(b) * size_t(w.rows) + size_t(r)]));
+  return worst;
+}
+
+// The block tiles (256 matrix rows × 64 activation rows a block, 64 rows a warp): partial row blocks (200 and 136
+// rows: a warp with half an m-tile, warps with no rows), one whole (256), partial activation-row blocks (1, 100, 130
+// rows), one whole (64) and the pipeline's edges (2 groups: one step ahead only once; 1 group: none), every format.
+TEST(CudaQuantGemm, BlockTilesMatchDoublePrecision) {
+  struct Shape {
+    int rows_out, cols;
+  };
+  std::mt19937 rng(26);
+  for (WeightFormat format : {WeightFormat::Q4, WeightFormat::Q3, WeightFormat::Q2})
+    for (Shape s : {Shape{200, 640}, Shape{256, 128}, Shape{136, 64}})
+      for (int x_rows : {1, 64, 100, 130}) {
+        DeviceMemory memory;
+        const TestMatrix w = test::make_matrix(
+            memory, format, test::normal_values(rng, size_t(s.rows_out) * size_t(s.cols), 0.05f), s.rows_out, s.cols);
+        const std::vector<float> x = mixed_magnitudes(rng, x_rows, s.cols);
+        const std::vector<float> y = dense(memory, w, x, x_rows, cuda::QuantGemmTiles::block);
+        EXPECT_LE(worst_dense_error(w, x, x_rows, y), kBound)
+            << name_of(format) << " " << s.rows_out << "×" << s.cols << ", " << x_rows << " rows";
+      }
+}
+
+// Both cuts of the dense form compute every output as the same sum in the same order: the same bits, so that a row's
+// result does not depend on the chunk's size (which picks the cut).
+TEST(CudaQuantGemm, BlockTilesGiveTheWarpTilesBits) {
+  std::mt19937 rng(27);
+  for (WeightFormat format : {WeightFormat::Q4, WeightFormat::Q3, WeightFormat::Q2}) {
+    constexpr int kRowsOut = 328, kCols = 1280, kRows = 150;
+    DeviceMemory memory;
+    const TestMatrix w =
+        test::make_matrix(memory, format, test::normal_values(rng, size_t(kRowsOut) * kCols, 0.05f), kRowsOut, kCols);
+    const std::vector<float> x = mixed_magnitudes(rng, kRows, kCols);
+    const std::vector<float> block = dense(memory, w, x, kRows, cuda::QuantGemmTiles::block);
+    const std::vector<float> warp = dense(memory, w, x, kRows, cuda::QuantGemmTiles::warp);
+    EXPECT_EQ(std::memcmp(block.data(), warp.data(), block.size() * sizeof(float)), 0) << name_of(format);
+  }
+}
+
+// A chunk large enough for the automatic choice to take block tiles on the H200 (10240 rows: 40 row blocks × 5
+// activation-row blocks ≥ 132 / 2 multiprocessors) matches double precision.
+TEST(CudaQuantGemm, AutomaticChoiceOfManyRowsMatchesDoublePrecision) {
+  constexpr int kRowsOut = 10240, kCols = 128, kRows = 300;
+  std::mt19937 rng(28);
+  DeviceMemory memory;
+  const TestMatrix w = test::make_matrix(memory, WeightFormat::Q4,
+                                         test::normal_values(rng, size_t(kRowsOut) * kCols, 0.05f), kRowsOut, kCols);
+  const std::vector<float> x = mixed_magnitudes(rng, kRows, kCols);
+  EXPECT_LE(worst_dense_error(w, x, kRows, dense(memory, w, x, kRows)), kBound);
 }
 
 // The dense form: rows in slices side by side (5, 16, 17 and 100 rows: partial and several slices). A matrix of few
