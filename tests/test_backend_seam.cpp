@@ -10,6 +10,7 @@
 #include <string>
 
 #include "composed_sequence.h"
+#include "decoded.h"
 #include "engine/backend.h"
 #include "engine/generate.h"
 #include "engine/speculative.h"
@@ -125,36 +126,8 @@ TEST_P(BackendSeam, DeviceStyleDecoderKeepsTheContractAndEqualsPlainGreedy) {
     }
 }
 
-struct Decoded {
-  std::vector<int32_t> tokens;
-  SpeculativeStats stats;
-};
-
-// Decodes until options.max_tokens tokens or a stop, as generate_speculative does.
-Decoded decode(const Model& model, const std::vector<int32_t>& prompt, const GenerateOptions& options,
-               const SpeculativeOptions& speculative, const SequenceFactory& device) {
-  Decoder decoder(model, options, speculative, device);
-  Decoded run;
-  std::vector<int32_t> pending{decoder.start(prompt)};
-  for (;;) {
-    bool done = false;
-    for (size_t i = 0; i < pending.size() && !done; ++i) {
-      run.tokens.push_back(pending[i]);
-      done = decoder.is_stop(pending[i]) || int64_t(run.tokens.size()) >= options.max_tokens;
-    }
-    if (done) break;
-    pending = decoder.step();
-  }
-  run.stats = decoder.stats();
-  return run;
-}
-
-void expect_same_stats(const SpeculativeStats& a, const SpeculativeStats& b, const std::string& what) {
-  EXPECT_EQ(a.proposed, b.proposed) << what;
-  EXPECT_EQ(a.accepted, b.accepted) << what;
-  EXPECT_EQ(a.verify_steps, b.verify_steps) << what;
-  EXPECT_EQ(a.emitted, b.emitted) << what;
-}
+using test::decode;
+using test::Decoded;
 
 // The Decoder's greedy step through the seam's default greedy_step (a device-style backend) against the CPU
 // decoder's own path (the trunk's logits, accept and fold_head: the rules as they always were): the same tokens and
@@ -187,8 +160,7 @@ TEST_P(BackendSeam, DefaultGreedyStepEqualsTheLogitsPathTokensAndStats) {
                                  (options == &with_stops ? " with stops" : " past EOS");
         const Decoded reference = decode(*model, prompt, *options, speculative, {});
         const Decoded stepped = decode(*model, prompt, *options, speculative, composed);
-        EXPECT_EQ(stepped.tokens, reference.tokens) << what;
-        expect_same_stats(stepped.stats, reference.stats, what);
+        test::expect_same_decoding(stepped, reference, what);
         if (options == &past_eos) {
           EXPECT_EQ(stepped.tokens, plain) << what;
         }

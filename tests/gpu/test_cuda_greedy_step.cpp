@@ -15,6 +15,7 @@
 #include "composed_sequence.h"
 #include "cuda/backend.h"
 #include "cuda/synthetic.h"
+#include "decoded.h"
 #include "engine/generate.h"
 #include "engine/speculative.h"
 #include "fixture_paths.h"
@@ -38,37 +39,8 @@ SequenceFactory composed(const SequenceFactory& gpu) {
   return [gpu]() -> std::unique_ptr<SequenceBackend> { return std::make_unique<test::ComposedSequence>(gpu()); };
 }
 
-struct Decoded {
-  std::vector<int32_t> tokens;
-  SpeculativeStats stats;
-};
-
-// Decodes until options.max_tokens tokens or a stop, as generate_speculative does.
-Decoded decode(const Model& model, const std::vector<int32_t>& prompt, const GenerateOptions& options,
-               const SpeculativeOptions& speculative, const SequenceFactory& device) {
-  Decoder decoder(model, options, speculative, device);
-  Decoded run;
-  std::vector<int32_t> pending{decoder.start(prompt)};
-  for (;;) {
-    bool done = false;
-    for (size_t i = 0; i < pending.size() && !done; ++i) {
-      run.tokens.push_back(pending[i]);
-      done = decoder.is_stop(pending[i]) || int64_t(run.tokens.size()) >= options.max_tokens;
-    }
-    if (done) break;
-    pending = decoder.step();
-  }
-  run.stats = decoder.stats();
-  return run;
-}
-
-void expect_same(const Decoded& fused, const Decoded& reference, const std::string& what) {
-  EXPECT_EQ(fused.tokens, reference.tokens) << what;
-  EXPECT_EQ(fused.stats.proposed, reference.stats.proposed) << what;
-  EXPECT_EQ(fused.stats.accepted, reference.stats.accepted) << what;
-  EXPECT_EQ(fused.stats.verify_steps, reference.stats.verify_steps) << what;
-  EXPECT_EQ(fused.stats.emitted, reference.stats.emitted) << what;
-}
+using test::decode;
+using test::Decoded;
 
 class GpuGreedyStep : public ::testing::TestWithParam<std::filesystem::path> {
  protected:
@@ -105,7 +77,7 @@ void expect_fused_equals_composed(const Model& model, const std::vector<int32_t>
                                    (graphs ? ", graphs" : ", eager");
           const Decoded fused = decode(model, prompt, *options, speculative, with_graphs(gpu, graphs));
           const Decoded reference = decode(model, prompt, *options, speculative, composed(with_graphs(gpu, graphs)));
-          expect_same(fused, reference, what);
+          test::expect_same_decoding(fused, reference, what);
           if (options == &past_eos) {
             EXPECT_EQ(fused.tokens, plain) << what;
           }
