@@ -14,13 +14,14 @@ export VAVILOV_SOURCE_DIR=${VAVILOV_SOURCE_DIR:-$PWD}
 status=0
 "$tests" --gtest_brief=1 || status=1
 if command -v compute-sanitizer > /dev/null; then
-  # One F32 fixture with PLE and one with the MTP head cover every kernel, the MoE tests the decode block and the
-  # router, CudaProductGroups the grouped products, CudaGdn the GDN kernels at the release's shape, the format tests
-  # every weight format's loaders and the NVFP4 GEMV, CudaHc* the fused hyper-connection read, CudaAttention* the split
-  # attention and its inputs, CudaLinear the dense and expert GEMV launches, CudaDependentLaunch the early starts
-  # (late-writing producers); memcheck slows them ~100x.
+  # One F32 fixture with PLE and one with the MTP head cover every kernel (the fused greedy step included), the MoE
+  # tests the decode block and the router, CudaProductGroups the grouped products, CudaGdn the GDN kernels at the
+  # release's shape, the format tests every weight format's loaders and the NVFP4 GEMV, CudaHc* the fused
+  # hyper-connection read, CudaAttention* the split attention and its inputs, CudaLinear the dense and expert GEMV
+  # launches, CudaQuantGemm the prefill products, CudaDependentLaunch the early starts (late-writing producers);
+  # memcheck slows them ~100x.
   compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 "$tests" --gtest_brief=1 \
-    --gtest_filter='*tiny_f32_hc4_ple1:*mtp_f32_hc4:*CudaMoe*:*CudaExpertDecode*:CudaProductGroups.*:CudaGdn.*:CudaFormats.*:GpuFormats.MlxCheckpoint*:GpuFormats.Nvfp4Checkpoint*:CudaHc*:CudaAttention*:CudaLinear.*:CudaDependentLaunch.*' ||
+    --gtest_filter='*tiny_f32_hc4_ple1:*mtp_f32_hc4:*CudaMoe*:*CudaExpertDecode*:CudaProductGroups.*:CudaGdn.*:CudaFormats.*:GpuFormats.MlxCheckpoint*:GpuFormats.Nvfp4Checkpoint*:CudaHc*:CudaAttention*:CudaLinear.*:CudaQuantGemm.*:CudaDependentLaunch.*' ||
     status=1
 else
   echo "compute-sanitizer not found: memcheck skipped"
