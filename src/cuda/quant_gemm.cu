@@ -677,16 +677,21 @@ cudaError_t launch_format(WeightFormat format, const RowGroups& groups, int coun
   }
 }
 
-// Dense slices of 16 rows, or of 8 or 4 where a matrix has so few row blocks that 16-row slices would leave resident
-// block slots empty (mix_down: 320 rows, 3 row blocks × 32 slices of a 512-row chunk = 96 blocks for 132
-// multiprocessors). A row's sums are the same in any slice; only the staging is repeated per slice.
+// Dense slices of 16 rows, or of 8 or 4 where a matrix has so few row blocks that 16-row slices would leave
+// multiprocessors without a block (mix_down: 320 rows, 3 row blocks × 32 slices of a 512-row chunk = 96 blocks for 132
+// multiprocessors: slices of 8, 192 blocks). A row's sums are the same in any slice; only the staging and the decode
+// are repeated per slice, so narrower slices cost work. Filling both resident block slots (kMinBlocks a
+// multiprocessor; mix_down in slices of 4, the router and attention k/v 4, the shared expert's gate/up 8) measured
+// 3 % slower over an 8-layer Flash-Next prefill than filling one
+// (bench/results/2026-12-01-h200-prefill-breakdown-s10.json).
+constexpr int kSliceFillBlocks = 1;
 int slice_rows_for(int row_blocks, int x_rows) {
   int device = 0, multiprocessors = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
     return kRows;
   int rows = kRows;
-  while (rows > 4 && row_blocks * ((x_rows + rows - 1) / rows) < kMinBlocks * multiprocessors) rows /= 2;
+  while (rows > 4 && row_blocks * ((x_rows + rows - 1) / rows) < kSliceFillBlocks * multiprocessors) rows /= 2;
   return rows;
 }
 
