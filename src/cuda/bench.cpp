@@ -1,8 +1,11 @@
 #include "cuda/bench.h"
 
+#include <nvtx3/nvToolsExt.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <string>
 
 #include "core/error.h"
 #include "cuda/backend.h"
@@ -293,9 +296,12 @@ BenchResult run_bench(std::shared_ptr<const DeviceModel> model, const BenchOptio
     auto seq = sequences();
     const std::vector<int32_t> prompt = random_ids(length, vocab, rng);
     cuda_check(cudaDeviceSynchronize(), "prefill");
+    const std::string range = "prefill" + std::to_string(length);  // isolates the pass for ncu --nvtx-include
+    nvtxRangePushA(range.c_str());
     const double start = now_ms();
     int32_t first = 0;
     seq->forward(prompt, {false, nullptr, nullptr, false, &first});
+    nvtxRangePop();
     result.prefill_tokens_per_second.push_back({length, double(length) / ((now_ms() - start) * 1e-3)});
   }
   if (model->expert_cache) result.expert_cache["totals"] = cache_totals(model->expert_cache->stats());

@@ -117,17 +117,32 @@ __device__ inline void chunk_products(WarpLoads& current, const WarpTile& tile, 
   }
 }
 
-// The activations of rows [0, rows) of rows_in (row stride cols), groups [chunk, end), staged for the Staged rows that
-// the pass's n-tiles read (zeros past `rows`: they add nothing and are never stored).
+// Where a pass's activation rows are: row b of the pass is row first + b of the (grouped) rows, which is x's row
+// first + b or, with a row map (a gather folded into the staging), x's row order[first + b] / divisor.
+struct PassRows {
+  const float* x;
+  int cols;
+  const int* order;
+  int divisor;
+  int first;
+
+  __device__ const float* row(int b) const {
+    const int p = first + b;
+    return x + size_t(order ? __ldg(order + p) / divisor : p) * size_t(cols);
+  }
+};
+
+// The activations of rows [0, rows) of the pass, groups [chunk, end), staged for the Staged rows that the pass's
+// n-tiles read (zeros past `rows`: they add nothing and are never stored).
 template <int Bits, int Staged>
-__device__ __forceinline__ void stage_chunk(const float* rows_in, int cols, int rows, int chunk, int end,
-                                            uint4* fragments, float2* group_terms) {
+__device__ __forceinline__ void stage_chunk(const PassRows& rows_in, int rows, int chunk, int end, uint4* fragments,
+                                            float2* group_terms) {
   stage_computed_activations<Bits, Staged>(
       end - chunk,
       [&](int b, int group, int lane_column, float(&v)[16]) {
         if (b >= rows) return;
-        const float4* source = reinterpret_cast<const float4*>(rows_in + size_t(b) * size_t(cols) +
-                                                               size_t(chunk + group) * kQuantGroup + 16 * lane_column);
+        const float4* source =
+            reinterpret_cast<const float4*>(rows_in.row(b) + size_t(chunk + group) * kQuantGroup + 16 * lane_column);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const float4 q = __ldg(source + i);
@@ -146,7 +161,28 @@ struct RowGroups {
   const int* offsets = nullptr;
   int rows = 0;  // dense form: rows of x, and of a slice (≤ kRows)
   int slice_rows = kRows;
+  GroupedRowMap map;  // grouped form: where the grouped rows are read and written (identity when null)
 };
+
+// Grouped form: an expert's codes come from memory and are read once. Each warp asks L2 for its whole tile — rows
+// [tile_row, end) of the codes, scales and biases, contiguous in each — before it starts, so that its later units find
+// them in L2 instead of each waiting for memory with one unit of loads in flight. The prefetches hold no registers.
+__device__ inline void prefetch_expert_tile(const uint32_t* codes, const __nv_bfloat16* scales,
+                                            const __nv_bfloat16* biases, int tile_row, int end, int row_words,
+                                            int groups) {
+  constexpr int kLine = 128;
+  const int lane = int(threadIdx.x) % 32, rows = end - tile_row;
+  const char* code_rows = reinterpret_cast<const char*>(codes + size_t(tile_row) * row_words);
+  const size_t code_bytes = size_t(rows) * row_words * sizeof(uint32_t), affine_bytes = size_t(rows) * groups * 2;
+  for (size_t at = size_t(lane) * kLine; at < code_bytes; at += 32 * kLine)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(code_rows + at));
+  const char* scale_rows = reinterpret_cast<const char*>(scales + size_t(tile_row) * groups);
+  const char* bias_rows = reinterpret_cast<const char*>(biases + size_t(tile_row) * groups);
+  for (size_t at = size_t(lane) * kLine; at < affine_bytes; at += 32 * kLine) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(scale_rows + at));
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(bias_rows + at));
+  }
+}
 
 // Two resident blocks a multiprocessor (128 registers a thread, ≤ 64 bytes of spills); built for three (80
 // registers, spilling more), the 8-layer Flash-Next prefill measured 17 % slower.
@@ -179,10 +215,12 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
                       (t & 2 ? biases : scales) + size_t(t & 1 ? row1 : row0) * groups,
                       affine_width(view, groups),
                       groups};
+  if (grouped && has_rows)
+    prefetch_expert_tile(weights, scales, biases, tile_row, min(tile_row + kTileRows, rows_out), row_words, groups);
 
   for (int first_row = 0; first_row < count; first_row += kRows) {
     const int rows = min(kRows, count - first_row), tiles = (rows + 3) / 4;  // the same for the whole block
-    const float* rows_in = x + size_t(offset + first_row) * size_t(cols);
+    const PassRows rows_in{x, cols, groups_of_rows.map.x_rows, groups_of_rows.map.x_divisor, offset + first_row};
     float acc[kRowTiles][2] = {};
     WarpLoads current;  // the first weights' loads go out before the activations are staged
     if (has_rows) load_group_block<Bits>(current, tile.codes, tile.affine, 0, groups, tile.width, t);
@@ -191,16 +229,16 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
       __syncthreads();  // the previous chunk's fragments are used up
       switch (tiles) {
         case 1:
-          stage_chunk<Bits, 4>(rows_in, cols, rows, chunk, end, fragments, group_terms);
+          stage_chunk<Bits, 4>(rows_in, rows, chunk, end, fragments, group_terms);
           break;
         case 2:
-          stage_chunk<Bits, 8>(rows_in, cols, rows, chunk, end, fragments, group_terms);
+          stage_chunk<Bits, 8>(rows_in, rows, chunk, end, fragments, group_terms);
           break;
         case 3:
-          stage_chunk<Bits, 12>(rows_in, cols, rows, chunk, end, fragments, group_terms);
+          stage_chunk<Bits, 12>(rows_in, rows, chunk, end, fragments, group_terms);
           break;
         default:
-          stage_chunk<Bits, kRows>(rows_in, cols, rows, chunk, end, fragments, group_terms);
+          stage_chunk<Bits, kRows>(rows_in, rows, chunk, end, fragments, group_terms);
       }
       __syncthreads();
       if (!has_rows) continue;
@@ -219,12 +257,13 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
       }
     }
     if (!has_rows) continue;
-    float* out = y + size_t(offset + first_row) * size_t(rows_out);
+    const int* y_rows = groups_of_rows.map.y_rows;
 #pragma unroll
     for (int n = 0; n < kRowTiles; ++n) {
       const int b = 4 * n + t;
       if (b >= rows) continue;
-      float* row_out = out + size_t(b) * size_t(rows_out);
+      const int p = offset + first_row + b;
+      float* row_out = y + size_t(y_rows ? y_rows[p] : p) * size_t(rows_out);
       if (tile_row + g < rows_out) row_out[tile_row + g] = acc[n][0];
       if (tile_row + g + 8 < rows_out) row_out[tile_row + g + 8] = acc[n][1];
     }
@@ -638,16 +677,21 @@ cudaError_t launch_format(WeightFormat format, const RowGroups& groups, int coun
   }
 }
 
-// Dense slices of 16 rows, or of 8 or 4 where a matrix has so few row blocks that 16-row slices would leave resident
-// block slots empty (mix_down: 320 rows, 3 row blocks × 32 slices of a 512-row chunk = 96 blocks for 132
-// multiprocessors). A row's sums are the same in any slice; only the staging is repeated per slice.
+// Dense slices of 16 rows, or of 8 or 4 where a matrix has so few row blocks that 16-row slices would leave
+// multiprocessors without a block (mix_down: 320 rows, 3 row blocks × 32 slices of a 512-row chunk = 96 blocks for 132
+// multiprocessors: slices of 8, 192 blocks). A row's sums are the same in any slice; only the staging and the decode
+// are repeated per slice, so narrower slices cost work. Filling both resident block slots (kMinBlocks a
+// multiprocessor; mix_down in slices of 4, the router and attention k/v 4, the shared expert's gate/up 8) measured
+// 3 % slower over an 8-layer Flash-Next prefill than filling one
+// (bench/results/2026-12-01-h200-prefill-breakdown-s10.json).
+constexpr int kSliceFillBlocks = 1;
 int slice_rows_for(int row_blocks, int x_rows) {
   int device = 0, multiprocessors = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
     return kRows;
   int rows = kRows;
-  while (rows > 4 && row_blocks * ((x_rows + rows - 1) / rows) < kMinBlocks * multiprocessors) rows /= 2;
+  while (rows > 4 && row_blocks * ((x_rows + rows - 1) / rows) < kSliceFillBlocks * multiprocessors) rows /= 2;
   return rows;
 }
 
@@ -689,8 +733,10 @@ cudaError_t quant_gemm(const DeviceMatrix& w, const float* x, int x_rows, float*
 
 cudaError_t quant_expert_gemm(const DeviceMatrix* experts, WeightFormat format, int experts_count, int rows_out,
                               int cols, const int* counts, const int* offsets, const float* x, float* y,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, const GroupedRowMap& map) {
+  if (map.x_rows && map.x_divisor < 1) return cudaErrorInvalidValue;
   RowGroups groups;
+  groups.map = map;
   groups.experts = experts;
   groups.counts = counts;
   groups.offsets = offsets;

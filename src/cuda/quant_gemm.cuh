@@ -34,13 +34,23 @@ enum class QuantGemmTiles { automatic, warp, block };
 cudaError_t quant_gemm(const DeviceMatrix& w, const float* x, int x_rows, float* y, cudaStream_t stream,
                        QuantGemmTiles tiles = QuantGemmTiles::automatic);
 
+// Where quant_expert_gemm reads and writes grouped row p: x's row x_rows[p] / x_divisor and y's row y_rows[p] (device
+// arrays; null: row p). With expert_prefill.cuh's `order` (grouped row → slot) as x_rows and the experts per token as
+// x_divisor, the products read a chunk's rows where they are (no gathered copy); with it as y_rows they write slot
+// order (no scatter). A row's result has the same bits either way.
+struct GroupedRowMap {
+  const int* x_rows = nullptr;
+  int x_divisor = 1;
+  const int* y_rows = nullptr;
+};
+
 // For every expert e < experts_count with counts[e] > 0: y[offsets[e] + i, :] = E[e] · x[offsets[e] + i, :] for
-// i < counts[e], where `experts` is a device array of matrices of one format and shape rows_out × cols that
-// quant_gemm_reads_all accepted, x is [*, cols] (16-byte aligned) and y [*, rows_out]; counts and offsets are device
-// arrays (expert_prefill.cuh's grouping). cudaErrorInvalidValue for a shape or format it does not take; otherwise the
-// launch's status.
+// i < counts[e] (rows mapped by `map`), where `experts` is a device array of matrices of one format and shape rows_out
+// × cols that quant_gemm_reads_all accepted, x is [*, cols] (16-byte aligned) and y [*, rows_out]; counts and offsets
+// are device arrays (expert_prefill.cuh's grouping). cudaErrorInvalidValue for a shape or format it does not take or a
+// map's x_divisor < 1; otherwise the launch's status.
 cudaError_t quant_expert_gemm(const DeviceMatrix* experts, WeightFormat format, int experts_count, int rows_out,
                               int cols, const int* counts, const int* offsets, const float* x, float* y,
-                              cudaStream_t stream);
+                              cudaStream_t stream, const GroupedRowMap& map = {});
 
 }  // namespace vavilov::cuda

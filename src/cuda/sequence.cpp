@@ -906,31 +906,42 @@ void CudaSequence::moe(const DeviceMoe& w, const MoeDecodePlan& plan, int rows) 
 // Prefill chunks: the routed experts' (row, slot) pairs grouped by expert id on the device, then for gate, up and down
 // one grouped product over the active experts — on the tensor cores from the codes for quantized experts
 // (quant_gemm.cuh), else grouped cuBLAS calls (gemm.cuh, which need the per-expert counts on the host once per layer)
-// — and the results scattered back to slot order for the combine. Decode never takes this path.
+// — with the results in slot order for the combine. On the codes, gate and up read the chunk's rows in place and down
+// writes slot order (the grouping's map folded into the products); cuBLAS takes gathered rows and scatters its
+// results. Decode never takes this path.
 void CudaSequence::moe_prefill(const DeviceMoe& w, int rows, bool on_codes) {
   const int h = int(c_.hidden_size), k = c_.num_experts_per_tok, inner = int(c_.moe_intermediate_size);
   route_and_shared_expert(w, rows);
   const int slots = rows * k;
   group_by_expert(work_.route_ids, slots, c_.num_experts, work_.expert_counts, work_.expert_offsets, work_.expert_order,
                   work_.expert_position, stream_);
-  std::vector<ExpertGroup> groups;
-  if (!on_codes) cuda_check(active_experts(work_.expert_counts, c_.num_experts, groups, stream_), "expert counts");
-  auto grouped_products = [&](const DeviceMatrix* experts, WeightFormat format, int rows_out, int cols, const float* x,
-                              float* y) {
-    if (on_codes)
+  if (on_codes) {
+    auto grouped_products = [&](const DeviceMatrix* experts, WeightFormat format, int rows_out, int cols,
+                                const float* x, float* y, const GroupedRowMap& map) {
       cuda_check(quant_expert_gemm(experts, format, c_.num_experts, rows_out, cols, work_.expert_counts,
-                                   work_.expert_offsets, x, y, stream_),
+                                   work_.expert_offsets, x, y, stream_, map),
                  "routed experts");
-    else
+    };
+    const GroupedRowMap gathered{.x_rows = work_.expert_order, .x_divisor = k}, scattered{.y_rows = work_.expert_order};
+    grouped_products(w.expert_gate, w.gate_up_format, inner, h, work_.input, work_.expert_gate, gathered);
+    grouped_products(w.expert_up, w.gate_up_format, inner, h, work_.input, work_.expert_up, gathered);
+    swiglu(work_.expert_gate, work_.expert_up, int64_t(slots) * inner, stream_);
+    grouped_products(w.expert_down, w.down_format, h, inner, work_.expert_gate, work_.expert_out, scattered);
+  } else {
+    std::vector<ExpertGroup> groups;
+    cuda_check(active_experts(work_.expert_counts, c_.num_experts, groups, stream_), "expert counts");
+    auto grouped_products = [&](const DeviceMatrix* experts, WeightFormat format, int rows_out, int cols,
+                                const float* x, float* y) {
       check(grouped_expert_gemm(experts, format, rows_out, cols, groups, x, y, stream_),
             "routed experts: the grouped cuBLAS products failed");
-  };
-  gather_grouped_rows(work_.input, work_.expert_order, slots, k, h, work_.grouped_rows, stream_);
-  grouped_products(w.expert_gate, w.gate_up_format, inner, h, work_.grouped_rows, work_.expert_gate);
-  grouped_products(w.expert_up, w.gate_up_format, inner, h, work_.grouped_rows, work_.expert_up);
-  swiglu(work_.expert_gate, work_.expert_up, int64_t(slots) * inner, stream_);
-  grouped_products(w.expert_down, w.down_format, h, inner, work_.expert_gate, work_.grouped_rows);
-  scatter_grouped_rows(work_.grouped_rows, work_.expert_position, slots, h, work_.expert_out, stream_);
+    };
+    gather_grouped_rows(work_.input, work_.expert_order, slots, k, h, work_.grouped_rows, stream_);
+    grouped_products(w.expert_gate, w.gate_up_format, inner, h, work_.grouped_rows, work_.expert_gate);
+    grouped_products(w.expert_up, w.gate_up_format, inner, h, work_.grouped_rows, work_.expert_up);
+    swiglu(work_.expert_gate, work_.expert_up, int64_t(slots) * inner, stream_);
+    grouped_products(w.expert_down, w.down_format, h, inner, work_.expert_gate, work_.grouped_rows);
+    scatter_grouped_rows(work_.grouped_rows, work_.expert_position, slots, h, work_.expert_out, stream_);
+  }
   moe_combine(work_.output, work_.shared_scale, work_.route_weights, work_.expert_out, rows, k, h, stream_);
 }
 

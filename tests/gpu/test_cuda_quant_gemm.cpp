@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -34,7 +35,8 @@ struct Result {
 
 // y for rows grouped by expert: expert e owns rows [offsets[e], offsets[e] + counts[e]) of x.
 std::vector<float> run(DeviceMemory& memory, const std::vector<TestMatrix>& experts, WeightFormat format,
-                       const std::vector<int>& counts, const std::vector<float>& x, int rows_out, int cols) {
+                       const std::vector<int>& counts, const std::vector<float>& x, int rows_out, int cols,
+                       const cuda::GroupedRowMap& map = {}) {
   std::vector<int> offsets(counts.size());
   int total = 0;
   for (size_t e = 0; e < counts.size(); ++e) offsets[e] = total, total += counts[e];
@@ -43,7 +45,7 @@ std::vector<float> run(DeviceMemory& memory, const std::vector<TestMatrix>& expe
   const size_t outputs = size_t(total) * size_t(rows_out);
   float* y = memory.copy(std::vector<float>(outputs, std::numeric_limits<float>::quiet_NaN()));
   EXPECT_EQ(cuda::quant_expert_gemm(memory.copy(descriptors), format, int(experts.size()), rows_out, cols,
-                                    memory.copy(counts), memory.copy(offsets), memory.copy(x), y, nullptr),
+                                    memory.copy(counts), memory.copy(offsets), memory.copy(x), y, nullptr, map),
             cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return test::download(y, outputs);
@@ -125,6 +127,47 @@ std::vector<float> mixed_magnitudes(std::mt19937& rng, int rows, int cols) {
   for (int r = 0; r < rows; ++r)
     for (int k = 0; k < cols; ++k) x[size_t(r) * size_t(cols) + size_t(k)] *= std::ldexp(1.0f, (r + k / 64) % 9 - 4);
   return x;
+}
+
+// moe_prefill's map folded into the products — rows read where they are (x_rows: grouped row → slot, divided by the
+// picks a token) and written in slot order (y_rows) — gives the bits of the products of gathered rows, scattered
+// afterwards. 17 tokens × 3 picks over 5 experts, one of them without rows, every format.
+TEST(CudaQuantGemm, MappedRowsGiveTheGatheredRowsBits) {
+  constexpr int kRowsOut = 200, kCols = 640, kTokens = 17, kPicks = 3, kSlots = kTokens * kPicks, kExperts = 5;
+  std::mt19937 rng(26);
+  std::vector<int> ids(kSlots);
+  for (int& id : ids) id = std::array{0, 1, 3, 4}[rng() % 4];  // expert 2 gets no rows
+  std::vector<int> counts(kExperts, 0), order;                 // order: grouped row → slot, stable per expert
+  for (int e = 0; e < kExperts; ++e)
+    for (int s = 0; s < kSlots; ++s)
+      if (ids[size_t(s)] == e) ++counts[size_t(e)], order.push_back(s);
+  for (WeightFormat format : {WeightFormat::Q4, WeightFormat::Q3, WeightFormat::Q2}) {
+    DeviceMemory memory;
+    std::vector<TestMatrix> experts;
+    for (int e = 0; e < kExperts; ++e)
+      experts.push_back(test::make_matrix(memory, format, test::normal_values(rng, size_t(kRowsOut) * kCols, 0.05f),
+                                          kRowsOut, kCols));
+    const std::vector<float> x = mixed_magnitudes(rng, kTokens, kCols);
+    std::vector<float> gathered(size_t(kSlots) * kCols);
+    for (int p = 0; p < kSlots; ++p)
+      std::memcpy(&gathered[size_t(p) * kCols], &x[size_t(order[size_t(p)] / kPicks) * kCols], kCols * sizeof(float));
+    const std::vector<float> grouped = run(memory, experts, format, counts, gathered, kRowsOut, kCols);
+    std::vector<float> scattered(grouped.size());
+    for (int p = 0; p < kSlots; ++p)
+      std::memcpy(&scattered[size_t(order[size_t(p)]) * kRowsOut], &grouped[size_t(p) * kRowsOut],
+                  kRowsOut * sizeof(float));
+    const int* device_order = memory.copy(order);
+    const std::vector<float> read_in_place =
+        run(memory, experts, format, counts, x, kRowsOut, kCols, {.x_rows = device_order, .x_divisor = kPicks});
+    const std::vector<float> written_in_slot_order =
+        run(memory, experts, format, counts, gathered, kRowsOut, kCols, {.y_rows = device_order});
+    const std::vector<float> both = run(memory, experts, format, counts, x, kRowsOut, kCols,
+                                        {.x_rows = device_order, .x_divisor = kPicks, .y_rows = device_order});
+    EXPECT_EQ(std::memcmp(read_in_place.data(), grouped.data(), grouped.size() * sizeof(float)), 0) << name_of(format);
+    EXPECT_EQ(std::memcmp(written_in_slot_order.data(), scattered.data(), grouped.size() * sizeof(float)), 0)
+        << name_of(format);
+    EXPECT_EQ(std::memcmp(both.data(), scattered.data(), grouped.size() * sizeof(float)), 0) << name_of(format);
+  }
 }
 
 double worst_dense_error(const TestMatrix& w, const std::vector<float>& x, int x_rows, const std::vector<float>& y) {
@@ -251,6 +294,10 @@ TEST(CudaQuantGemm, RefusesWhatItDoesNotTake) {
       cuda::quant_expert_gemm(nullptr, WeightFormat::BF16, 4, 64, 64, nullptr, nullptr, nullptr, nullptr, nullptr),
       cudaErrorInvalidValue);
   EXPECT_EQ(cuda::quant_expert_gemm(nullptr, WeightFormat::Q4, 4, 64, 100, nullptr, nullptr, nullptr, nullptr, nullptr),
+            cudaErrorInvalidValue);
+  const int order[1] = {0};
+  EXPECT_EQ(cuda::quant_expert_gemm(nullptr, WeightFormat::Q4, 4, 64, 128, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                    {.x_rows = order, .x_divisor = 0}),
             cudaErrorInvalidValue);
   // Q4 codes need 8-byte alignment (their loads are 8 bytes), Q3/Q2 4; whole groups of 64 columns.
   cuda::DeviceMatrix q4;
