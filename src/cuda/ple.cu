@@ -41,25 +41,45 @@ __global__ void ple_rows_kernel(PleShape s, const int64_t* multipliers, const in
     for (int i = 0; i < s.context; ++i) previous[i] = history(rows + i);  // reads ahead of the writes
 }
 
-__global__ void ple_conv_kernel(const float* taps, int channels, int kernel, int dilation, float* state,
-                                const float* normed, int rows, const float* gated, float* stack, float* row_states) {
+// A block owns kConvChannels channels over every row: thread (lane, channel) takes rows lane, lane + kConvRowLanes, ….
+// An output needs only its own input and the (kernel − 1)·dilation before it (rows of normed, or the state before the
+// pass), never an earlier output, so the rows run side by side; each channel's sum runs over the taps in order, as
+// one thread walking the rows would. The state and the recorded windows are read before the block's barrier and the
+// state written after it (no other block touches these channels).
+constexpr int kConvChannels = 32, kConvRowLanes = 8;
+constexpr int kConvStatePerLane = (kMaxPleWindow + kConvRowLanes - 1) / kConvRowLanes;
+
+__global__ void __launch_bounds__(kConvChannels* kConvRowLanes)
+    ple_conv_kernel(const float* taps, int channels, int kernel, int dilation, float* state, const float* normed,
+                    int rows, const float* gated, float* stack, float* row_states) {
   wait_for_producers();
   allow_dependents();
-  const int ch = blockIdx.x * blockDim.x + threadIdx.x;
-  if (ch >= channels) return;
-  const int history = (kernel - 1) * dilation;
-  float window[kMaxPleWindow];
-  for (int i = 0; i < history; ++i) window[i] = state[size_t(i) * channels + ch];
-  for (int t = 0; t < rows; ++t) {
-    window[history] = normed[size_t(t) * channels + ch];
-    float sum = 0.0f;
-    for (int k = 0; k < kernel; ++k) sum += taps[ch * kernel + k] * window[history - dilation * (kernel - 1 - k)];
-    stack[size_t(t) * channels + ch] += gated[size_t(t) * channels + ch] + silu(sum);
-    for (int i = 0; i < history; ++i) window[i] = window[i + 1];
-    if (row_states)
-      for (int i = 0; i < history; ++i) row_states[(size_t(t) * history + i) * channels + ch] = window[i];
+  const int ch = int(blockIdx.x) * kConvChannels + int(threadIdx.x) % kConvChannels;
+  const int lane = int(threadIdx.x) / kConvChannels, history = (kernel - 1) * dilation;
+  const bool valid = ch < channels;
+  // The conv's input at pass position p: normed row p, or before the pass the state (its oldest row first).
+  auto input = [&](int p) {
+    return p >= 0 ? normed[size_t(p) * channels + ch] : state[size_t(history + p) * channels + ch];
+  };
+  float next_state[kConvStatePerLane];
+  if (valid) {
+    for (int t = lane; t < rows; t += kConvRowLanes) {
+      float sum = 0.0f;
+      for (int k = 0; k < kernel; ++k) sum += taps[ch * kernel + k] * input(t - dilation * (kernel - 1 - k));
+      stack[size_t(t) * channels + ch] += gated[size_t(t) * channels + ch] + silu(sum);
+      if (row_states)  // the window after row t: inputs t − history + 1 … t
+        for (int i = 0; i < history; ++i)
+          row_states[(size_t(t) * history + i) * channels + ch] = input(t + 1 - history + i);
+    }
+#pragma unroll
+    for (int n = 0; n < kConvStatePerLane; ++n)
+      if (const int i = lane + n * kConvRowLanes; i < history) next_state[n] = input(rows - history + i);
   }
-  for (int i = 0; i < history; ++i) state[size_t(i) * channels + ch] = window[i];
+  __syncthreads();  // every read of the state of these channels precedes its writes
+  if (!valid) return;
+#pragma unroll
+  for (int n = 0; n < kConvStatePerLane; ++n)
+    if (const int i = lane + n * kConvRowLanes; i < history) state[size_t(i) * channels + ch] = next_state[n];
 }
 
 // One block per (row, stream). Each thread reads back only the gated values it wrote.
@@ -112,8 +132,8 @@ void ple_mix(const float* keys, const float* stack, const float* value, const Pl
 
 void ple_conv(const float* taps, int channels, int kernel, int dilation, float* state, const float* normed, int rows,
               const float* gated, float* stack, float* row_states, cudaStream_t stream) {
-  launch_dependent(ple_conv_kernel, blocks_for(channels, 128), 128, 0, stream, taps, channels, kernel, dilation, state,
-                   normed, rows, gated, stack, row_states);
+  launch_dependent(ple_conv_kernel, blocks_for(channels, kConvChannels), kConvChannels * kConvRowLanes, 0, stream, taps,
+                   channels, kernel, dilation, state, normed, rows, gated, stack, row_states);
 }
 
 }  // namespace vavilov::cuda
