@@ -13,6 +13,7 @@
 #include "engine/generate.h"
 #include "engine/speculative.h"
 #include "fixture_paths.h"
+#include "flash_next_config.h"
 #include "model/config.h"
 #include "model/weights.h"
 #include "reference_logits.h"
@@ -132,14 +133,6 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GpuExpertCacheFixture, ::testing::ValuesIn(te
 // ---- synthetic Q4 at Flash-Next geometry (2 layers + MTP): the fused 1-row experts, the 2–4-row GEMV experts and
 // prefill on the codes, with real expert sizes (2.6 MB) ----
 
-ModelConfig two_layers() {
-  ModelConfig c = load_model_config((test::source_dir() / "models" / "configs" / "flash-next.json").string());
-  c.num_layers = 2;
-  c.layer_kinds.resize(2);
-  std::erase_if(c.ple_layers, [](int layer) { return layer >= 2; });
-  return c;
-}
-
 // A 40-token prefill (last row's logits), then four rounds of: a 1-row step with logits, a 4-row recorded step with
 // every row's greedy id and stacks, rollback to 2 rows, the head over the last kept row and its greedy draft.
 Outputs run_synthetic(const ModelConfig& c, std::shared_ptr<const cuda::DeviceModel> weights) {
@@ -172,7 +165,7 @@ Outputs run_synthetic(const ModelConfig& c, std::shared_ptr<const cuda::DeviceMo
 
 TEST(GpuExpertCacheSynthetic, FlashNextQ4BitIdenticalToResidentExpertsAtEveryBudget) {
   ASSERT_GT(cuda::device_count(), 0) << "the GPU tests need a CUDA device";
-  const ModelConfig c = two_layers();
+  const ModelConfig c = test::flash_next_layers(2);
   cuda::SyntheticOptions options;
   const Outputs resident = run_synthetic(c, cuda::synthetic_model(c, options));
   // Q4: codes (n / 2 bytes) and a bf16 scale and bias per 64 values (n / 16) for each of gate, up and down.

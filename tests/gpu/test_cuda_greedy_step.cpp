@@ -19,6 +19,7 @@
 #include "engine/generate.h"
 #include "engine/speculative.h"
 #include "fixture_paths.h"
+#include "flash_next_config.h"
 #include "model/config.h"
 #include "model/weights.h"
 
@@ -120,14 +121,6 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GpuGreedyStep, ::testing::ValuesIn(test::fixt
 
 // ---- synthetic Q4 at Flash-Next geometry (2 layers + MTP), driven through the seam ----
 
-ModelConfig two_layers() {
-  ModelConfig c = load_model_config((test::source_dir() / "models" / "configs" / "flash-next.json").string());
-  c.num_layers = 2;
-  c.layer_kinds.resize(2);
-  std::erase_if(c.ple_layers, [](int layer) { return layer >= 2; });
-  return c;
-}
-
 struct Steps {
   std::vector<int32_t> emitted;  // every step's emitted tokens, one after the other
   std::vector<std::vector<int32_t>> drafts;
@@ -171,7 +164,7 @@ Steps run_steps(SequenceBackend& seq, const ModelConfig& c, const std::vector<in
 
 TEST(GpuGreedyStepSynthetic, FlashNextQ4FusedEqualsComposedAndPlainGreedy) {
   ASSERT_GT(cuda::device_count(), 0) << "the GPU tests need a CUDA device";
-  const ModelConfig c = two_layers();
+  const ModelConfig c = test::flash_next_layers(2);
   ASSERT_GT(c.mtp_num_layers, 0);
   std::shared_ptr<const cuda::DeviceModel> weights = cuda::synthetic_model(c, {});
   const SequenceFactory gpu = cuda::sequence_factory(weights);
