@@ -271,26 +271,22 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Block tiles (dense products of many rows). The default is the register-A form further below (256 matrix rows × 64
-// activation rows a block, each warp decoding its own 64 rows into registers); first the shared-A form, in its
-// 128 × 64 shape: a block owns 128 matrix rows × 64 activation rows and walks the columns one group of 64 at a time.
-// Each group's weights are decoded ONCE a block into shared memory as mma A fragments (warp w decodes m-tile w exactly
-// as quant_gemm_kernel's warps do) and its activations are split into fp16 hi/lo B fragments once a block
-// (split_activations, as stage_fragments); every warp then multiplies 2 m-tiles × 8 n-tiles (32 matrix rows × 32
-// activation rows) from shared memory. The next group's codes are loaded at a step's top and decoded into the other of
-// two shared stages after its products; its activations were copied (cp.async) a step earlier, so no load waits; one
-// barrier a group.
+// Block tiles (dense products of many rows): a block owns kTiledRows matrix rows × kTiledTokens activation rows and
+// walks the columns one group of 64 at a time. Each warp decodes its own kWarpMTiles m-tiles' codes into registers as
+// quant_gemm_kernel's warps do (the affine terms by shuffles, as unit_products), so only the activations pass through
+// shared memory: the block splits them into fp16 hi/lo B fragments once (split_activations, as stage_fragments), and
+// every warp multiplies its m-tiles × kWarpNTiles n-tiles from there. The next group's codes are loaded at a step's
+// top into registers; its activations were copied (cp.async) a step earlier, so no load waits; one barrier a group.
 //
 // Every output is the same sum as quant_gemm_kernel's: per group the same four chained mma steps with the same
 // k-slot → column map from zero, then acc = fma(hi + lo, scale·2^e, fma(bias, Σx, acc)), groups in order. So the
 // two forms give the same bits (CudaQuantGemm.BlockTilesGiveTheWarpTilesBits).
 //
 // Tuning knobs (-D in a variant build of bench/cuda/quant_gemm_bench.cu, which checks every variant's bits against the
-// warp tiles): m-tiles and activation rows of a block, m-tiles of a warp, and VAVILOV_TILED_REGISTER_A=1, the
-// register-A form below (each warp decodes its own m-tiles into registers; only the activations go through shared
-// memory). Measured at 512 rows on the H200 (bench/results/2026-12-01-h200-quant-gemm-tiled-s10.json), in_qkv: warp
-// tiles 400 µs, these defaults 378, 256-row blocks with 4 m-tiles a warp 306, the same in the register-A form 289
-// (1 block of 8 warps at 255 registers an SM). The defaults are that fastest form.
+// warp tiles): m-tiles and activation rows of a block, m-tiles of a warp. Measured at 512 rows on the H200
+// (bench/results/2026-12-01-h200-quant-gemm-tiled-s10.json), in_qkv: warp tiles 400 µs, these defaults (256 × 64
+// blocks, 4 m-tiles a warp, one block of 8 warps at 255 registers an SM) 289; a form that decoded each group once a
+// block into shared memory as A fragments took 306–378 µs and was removed.
 #ifndef VAVILOV_TILED_MTILES
 #define VAVILOV_TILED_MTILES 16
 #endif
@@ -300,49 +296,25 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
 #ifndef VAVILOV_TILED_WARP_MTILES
 #define VAVILOV_TILED_WARP_MTILES 4
 #endif
-#ifndef VAVILOV_TILED_REGISTER_A
-#define VAVILOV_TILED_REGISTER_A 1
-#endif
-constexpr int kTiledMTiles = VAVILOV_TILED_MTILES;    // 16-row m-tiles of a block: one a decoding warp
-constexpr int kTiledRows = kTiledMTiles * kTileRows;  // matrix rows of a block
-constexpr int kTiledTokens = VAVILOV_TILED_TOKENS;    // activation rows of a block
-constexpr int kTiledNTiles = kTiledTokens / 4;        // n-tiles of 4 rows (hi and lo halves)
+constexpr int kTiledMTiles = VAVILOV_TILED_MTILES;                       // 16-row m-tiles of a block
+constexpr int kTiledRows = kTiledMTiles * kTileRows;                     // matrix rows of a block
+constexpr int kTiledTokens = VAVILOV_TILED_TOKENS;                       // activation rows of a block
+constexpr int kTiledNTiles = kTiledTokens / 4;                           // n-tiles of 4 rows (hi and lo halves)
 constexpr int kWarpMTiles = VAVILOV_TILED_WARP_MTILES, kWarpNTiles = 8;  // a warp's sub-tile
 constexpr int kWarpsAlongM = kTiledMTiles / kWarpMTiles;  // the warps: kWarpsAlongM × kTiledNTiles / kWarpNTiles
 constexpr int kTiledWarps = kWarpsAlongM * (kTiledNTiles / kWarpNTiles);
-// Two blocks of 8 warps a multiprocessor at 128 registers a thread; one where a block has more warps or a warp more
-// m-tiles (whose fragments and sums need more registers).
-constexpr int kTiledMinBlocks = kTiledWarps <= 8 && kWarpMTiles <= 2 ? 2 : 1;
-constexpr int kDecodes = (kTiledMTiles + kTiledWarps - 1) / kTiledWarps;  // m-tiles a warp decodes: w, w + warps, ..
 static_assert(kTiledMTiles % kWarpMTiles == 0 && kTiledNTiles % kWarpNTiles == 0, "the warps cover the block tile");
-static_assert(kTiledMTiles % kTiledWarps == 0 || kTiledMTiles < kTiledWarps, "every warp decodes as many m-tiles");
 static_assert(kTiledTokens * 4 <= kTiledWarps * 32, "at most one staging item (row, lane column) a thread");
 
-// One group's operands in shared memory (two of these: the step being multiplied and the next).
-struct TiledStage {
-  uint4 a[kTiledMTiles][4][32];    // A fragments of the 4 mma steps: {a0[2j], a1[2j], a0[2j+1], a1[2j+1]}
-  float4 affine[kTiledMTiles][8];  // per m-tile and g: scale of row g, of g + 8, bias of g, of g + 8
-  uint4 b[2][8 * kTiledTokens];    // B fragments, stage_fragments' layout for one group
-  float2 terms[kTiledTokens];      // Σx and 2^e of each activation row
+// One group's activations in shared memory (two of these: the step being multiplied and the next).
+struct TiledActivationStage {
+  uint4 b[2][8 * kTiledTokens];  // B fragments, stage_fragments' layout for one group
+  float2 terms[kTiledTokens];    // Σx and 2^e of each activation row
 };
 // Each thread's staging items of the next two groups (16 activations each), copied by cp.async so that no registers
 // hold them during the products: [buffer][i][thread], each thread reading back only what it copied.
 using TiledRaw = float4[4][kTiledWarps * 32];
-constexpr size_t kTiledShared = 2 * sizeof(TiledStage) + 2 * sizeof(TiledRaw);
-
-// What a decoding warp loads into registers for one group: its m-tile's codes (rows g and g + 8, lane t's columns)
-// and one bf16 of the scales and biases.
-struct TiledLoads {
-  uint2 codes[kDecodes][2];
-  uint32_t affine[kDecodes];
-};
-
-// The rows of the m-tiles a warp decodes, clamped (rows past the end re-read the last row; their results are never
-// stored).
-struct TiledRows {
-  const uint32_t* codes[kDecodes][2];
-  const uint16_t* affine[kDecodes];  // lane t's scale or bias row (t & 2: biases, t & 1: row g + 8)
-};
+constexpr size_t kTiledShared = 2 * sizeof(TiledActivationStage) + 2 * sizeof(TiledRaw);
 
 // 16 bytes from global to shared memory, asynchronously; zeros where !copy (nothing is read then).
 __device__ __forceinline__ void copy_async(float4* to, const float* from, bool copy) {
@@ -360,8 +332,8 @@ __device__ __forceinline__ void tiled_copy(TiledRaw& raw, const float* x_item, b
 }
 
 // The thread's copied item (activation row b, lane column t) as the stage's hi/lo B fragments and terms.
-template <int Bits, typename Stage>
-__device__ __forceinline__ void tiled_split(Stage& stage, const TiledRaw& raw, int b, int t) {
+template <int Bits>
+__device__ __forceinline__ void tiled_split(TiledActivationStage& stage, const TiledRaw& raw, int b, int t) {
   if (kTiledTokens * 4 < kTiledWarps * 32 && b >= kTiledTokens) return;  // warp-uniform: items are whole warps
   float x[16];
 #pragma unroll
@@ -380,56 +352,15 @@ __device__ __forceinline__ void tiled_split(Stage& stage, const TiledRaw& raw, i
   if (t == 0) stage.terms[b] = terms;
 }
 
-template <int Bits>
-__device__ __forceinline__ void tiled_load(TiledLoads& loads, const TiledRows& rows, int group, int warp, int t) {
-  if (kTiledMTiles < kTiledWarps && warp >= kTiledMTiles) return;  // warp-uniform: such warps only multiply
-#pragma unroll
-  for (int d = 0; d < kDecodes; ++d) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) loads.codes[d][r] = load_codes<Bits>(rows.codes[d][r], group, t);
-    loads.affine[d] = __ldg(rows.affine[d] + group);
-  }
-}
-
-// The warp's m-tile of one group as decoded A fragments (as quant_gemm_kernel's warps decode theirs), and its scale
-// or bias.
-template <int Bits>
-__device__ __forceinline__ void tiled_decode(TiledStage& stage, const TiledLoads& loads, int warp, int lane) {
-  if (kTiledMTiles < kTiledWarps && warp >= kTiledMTiles) return;  // warp-uniform
-  const int g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int d = 0; d < kDecodes; ++d) {
-    const int tile = warp + d * kTiledWarps;
-    uint32_t a0[8], a1[8];
-    decode<Bits>(loads.codes[d][0], t, a0);
-    decode<Bits>(loads.codes[d][1], t, a1);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) stage.a[tile][j][lane] = make_uint4(a0[2 * j], a1[2 * j], a0[2 * j + 1], a1[2 * j + 1]);
-    reinterpret_cast<float*>(&stage.affine[tile][g])[t] = __uint_as_float(loads.affine[d] << 16);
-  }
-}
-
 // A warp's weights of one group: the A fragments of its m-tiles and their scales and biases.
 struct TiledWeights {
   uint4 a[kWarpMTiles][4];
   float4 f[kWarpMTiles];
 };
 
-template <typename Stage>
-__device__ __forceinline__ void tiled_weights(TiledWeights& w, const Stage& stage, int warp, int lane) {
-  const int first_m = (warp % kWarpsAlongM) * kWarpMTiles;
-#pragma unroll
-  for (int m = 0; m < kWarpMTiles; ++m) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) w.a[m][j] = stage.a[first_m + m][j][lane];
-    w.f[m] = stage.affine[first_m + m][lane / 4];
-  }
-}
-
 // acc[m][n][r] += one group's products of rows g + 8r of the warp's m-tile m with activation row 4n + t of its n-tiles.
-template <typename Stage>
-__device__ __forceinline__ void tiled_products(const TiledWeights& w, const Stage& stage, int warp, int lane,
-                                               float (&acc)[kWarpMTiles][kWarpNTiles][2]) {
+__device__ __forceinline__ void tiled_products(const TiledWeights& w, const TiledActivationStage& stage, int warp,
+                                               int lane, float (&acc)[kWarpMTiles][kWarpNTiles][2]) {
   const int t = lane % 4, first_n = (warp / kWarpsAlongM) * kWarpNTiles;
   const auto& a = w.a;
   const auto& f = w.f;
@@ -470,78 +401,21 @@ __device__ __forceinline__ void tiled_store(const float (&acc)[kWarpMTiles][kWar
   }
 }
 
-// Block (row block, activation-row block) of y = W · x for x_rows rows. A step multiplies group k from one stage
-// while the next group's codes (loaded at the step's top) and activations (copied a step earlier) go into the other;
-// the activations of group k + 2 are copied meanwhile. The step has no branches (past the last group it copies zeros
-// and re-reads the last codes into the stage nobody reads any more), so that ptxas can interleave the staging's
-// arithmetic with the products.
-template <int Bits>
-__global__ void __launch_bounds__(kTiledWarps * 32, kTiledMinBlocks)
-    quant_gemm_tiled_kernel(DeviceMatrix m, const float* x, int x_rows, float* y) {
-  allow_dependents();
-  extern __shared__ uint4 tiled_shared[];
-  TiledStage* stages = reinterpret_cast<TiledStage*>(tiled_shared);
-  TiledRaw* raw = reinterpret_cast<TiledRaw*>(stages + 2);
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
-  const int rows_out = m.rows, cols = m.cols, groups = cols / kQuantGroup, row_words = cols / 32 * Bits;
-  const int block_row = int(blockIdx.x) * kTiledRows, first_token = int(blockIdx.y) * kTiledTokens;
-  const uint32_t* codes = static_cast<const uint32_t*>(m.data);
-  TiledRows rows;
-#pragma unroll
-  for (int d = 0; d < kDecodes; ++d) {
-    const int tile_row = block_row + (warp + d * kTiledWarps) * kTileRows;
-    const int row0 = min(tile_row + g, rows_out - 1), row1 = min(tile_row + g + 8, rows_out - 1);
-    rows.codes[d][0] = codes + size_t(row0) * size_t(row_words);
-    rows.codes[d][1] = codes + size_t(row1) * size_t(row_words);
-    rows.affine[d] = (t & 2 ? m.biases : m.scales) + size_t(t & 1 ? row1 : row0) * size_t(groups);
-  }
-  const int item_row = int(threadIdx.x) / 4;  // the thread's staging item: activation row item_row, lane column t
-  const bool has_item = item_row < kTiledTokens && first_token + item_row < x_rows;
-  const float* x_item = x + size_t(has_item ? first_token + item_row : 0) * size_t(cols) + 16 * t;
-
-  float acc[kWarpMTiles][kWarpNTiles][2] = {};
-  TiledLoads loads;
-  tiled_copy(raw[0], x_item, has_item, 0);
-  tiled_copy(raw[1], x_item, has_item && groups > 1, 1);
-  tiled_load<Bits>(loads, rows, 0, warp, t);
-  asm volatile("cp.async.wait_group 1;" ::: "memory");
-  tiled_split<Bits>(stages[0], raw[0], item_row, t);
-  tiled_decode<Bits>(stages[0], loads, warp, lane);
-  __syncthreads();
-  for (int group = 0; group < groups; ++group) {
-    const int next = (group + 1) & 1;
-    asm volatile("cp.async.wait_group 0;" ::: "memory");  // the thread's own copy of group + 1
-    tiled_copy(raw[group & 1], x_item, has_item && group + 2 < groups, group + 2);
-    tiled_load<Bits>(loads, rows, min(group + 1, groups - 1), warp, t);
-    TiledWeights weights;
-    tiled_weights(weights, stages[group & 1], warp, lane);
-    tiled_products(weights, stages[group & 1], warp, lane, acc);
-    tiled_split<Bits>(stages[next], raw[next], item_row, t);
-    tiled_decode<Bits>(stages[next], loads, warp, lane);
-    __syncthreads();
-  }
-
-  tiled_store(acc, y, rows_out, x_rows, block_row, first_token, warp, lane);
-}
-
-// The register-A form (VAVILOV_TILED_REGISTER_A=1): each warp decodes its own m-tiles' codes into registers as
-// quant_gemm_kernel's warps do (the affine terms by shuffles, as unit_products), so no A fragments pass through shared
-// memory; the block stages only the activations. Same steps and sums as quant_gemm_tiled_kernel. With 4 m-tiles a
-// warp (256-row blocks, 255 registers, no spills) it was the fastest variant measured (see above).
-struct TiledActivationStage {
-  uint4 b[2][8 * kTiledTokens];
-  float2 terms[kTiledTokens];
-};
-constexpr size_t kTiledRegisterAShared = 2 * sizeof(TiledActivationStage) + 2 * sizeof(TiledRaw);
-
+// What a warp loads for one group: its m-tiles' codes (rows g and g + 8, lane t's columns) and one bf16 of the
+// scales and biases each.
 struct WarpCodes {
   uint2 codes[kWarpMTiles][2];
   uint32_t affine[kWarpMTiles];
 };
 
+// Block (row block, activation-row block) of y = W · x for x_rows rows. A step multiplies group k with the codes in
+// registers and the activations from one stage while the next group's codes load and its activations are split into
+// the other stage; the activations of group k + 2 are copied meanwhile. The step has no branches (past the last group
+// it copies zeros and re-reads the last codes), so that ptxas can interleave the staging's arithmetic with the
+// products.
 template <int Bits>
 __global__ void __launch_bounds__(kTiledWarps * 32, 1)
-    quant_gemm_tiled_ra_kernel(DeviceMatrix m, const float* x, int x_rows, float* y) {
+    quant_gemm_tiled_kernel(DeviceMatrix m, const float* x, int x_rows, float* y) {
   allow_dependents();
   extern __shared__ uint4 tiled_shared[];
   TiledActivationStage* stages = reinterpret_cast<TiledActivationStage*>(tiled_shared);
@@ -609,14 +483,8 @@ __global__ void __launch_bounds__(kTiledWarps * 32, 1)
 
 template <int Bits>
 cudaError_t launch_tiled(const DeviceMatrix& w, const float* x, int x_rows, float* y, cudaStream_t stream) {
-  constexpr bool register_a = VAVILOV_TILED_REGISTER_A;
-  const auto kernel = [] {  // only the chosen form is instantiated
-    if constexpr (register_a)
-      return quant_gemm_tiled_ra_kernel<Bits>;
-    else
-      return quant_gemm_tiled_kernel<Bits>;
-  }();
-  const size_t shared = register_a ? kTiledRegisterAShared : kTiledShared;
+  const auto kernel = quant_gemm_tiled_kernel<Bits>;
+  const size_t shared = kTiledShared;
   static const cudaError_t allowed =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared));
   if (allowed != cudaSuccess) return allowed;
