@@ -4,6 +4,7 @@
 // and scratch grow before a pass, never inside it), and what changes from step to step — the position — is read
 // from device memory.
 #include <algorithm>
+#include <array>
 #include <functional>
 #include <vector>
 
@@ -227,6 +228,9 @@ struct LayerState {
   // Products that share their input, one grouped launch per format in decode passes (product_groups.h): the GDN or
   // attention input projections, each hyper-connection read's mix_down and inject, PLE's key and value projections.
   ProductGroup mixer_inputs, attention_read, mlp_read, ple_inputs;
+
+  // The recurrent buffers a rollback restores (keep_rows, the fused step's rollback table).
+  std::array<RecurrentBuffer*, 4> recurrent_buffers() { return {&gdn_conv, &gdn_recurrent, &ple_previous, &ple_conv}; }
 };
 
 template <typename T>
@@ -339,8 +343,7 @@ class CudaSequence final : public SequenceBackend {
     if (first_position + kept == position_) return;
     const size_t row = size_t(kept - 1);
     for (LayerState& layer : layers_)
-      for (RecurrentBuffer* buffer : {&layer.gdn_conv, &layer.gdn_recurrent, &layer.ple_previous, &layer.ple_conv})
-        buffer->restore(row, stream_);
+      for (RecurrentBuffer* buffer : layer.recurrent_buffers()) buffer->restore(row, stream_);
     position_ = first_position + kept;  // attention caches are truncated by the position alone
     recorded_rows_ = 0;
   }
@@ -520,7 +523,7 @@ class CudaSequence final : public SequenceBackend {
   void make_rollback_table() {
     std::vector<RollbackBuffer> table;
     for (LayerState& layer : layers_)
-      for (RecurrentBuffer* buffer : {&layer.gdn_conv, &layer.gdn_recurrent, &layer.ple_previous, &layer.ple_conv})
+      for (RecurrentBuffer* buffer : layer.recurrent_buffers())
         if (buffer->now) {
           check(buffer->bytes % 4 == 0, "rollback: a recurrent state of {} bytes", buffer->bytes);
           table.push_back({buffer->now.get(), buffer->rows.get(), buffer->bytes});
