@@ -1,3 +1,5 @@
+#include <cuda_fp16.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -33,21 +35,26 @@ constexpr int kPrefillMinRows = 5;  // passes of more rows than a verify pass ta
 // kScoreNTiles n-tiles of 8 positions, in the weighted values the 8-column output tiles ≡ its index (mod
 // kMTileWarps); in the softmax kQueryThreads threads a query take kThreadPositions positions each.
 template <int kWarps>
-struct Split_ {
+struct WarpRoles {
   static constexpr int threads = 32 * kWarps, m_tile_warps = kWarps / 4, score_n_tiles = 4 / m_tile_warps;
   static constexpr int query_threads = threads / kQueries, thread_positions = kPositions / query_threads;
 };
 
 // Shared memory of a block: the queries, two stages of key and value tiles, the scores (then weights) and per query
-// the tile's rescale factor and the final sum. Row strides: keys and queries ≡ 4 (mod 32) banks apart (their fragments
-// read (row g, column t) over g < 8, t < 4), values ≡ 8 (mod 32) (theirs read (row t, column g)).
-template <int kHd, int kWarps>
+// the tile's rescale factor and the final sum. Row strides: tf32 keys and queries ≡ 4 (mod 32) banks apart (their
+// fragments read (row g, column t) over g < 8, t < 4), values ≡ 8 (mod 32) (theirs read (row t, column g)). With
+// fp16 scores (kF16) the queries are stored as fp16 hi and lo halves (pairs of columns a word, rows ≡ 4 words apart)
+// and the keys' rows ≡ 8 apart (each lane reads a pair of columns at (row g, 2t): 64-bit loads, half a warp at a
+// time).
+template <int kHd, int kWarps, bool kF16>
 struct Layout {
-  static constexpr int q_stride = kHd + 4, k_stride = kHd + 4, v_stride = kHd + (kHd % 16 == 0 ? 8 : 0);
-  static constexpr int q_floats = kQueries * q_stride, k_floats = kPositions * k_stride;
+  static constexpr int q_stride = kHd + 4, k_stride = kHd + (kF16 ? 8 : 4), v_stride = kHd + (kHd % 16 == 0 ? 8 : 0);
+  static constexpr int q_words = kHd / 2 + 4;  // a row of fp16 pairs (kF16)
+  static constexpr int q_floats = kF16 ? 2 * kQueries * q_words : kQueries * q_stride;
+  static constexpr int k_floats = kPositions * k_stride;
   static constexpr int v_floats = kPositions * v_stride, s_floats = kQueries * kScoreStride;
   static constexpr size_t bytes = size_t(q_floats + 2 * k_floats + 2 * v_floats + s_floats + 2 * kQueries) * 4;
-  static constexpr int warp_n_tiles = (kHd / 8 + Split_<kWarps>::m_tile_warps - 1) / Split_<kWarps>::m_tile_warps;
+  static constexpr int warp_n_tiles = (kHd / 8 + WarpRoles<kWarps>::m_tile_warps - 1) / WarpRoles<kWarps>::m_tile_warps;
 };
 
 struct Split {
@@ -67,6 +74,29 @@ __device__ inline void mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
       "{%0, %1, %2, %3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// d += A B for one m16n8k16 fp16 mma (A: a0 (g, 2t…2t+1), a1 (g + 8, 2t…), a2 (g, 2t+8…), a3 (g + 8, 2t+8…); B: b0
+// (2t…2t+1, g), b1 (2t+8…2t+9, g); d as the tf32 mma's).
+__device__ inline void mma16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// A pair of floats as fp16 pairs hi (rounded to nearest) and lo = the rounded remainder: 22 significant bits while the
+// values are normal in fp16 (the queries and keys are RMS-normalised: of order 1), an absolute error < 2⁻²⁵ below.
+__device__ inline uint32_t half2_bits(__half2 h) {
+  uint32_t bits;
+  memcpy(&bits, &h, sizeof bits);
+  return bits;
+}
+__device__ inline void split_f16(float2 x, uint32_t& hi, uint32_t& lo) {
+  const __half2 h = __float22half2_rn(x);
+  const float2 back = __half22float2(h);
+  hi = half2_bits(h);
+  lo = half2_bits(__float22half2_rn(make_float2(x.x - back.x, x.y - back.y)));
 }
 
 // The A fragment of one k-step at a (row stride `stride`), split.
@@ -102,11 +132,11 @@ struct PrefillArgs {
 
 // Copies the key and value rows (kv head `kv`) of the tile from `first` into shared memory; rows at or past `end`
 // become zeros.
-template <int kHd, int kWarps>
+template <int kHd, int kWarps, bool kF16>
 __device__ void copy_tile(const PrefillArgs& a, int kv, int first, int end, float* keys, float* values) {
-  using L = Layout<kHd, kWarps>;
+  using L = Layout<kHd, kWarps, kF16>;
   constexpr int quads = kHd / 4;  // 16-byte pieces of a row
-  for (int i = threadIdx.x; i < 2 * kPositions * quads; i += Split_<kWarps>::threads) {
+  for (int i = threadIdx.x; i < 2 * kPositions * quads; i += WarpRoles<kWarps>::threads) {
     const bool value = i >= kPositions * quads;
     const int j = i % (kPositions * quads) / quads, col = 4 * (i % quads), p = first + j;
     const bool in = p < end;
@@ -119,8 +149,8 @@ __device__ void copy_tile(const PrefillArgs& a, int kv, int first, int end, floa
 // `scores`; the three products of 3×TF32 in chains of their own.
 template <int kHd, int kWarps>
 __device__ void score_tile(const float* queries, const float* keys, float* scores, int mt, int first_n, int lane) {
-  using L = Layout<kHd, kWarps>;
-  constexpr int N = Split_<kWarps>::score_n_tiles;
+  using L = Layout<kHd, kWarps, false>;
+  constexpr int N = WarpRoles<kWarps>::score_n_tiles;
   const int g = lane / 4, t = lane % 4;
   float hi_hi[N][4] = {}, lo_hi[N][4] = {}, hi_lo[N][4] = {};
   const float* qa = queries + (16 * mt + g) * L::q_stride + t;
@@ -152,18 +182,59 @@ __device__ void score_tile(const float* queries, const float* keys, float* score
   }
 }
 
+// score_tile with fp16 products (kF16): queries (fp16 hi and lo halves, unscaled) · keys split at the load, then
+// times `scale` in fp32; the three products hi·hi, lo·hi, hi·lo in chains of their own, k-steps of 16.
+template <int kHd, int kWarps>
+__device__ void score_tile_f16(const uint32_t* q_hi, const uint32_t* q_lo, const float* keys, float* scores, int mt,
+                               int first_n, int lane, float scale) {
+  using L = Layout<kHd, kWarps, true>;
+  constexpr int N = WarpRoles<kWarps>::score_n_tiles;
+  const int g = lane / 4, t = lane % 4;
+  float hi_hi[N][4] = {}, lo_hi[N][4] = {}, hi_lo[N][4] = {};
+  const int qa = (16 * mt + g) * L::q_words + t;
+  const float* kb = keys + (8 * first_n + g) * L::k_stride + 2 * t;
+#pragma unroll 4
+  for (int k0 = 0; k0 < kHd; k0 += 16) {
+    const int w = qa + k0 / 2;
+    const uint32_t a_hi[4] = {q_hi[w], q_hi[w + 8 * L::q_words], q_hi[w + 4], q_hi[w + 8 * L::q_words + 4]};
+    const uint32_t a_lo[4] = {q_lo[w], q_lo[w + 8 * L::q_words], q_lo[w + 4], q_lo[w + 8 * L::q_words + 4]};
+    uint32_t b_hi[N][2], b_lo[N][2];
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      split_f16(*reinterpret_cast<const float2*>(kb + 8 * n * L::k_stride + k0), b_hi[n][0], b_lo[n][0]);
+      split_f16(*reinterpret_cast<const float2*>(kb + 8 * n * L::k_stride + k0 + 8), b_hi[n][1], b_lo[n][1]);
+    }
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      mma16(lo_hi[n], a_lo, b_hi[n][0], b_hi[n][1]);
+      mma16(hi_lo[n], a_hi, b_lo[n][0], b_lo[n][1]);
+      mma16(hi_hi[n], a_hi, b_hi[n][0], b_hi[n][1]);
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    float v[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] = (hi_hi[n][e] + (lo_hi[n][e] + hi_lo[n][e])) * scale;
+    float* at = scores + (16 * mt + g) * kScoreStride + 8 * (first_n + n) + 2 * t;
+    *reinterpret_cast<float2*>(at) = make_float2(v[0], v[1]);
+    *reinterpret_cast<float2*>(at + 8 * kScoreStride) = make_float2(v[2], v[3]);
+  }
+}
+
 // Output column tile i of a warp whose index within its m-tile's warps is `lane_of_tile`.
 template <int kWarps>
 __device__ inline int output_tile(int lane_of_tile, int i) {
-  return lane_of_tile + Split_<kWarps>::m_tile_warps * i;
+  return lane_of_tile + WarpRoles<kWarps>::m_tile_warps * i;
 }
 
 // acc (the warp's 16 queries × its 8-column output tiles) rescaled by the tile's factors, then += weights · values
 // over the tile's 32 positions.
-template <int kHd, int kWarps>
+template <int kHd, int kWarps, bool kF16>
 __device__ void value_tile(const float* weights, const float* values, const float* rescale,
-                           float (&acc)[Layout<kHd, kWarps>::warp_n_tiles][4], int mt, int column_warp, int lane) {
-  using L = Layout<kHd, kWarps>;
+                           float (&acc)[Layout<kHd, kWarps, kF16>::warp_n_tiles][4], int mt, int column_warp,
+                           int lane) {
+  using L = Layout<kHd, kWarps, kF16>;
   constexpr int N = L::warp_n_tiles;
   const int g = lane / 4, t = lane % 4;
   const float r0 = rescale[16 * mt + g], r1 = rescale[16 * mt + g + 8];
@@ -208,10 +279,10 @@ struct QuerySpan {
   }
 };
 
-template <int kHd, int kWarps>
-__global__ void __launch_bounds__(Split_<kWarps>::threads, 1) attend_prefill_kernel(PrefillArgs a) {
-  using L = Layout<kHd, kWarps>;
-  using W = Split_<kWarps>;
+template <int kHd, int kWarps, bool kF16>
+__global__ void __launch_bounds__(WarpRoles<kWarps>::threads, 1) attend_prefill_kernel(PrefillArgs a) {
+  using L = Layout<kHd, kWarps, kF16>;
+  using W = WarpRoles<kWarps>;
   constexpr int TQ = W::query_threads, TP = W::thread_positions;
   extern __shared__ __align__(16) float shared[];
   float* q_s = shared;
@@ -234,20 +305,28 @@ __global__ void __launch_bounds__(Split_<kWarps>::threads, 1) attend_prefill_ker
   const int last_row = min(a.rows - 1, (m_first + kQueries - 1) / group);
   const int end = int(first + last_row + 1), tiles = (end + kPositions - 1) / kPositions;
   const int tile_begin = int(int64_t(tiles) * c / a.chunks), tile_end = int(int64_t(tiles) * (c + 1) / a.chunks);
-  if (tile_begin < tile_end) copy_tile<kHd, kWarps>(a, kv, tile_begin * kPositions, end, k_s, v_s);
+  if (tile_begin < tile_end) copy_tile<kHd, kWarps, kF16>(a, kv, tile_begin * kPositions, end, k_s, v_s);
   commit_copies();
 
-  // The queries, in base-2 units (as attention.cu's walk), rows past the pass's zeros.
+  // The queries, rows past the pass's zeros: tf32 in base-2 units (as attention.cu's walk); fp16 unscaled (the
+  // scores take the scale), as hi and lo halves.
   const float score_scale = 1.4426950408889634f * rsqrtf(float(kHd));
+  uint32_t* q_hi = reinterpret_cast<uint32_t*>(q_s);
+  uint32_t* q_lo = q_hi + kQueries * L::q_words;
   for (int i = tid; i < kQueries * kHd / 4; i += W::threads) {
     const int q = i / (kHd / 4), col = 4 * (i % (kHd / 4)), m = m_first + q;
     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (m < queries) {
+    if (m < queries)
       v = *reinterpret_cast<const float4*>(a.queries + (size_t(m / group) * s.heads + kv * group + m % group) * kHd +
                                            col);
+    if constexpr (kF16) {
+      const int w = q * L::q_words + col / 2;
+      split_f16(make_float2(v.x, v.y), q_hi[w], q_lo[w]);
+      split_f16(make_float2(v.z, v.w), q_hi[w + 1], q_lo[w + 1]);
+    } else {
       v.x *= score_scale, v.y *= score_scale, v.z *= score_scale, v.w *= score_scale;
+      *reinterpret_cast<float4*>(q_s + q * L::q_stride + col) = v;
     }
-    *reinterpret_cast<float4*>(q_s + q * L::q_stride + col) = v;
   }
 
   // The softmax's query (TQ threads a query, TP positions of a tile each) and its running state.
@@ -268,8 +347,8 @@ __global__ void __launch_bounds__(Split_<kWarps>::threads, 1) attend_prefill_ker
     float* keys = k_s + stage * L::k_floats;
     float* values = v_s + stage * L::v_floats;
     if (tile + 1 < tile_end)
-      copy_tile<kHd, kWarps>(a, kv, (tile + 1) * kPositions, end, k_s + (stage ^ 1) * L::k_floats,
-                             v_s + (stage ^ 1) * L::v_floats);
+      copy_tile<kHd, kWarps, kF16>(a, kv, (tile + 1) * kPositions, end, k_s + (stage ^ 1) * L::k_floats,
+                                   v_s + (stage ^ 1) * L::v_floats);
     commit_copies();
     const int p0 = tile * kPositions + TP * part;
     unsigned chosen = 0;  // of the thread's TP positions; the selection's loads are in flight during the scores
@@ -277,7 +356,10 @@ __global__ void __launch_bounds__(Split_<kWarps>::threads, 1) attend_prefill_ker
     for (int j = 0; j < TP; ++j) chosen |= unsigned(span.chosen(p0 + j, s.ratio)) << j;
     wait_copies_but_last();
     __syncthreads();
-    score_tile<kHd, kWarps>(q_s, keys, p_s, mt, column_warp * W::score_n_tiles, lane);
+    if constexpr (kF16)
+      score_tile_f16<kHd, kWarps>(q_hi, q_lo, keys, p_s, mt, column_warp * W::score_n_tiles, lane, score_scale);
+    else
+      score_tile<kHd, kWarps>(q_s, keys, p_s, mt, column_warp * W::score_n_tiles, lane);
     __syncthreads();
 
     float* scores = p_s + qi * kScoreStride + TP * part;
@@ -310,7 +392,7 @@ __global__ void __launch_bounds__(Split_<kWarps>::threads, 1) attend_prefill_ker
       *reinterpret_cast<float4*>(scores + j) = make_float4(w[j], w[j + 1], w[j + 2], w[j + 3]);
     if (part == 0) factor_s[qi] = factor;
     __syncthreads();
-    value_tile<kHd, kWarps>(p_s, values, factor_s, acc, mt, column_warp, lane);
+    value_tile<kHd, kWarps, kF16>(p_s, values, factor_s, acc, mt, column_warp, lane);
     __syncthreads();  // the stage and the weights are free for the next tile
   }
 
@@ -434,24 +516,37 @@ int prefill_chunks(const AttentionShape& s, int rows, int launch_tokens) {
   return best;
 }
 
-// Warps a block: VAVILOV_ATTEND_WARPS=8 or 16 (read once; measurement knob, default 16).
+// Measurement knobs, read once: VAVILOV_ATTEND_WARPS=8 (else 16 warps a block) and VAVILOV_ATTEND_SCORES=tf32 (else
+// fp16 products for the scores where the head dim has k-steps of 16).
+bool env_is(const char* name, const char* value) {
+  const char* set = std::getenv(name);
+  return set && std::strcmp(set, value) == 0;
+}
 int block_warps() {
-  static const int warps = [] {
-    const char* value = std::getenv("VAVILOV_ATTEND_WARPS");
-    return value && std::strcmp(value, "8") == 0 ? 8 : 16;
-  }();
+  static const int warps = env_is("VAVILOV_ATTEND_WARPS", "8") ? 8 : 16;
   return warps;
+}
+bool f16_scores() {
+  static const bool f16 = !env_is("VAVILOV_ATTEND_SCORES", "tf32");
+  return f16;
+}
+
+template <int kHd, int kWarps, bool kF16>
+void launch_prefill(const PrefillArgs& args, dim3 grid, cudaStream_t stream) {
+  using L = Layout<kHd, kWarps, kF16>;
+  static const bool sized = [] {
+    return cudaFuncSetAttribute(attend_prefill_kernel<kHd, kWarps, kF16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                int(L::bytes)) == cudaSuccess;
+  }();
+  (void)sized;  // a failure shows as the launch's error
+  launch_dependent(attend_prefill_kernel<kHd, kWarps, kF16>, grid, WarpRoles<kWarps>::threads, L::bytes, stream, args);
 }
 
 template <int kHd, int kWarps>
 void launch_prefill(const PrefillArgs& args, dim3 grid, cudaStream_t stream) {
-  static const bool sized = [] {
-    return cudaFuncSetAttribute(attend_prefill_kernel<kHd, kWarps>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                int(Layout<kHd, kWarps>::bytes)) == cudaSuccess;
-  }();
-  (void)sized;  // a failure shows as the launch's error
-  launch_dependent(attend_prefill_kernel<kHd, kWarps>, grid, Split_<kWarps>::threads, Layout<kHd, kWarps>::bytes,
-                   stream, args);
+  if constexpr (kHd >= 16)
+    if (f16_scores()) return launch_prefill<kHd, kWarps, true>(args, grid, stream);
+  launch_prefill<kHd, kWarps, false>(args, grid, stream);
 }
 
 template <int kHd>
