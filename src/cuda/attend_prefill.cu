@@ -355,7 +355,9 @@ __global__ void __launch_bounds__(WarpRoles<kWarps>::threads, 1) attend_prefill_
 #pragma unroll 1          // a rolled loop: the kernel's code stays small (cold instruction fetches)
     for (int j = 0; j < TP; ++j) chosen |= unsigned(span.chosen(p0 + j, s.ratio)) << j;
     wait_copies_but_last();
-    __syncthreads();
+    // A tile none of the block's queries chose costs no products: its copy was in flight, nothing reads it, and the
+    // running softmaxes stay as they are.
+    if (!__syncthreads_or(chosen != 0)) continue;
     if constexpr (kF16)
       score_tile_f16<kHd, kWarps>(q_hi, q_lo, keys, p_s, mt, column_warp * W::score_n_tiles, lane, score_scale);
     else

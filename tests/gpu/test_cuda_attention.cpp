@@ -11,8 +11,8 @@
 // between a warp's batches of positions. Passes of more than 4 rows take the tensor-core kernel (attend_prefill.cuh):
 // the first pass of a prompt, 32 rows at 4000 positions with a random block selection, rows on both sides of the
 // indexer's limit (2051 positions), a tile of queries the pass does not fill, sharp softmaxes whose peaks move between
-// position tiles, 130 rows (many query tiles, their positions split into chunks), and the tiny fixtures' head dims and
-// groups.
+// position tiles, 130 rows (many query tiles, their positions split into chunks), a sparse selection that leaves
+// position tiles no query of a block chose (skipped), and the tiny fixtures' head dims and groups.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -178,6 +178,7 @@ TEST(CudaAttention, PrefillPassesOnTheTensorCores) {
   expect_matches_reference({kFlashNext, 37, 2030, 2067, 0.5}, "37 rows across the indexer's limit");
   expect_matches_reference({kFlashNext, 5, 300, 305, 1.0, 3.0f}, "5 rows at 300 positions, queries of deviation 3");
   expect_matches_reference({kFlashNext, 130, 2100, 2230, 0.5}, "130 rows at 2100 positions (25 query tiles a kv head)");
+  expect_matches_reference({kFlashNext, 16, 4000, 4016, 0.03}, "16 rows keeping 3 % of blocks (tiles nobody chose)");
 }
 
 // The tiny fixtures' shapes on the prefill kernel (also fast enough for compute-sanitizer).
