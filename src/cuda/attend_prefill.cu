@@ -1,8 +1,4 @@
-#include <cuda_fp16.h>
-
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include "cuda/attend_prefill.cuh"
 #include "cuda/device_math.cuh"
@@ -30,31 +26,28 @@ constexpr int kMaxChunks = 12;                // chunks a query tile's positions
 constexpr int kSlotsPerSM = 3;      // blocks × chunks of a split launch, per multiprocessor (bounds the scratch)
 constexpr int kMinChunkTiles = 4;   // position tiles a chunk takes at least
 constexpr int kPrefillMinRows = 5;  // passes of more rows than a verify pass take this kernel
+constexpr int kDenseSpan = 4;       // ... while a row sees at most this many times the positions its indexer keeps
 
-// How kWarps warps share a block's work: kMTileWarps warps an m-tile of 16 queries; in the scores each takes
-// kScoreNTiles n-tiles of 8 positions, in the weighted values the 8-column output tiles ≡ its index (mod
-// kMTileWarps); in the softmax kQueryThreads threads a query take kThreadPositions positions each.
-template <int kWarps>
+// How a block's kWarps warps share its work: m_tile_warps warps an m-tile of 16 queries; in the scores each takes
+// score_n_tiles n-tiles of 8 positions, in the weighted values the 8-column output tiles ≡ its index (mod
+// m_tile_warps); in the softmax query_threads threads a query take thread_positions positions each. 16 warps (one
+// block a multiprocessor, its shared memory) measured as fast as 8 in the prefill.
+constexpr int kWarps = 16;
 struct WarpRoles {
   static constexpr int threads = 32 * kWarps, m_tile_warps = kWarps / 4, score_n_tiles = 4 / m_tile_warps;
   static constexpr int query_threads = threads / kQueries, thread_positions = kPositions / query_threads;
 };
 
 // Shared memory of a block: the queries, two stages of key and value tiles, the scores (then weights) and per query
-// the tile's rescale factor and the final sum. Row strides: tf32 keys and queries ≡ 4 (mod 32) banks apart (their
-// fragments read (row g, column t) over g < 8, t < 4), values ≡ 8 (mod 32) (theirs read (row t, column g)). With
-// fp16 scores (kF16) the queries are stored as fp16 hi and lo halves (pairs of columns a word, rows ≡ 4 words apart)
-// and the keys' rows ≡ 8 apart (each lane reads a pair of columns at (row g, 2t): 64-bit loads, half a warp at a
-// time).
-template <int kHd, int kWarps, bool kF16>
+// the tile's rescale factor and the final sum. Row strides: keys and queries ≡ 4 (mod 32) banks apart (their fragments
+// read (row g, column t) over g < 8, t < 4), values ≡ 8 (mod 32) (theirs read (row t, column g)).
+template <int kHd>
 struct Layout {
-  static constexpr int q_stride = kHd + 4, k_stride = kHd + (kF16 ? 8 : 4), v_stride = kHd + (kHd % 16 == 0 ? 8 : 0);
-  static constexpr int q_words = kHd / 2 + 4;  // a row of fp16 pairs (kF16)
-  static constexpr int q_floats = kF16 ? 2 * kQueries * q_words : kQueries * q_stride;
-  static constexpr int k_floats = kPositions * k_stride;
+  static constexpr int q_stride = kHd + 4, k_stride = kHd + 4, v_stride = kHd + (kHd % 16 == 0 ? 8 : 0);
+  static constexpr int q_floats = kQueries * q_stride, k_floats = kPositions * k_stride;
   static constexpr int v_floats = kPositions * v_stride, s_floats = kQueries * kScoreStride;
   static constexpr size_t bytes = size_t(q_floats + 2 * k_floats + 2 * v_floats + s_floats + 2 * kQueries) * 4;
-  static constexpr int warp_n_tiles = (kHd / 8 + WarpRoles<kWarps>::m_tile_warps - 1) / WarpRoles<kWarps>::m_tile_warps;
+  static constexpr int warp_n_tiles = (kHd / 8 + WarpRoles::m_tile_warps - 1) / WarpRoles::m_tile_warps;
 };
 
 struct Split {
@@ -74,29 +67,6 @@ __device__ inline void mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
       "{%0, %1, %2, %3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// d += A B for one m16n8k16 fp16 mma (A: a0 (g, 2t…2t+1), a1 (g + 8, 2t…), a2 (g, 2t+8…), a3 (g + 8, 2t+8…); B: b0
-// (2t…2t+1, g), b1 (2t+8…2t+9, g); d as the tf32 mma's).
-__device__ inline void mma16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// A pair of floats as fp16 pairs hi (rounded to nearest) and lo = the rounded remainder: 22 significant bits while the
-// values are normal in fp16 (the queries and keys are RMS-normalised: of order 1), an absolute error < 2⁻²⁵ below.
-__device__ inline uint32_t half2_bits(__half2 h) {
-  uint32_t bits;
-  memcpy(&bits, &h, sizeof bits);
-  return bits;
-}
-__device__ inline void split_f16(float2 x, uint32_t& hi, uint32_t& lo) {
-  const __half2 h = __float22half2_rn(x);
-  const float2 back = __half22float2(h);
-  hi = half2_bits(h);
-  lo = half2_bits(__float22half2_rn(make_float2(x.x - back.x, x.y - back.y)));
 }
 
 // The A fragment of one k-step at a (row stride `stride`), split.
@@ -132,11 +102,11 @@ struct PrefillArgs {
 
 // Copies the key and value rows (kv head `kv`) of the tile from `first` into shared memory; rows at or past `end`
 // become zeros.
-template <int kHd, int kWarps, bool kF16>
+template <int kHd>
 __device__ void copy_tile(const PrefillArgs& a, int kv, int first, int end, float* keys, float* values) {
-  using L = Layout<kHd, kWarps, kF16>;
+  using L = Layout<kHd>;
   constexpr int quads = kHd / 4;  // 16-byte pieces of a row
-  for (int i = threadIdx.x; i < 2 * kPositions * quads; i += WarpRoles<kWarps>::threads) {
+  for (int i = threadIdx.x; i < 2 * kPositions * quads; i += WarpRoles::threads) {
     const bool value = i >= kPositions * quads;
     const int j = i % (kPositions * quads) / quads, col = 4 * (i % quads), p = first + j;
     const bool in = p < end;
@@ -147,10 +117,10 @@ __device__ void copy_tile(const PrefillArgs& a, int kv, int first, int end, floa
 
 // Scores of the warp's 16 queries (m-tile mt) and its kScoreNTiles n-tiles of 8 positions (from 8·first_n) into
 // `scores`; the three products of 3×TF32 in chains of their own.
-template <int kHd, int kWarps>
+template <int kHd>
 __device__ void score_tile(const float* queries, const float* keys, float* scores, int mt, int first_n, int lane) {
-  using L = Layout<kHd, kWarps, false>;
-  constexpr int N = WarpRoles<kWarps>::score_n_tiles;
+  using L = Layout<kHd>;
+  constexpr int N = WarpRoles::score_n_tiles;
   const int g = lane / 4, t = lane % 4;
   float hi_hi[N][4] = {}, lo_hi[N][4] = {}, hi_lo[N][4] = {};
   const float* qa = queries + (16 * mt + g) * L::q_stride + t;
@@ -182,59 +152,15 @@ __device__ void score_tile(const float* queries, const float* keys, float* score
   }
 }
 
-// score_tile with fp16 products (kF16): queries (fp16 hi and lo halves, unscaled) · keys split at the load, then
-// times `scale` in fp32; the three products hi·hi, lo·hi, hi·lo in chains of their own, k-steps of 16.
-template <int kHd, int kWarps>
-__device__ void score_tile_f16(const uint32_t* q_hi, const uint32_t* q_lo, const float* keys, float* scores, int mt,
-                               int first_n, int lane, float scale) {
-  using L = Layout<kHd, kWarps, true>;
-  constexpr int N = WarpRoles<kWarps>::score_n_tiles;
-  const int g = lane / 4, t = lane % 4;
-  float hi_hi[N][4] = {}, lo_hi[N][4] = {}, hi_lo[N][4] = {};
-  const int qa = (16 * mt + g) * L::q_words + t;
-  const float* kb = keys + (8 * first_n + g) * L::k_stride + 2 * t;
-#pragma unroll 4
-  for (int k0 = 0; k0 < kHd; k0 += 16) {
-    const int w = qa + k0 / 2;
-    const uint32_t a_hi[4] = {q_hi[w], q_hi[w + 8 * L::q_words], q_hi[w + 4], q_hi[w + 8 * L::q_words + 4]};
-    const uint32_t a_lo[4] = {q_lo[w], q_lo[w + 8 * L::q_words], q_lo[w + 4], q_lo[w + 8 * L::q_words + 4]};
-    uint32_t b_hi[N][2], b_lo[N][2];
-#pragma unroll
-    for (int n = 0; n < N; ++n) {
-      split_f16(*reinterpret_cast<const float2*>(kb + 8 * n * L::k_stride + k0), b_hi[n][0], b_lo[n][0]);
-      split_f16(*reinterpret_cast<const float2*>(kb + 8 * n * L::k_stride + k0 + 8), b_hi[n][1], b_lo[n][1]);
-    }
-#pragma unroll
-    for (int n = 0; n < N; ++n) {
-      mma16(lo_hi[n], a_lo, b_hi[n][0], b_hi[n][1]);
-      mma16(hi_lo[n], a_hi, b_lo[n][0], b_lo[n][1]);
-      mma16(hi_hi[n], a_hi, b_hi[n][0], b_hi[n][1]);
-    }
-  }
-#pragma unroll
-  for (int n = 0; n < N; ++n) {
-    float v[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) v[e] = (hi_hi[n][e] + (lo_hi[n][e] + hi_lo[n][e])) * scale;
-    float* at = scores + (16 * mt + g) * kScoreStride + 8 * (first_n + n) + 2 * t;
-    *reinterpret_cast<float2*>(at) = make_float2(v[0], v[1]);
-    *reinterpret_cast<float2*>(at + 8 * kScoreStride) = make_float2(v[2], v[3]);
-  }
-}
-
 // Output column tile i of a warp whose index within its m-tile's warps is `lane_of_tile`.
-template <int kWarps>
-__device__ inline int output_tile(int lane_of_tile, int i) {
-  return lane_of_tile + WarpRoles<kWarps>::m_tile_warps * i;
-}
+__device__ inline int output_tile(int lane_of_tile, int i) { return lane_of_tile + WarpRoles::m_tile_warps * i; }
 
 // acc (the warp's 16 queries × its 8-column output tiles) rescaled by the tile's factors, then += weights · values
 // over the tile's 32 positions.
-template <int kHd, int kWarps, bool kF16>
+template <int kHd>
 __device__ void value_tile(const float* weights, const float* values, const float* rescale,
-                           float (&acc)[Layout<kHd, kWarps, kF16>::warp_n_tiles][4], int mt, int column_warp,
-                           int lane) {
-  using L = Layout<kHd, kWarps, kF16>;
+                           float (&acc)[Layout<kHd>::warp_n_tiles][4], int mt, int column_warp, int lane) {
+  using L = Layout<kHd>;
   constexpr int N = L::warp_n_tiles;
   const int g = lane / 4, t = lane % 4;
   const float r0 = rescale[16 * mt + g], r1 = rescale[16 * mt + g + 8];
@@ -247,7 +173,7 @@ __device__ void value_tile(const float* weights, const float* values, const floa
     load_a(a, pa + k0, kScoreStride);
 #pragma unroll
     for (int i = 0; i < N; ++i) {
-      const int n0 = 8 * output_tile<kWarps>(column_warp, i);
+      const int n0 = 8 * output_tile(column_warp, i);
       if (n0 >= kHd) break;
       b[i][0] = split_tf32(values[(k0 + t) * L::v_stride + n0 + g]);
       b[i][1] = split_tf32(values[(k0 + t + 4) * L::v_stride + n0 + g]);
@@ -255,15 +181,15 @@ __device__ void value_tile(const float* weights, const float* values, const floa
     // Term by term over the tiles: each tile's three mma are a chain, so its neighbours' run in between.
 #pragma unroll
     for (int i = 0; i < N; ++i)
-      if (8 * output_tile<kWarps>(column_warp, i) < kHd)
+      if (8 * output_tile(column_warp, i) < kHd)
         mma(acc[i], a[0].lo, a[1].lo, a[2].lo, a[3].lo, b[i][0].hi, b[i][1].hi);
 #pragma unroll
     for (int i = 0; i < N; ++i)
-      if (8 * output_tile<kWarps>(column_warp, i) < kHd)
+      if (8 * output_tile(column_warp, i) < kHd)
         mma(acc[i], a[0].hi, a[1].hi, a[2].hi, a[3].hi, b[i][0].lo, b[i][1].lo);
 #pragma unroll
     for (int i = 0; i < N; ++i)
-      if (8 * output_tile<kWarps>(column_warp, i) < kHd)
+      if (8 * output_tile(column_warp, i) < kHd)
         mma(acc[i], a[0].hi, a[1].hi, a[2].hi, a[3].hi, b[i][0].hi, b[i][1].hi);
   }
 }
@@ -279,10 +205,10 @@ struct QuerySpan {
   }
 };
 
-template <int kHd, int kWarps, bool kF16>
-__global__ void __launch_bounds__(WarpRoles<kWarps>::threads, 1) attend_prefill_kernel(PrefillArgs a) {
-  using L = Layout<kHd, kWarps, kF16>;
-  using W = WarpRoles<kWarps>;
+template <int kHd>
+__global__ void __launch_bounds__(WarpRoles::threads, 1) attend_prefill_kernel(PrefillArgs a) {
+  using L = Layout<kHd>;
+  using W = WarpRoles;
   constexpr int TQ = W::query_threads, TP = W::thread_positions;
   extern __shared__ __align__(16) float shared[];
   float* q_s = shared;
@@ -305,28 +231,20 @@ __global__ void __launch_bounds__(WarpRoles<kWarps>::threads, 1) attend_prefill_
   const int last_row = min(a.rows - 1, (m_first + kQueries - 1) / group);
   const int end = int(first + last_row + 1), tiles = (end + kPositions - 1) / kPositions;
   const int tile_begin = int(int64_t(tiles) * c / a.chunks), tile_end = int(int64_t(tiles) * (c + 1) / a.chunks);
-  if (tile_begin < tile_end) copy_tile<kHd, kWarps, kF16>(a, kv, tile_begin * kPositions, end, k_s, v_s);
+  if (tile_begin < tile_end) copy_tile<kHd>(a, kv, tile_begin * kPositions, end, k_s, v_s);
   commit_copies();
 
-  // The queries, rows past the pass's zeros: tf32 in base-2 units (as attention.cu's walk); fp16 unscaled (the
-  // scores take the scale), as hi and lo halves.
+  // The queries, in base-2 units (as attention.cu's walk), rows past the pass's zeros.
   const float score_scale = 1.4426950408889634f * rsqrtf(float(kHd));
-  uint32_t* q_hi = reinterpret_cast<uint32_t*>(q_s);
-  uint32_t* q_lo = q_hi + kQueries * L::q_words;
   for (int i = tid; i < kQueries * kHd / 4; i += W::threads) {
     const int q = i / (kHd / 4), col = 4 * (i % (kHd / 4)), m = m_first + q;
     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (m < queries)
+    if (m < queries) {
       v = *reinterpret_cast<const float4*>(a.queries + (size_t(m / group) * s.heads + kv * group + m % group) * kHd +
                                            col);
-    if constexpr (kF16) {
-      const int w = q * L::q_words + col / 2;
-      split_f16(make_float2(v.x, v.y), q_hi[w], q_lo[w]);
-      split_f16(make_float2(v.z, v.w), q_hi[w + 1], q_lo[w + 1]);
-    } else {
       v.x *= score_scale, v.y *= score_scale, v.z *= score_scale, v.w *= score_scale;
-      *reinterpret_cast<float4*>(q_s + q * L::q_stride + col) = v;
     }
+    *reinterpret_cast<float4*>(q_s + q * L::q_stride + col) = v;
   }
 
   // The softmax's query (TQ threads a query, TP positions of a tile each) and its running state.
@@ -347,21 +265,18 @@ __global__ void __launch_bounds__(WarpRoles<kWarps>::threads, 1) attend_prefill_
     float* keys = k_s + stage * L::k_floats;
     float* values = v_s + stage * L::v_floats;
     if (tile + 1 < tile_end)
-      copy_tile<kHd, kWarps, kF16>(a, kv, (tile + 1) * kPositions, end, k_s + (stage ^ 1) * L::k_floats,
-                                   v_s + (stage ^ 1) * L::v_floats);
+      copy_tile<kHd>(a, kv, (tile + 1) * kPositions, end, k_s + (stage ^ 1) * L::k_floats,
+                     v_s + (stage ^ 1) * L::v_floats);
     commit_copies();
     const int p0 = tile * kPositions + TP * part;
-    unsigned chosen = 0;  // of the thread's TP positions; the selection's loads are in flight during the scores
-#pragma unroll 1          // a rolled loop: the kernel's code stays small (cold instruction fetches)
+    unsigned chosen = 0;  // of the thread's TP positions (their selection loads in flight together)
+#pragma unroll
     for (int j = 0; j < TP; ++j) chosen |= unsigned(span.chosen(p0 + j, s.ratio)) << j;
     wait_copies_but_last();
     // A tile none of the block's queries chose costs no products: its copy was in flight, nothing reads it, and the
     // running softmaxes stay as they are.
     if (!__syncthreads_or(chosen != 0)) continue;
-    if constexpr (kF16)
-      score_tile_f16<kHd, kWarps>(q_hi, q_lo, keys, p_s, mt, column_warp * W::score_n_tiles, lane, score_scale);
-    else
-      score_tile<kHd, kWarps>(q_s, keys, p_s, mt, column_warp * W::score_n_tiles, lane);
+    score_tile<kHd>(q_s, keys, p_s, mt, column_warp * W::score_n_tiles, lane);
     __syncthreads();
 
     float* scores = p_s + qi * kScoreStride + TP * part;
@@ -394,7 +309,7 @@ __global__ void __launch_bounds__(WarpRoles<kWarps>::threads, 1) attend_prefill_
       *reinterpret_cast<float4*>(scores + j) = make_float4(w[j], w[j + 1], w[j + 2], w[j + 3]);
     if (part == 0) factor_s[qi] = factor;
     __syncthreads();
-    value_tile<kHd, kWarps, kF16>(p_s, values, factor_s, acc, mt, column_warp, lane);
+    value_tile<kHd>(p_s, values, factor_s, acc, mt, column_warp, lane);
     __syncthreads();  // the stage and the weights are free for the next tile
   }
 
@@ -408,7 +323,7 @@ __global__ void __launch_bounds__(WarpRoles<kWarps>::threads, 1) attend_prefill_
   if (a.chunks == 1) {
 #pragma unroll
     for (int i = 0; i < L::warp_n_tiles; ++i) {
-      const int d0 = 8 * output_tile<kWarps>(column_warp, i) + 2 * t;
+      const int d0 = 8 * output_tile(column_warp, i) + 2 * t;
       if (d0 >= kHd) break;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -427,7 +342,7 @@ __global__ void __launch_bounds__(WarpRoles<kWarps>::threads, 1) attend_prefill_
   float* partial = a.scratch.values + slot * kQueries * kHd;
 #pragma unroll
   for (int i = 0; i < L::warp_n_tiles; ++i) {
-    const int d0 = 8 * output_tile<kWarps>(column_warp, i) + 2 * t;
+    const int d0 = 8 * output_tile(column_warp, i) + 2 * t;
     if (d0 >= kHd) break;
     const int q = 16 * mt + g;
     *reinterpret_cast<float2*>(partial + q * kHd + d0) = make_float2(acc[i][0], acc[i][1]);
@@ -518,50 +433,26 @@ int prefill_chunks(const AttentionShape& s, int rows, int launch_tokens) {
   return best;
 }
 
-// Measurement knobs, read once: VAVILOV_ATTEND_WARPS=8 (else 16 warps a block) and VAVILOV_ATTEND_SCORES=tf32 (else
-// fp16 products for the scores where the head dim has k-steps of 16).
-bool env_is(const char* name, const char* value) {
-  const char* set = std::getenv(name);
-  return set && std::strcmp(set, value) == 0;
-}
-int block_warps() {
-  static const int warps = env_is("VAVILOV_ATTEND_WARPS", "8") ? 8 : 16;
-  return warps;
-}
-bool f16_scores() {
-  static const bool f16 = !env_is("VAVILOV_ATTEND_SCORES", "tf32");
-  return f16;
-}
-
-template <int kHd, int kWarps, bool kF16>
-void launch_prefill(const PrefillArgs& args, dim3 grid, cudaStream_t stream) {
-  using L = Layout<kHd, kWarps, kF16>;
-  static const bool sized = [] {
-    return cudaFuncSetAttribute(attend_prefill_kernel<kHd, kWarps, kF16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                int(L::bytes)) == cudaSuccess;
-  }();
-  (void)sized;  // a failure shows as the launch's error
-  launch_dependent(attend_prefill_kernel<kHd, kWarps, kF16>, grid, WarpRoles<kWarps>::threads, L::bytes, stream, args);
-}
-
-template <int kHd, int kWarps>
-void launch_prefill(const PrefillArgs& args, dim3 grid, cudaStream_t stream) {
-  if constexpr (kHd >= 16)
-    if (f16_scores()) return launch_prefill<kHd, kWarps, true>(args, grid, stream);
-  launch_prefill<kHd, kWarps, false>(args, grid, stream);
-}
-
 template <int kHd>
 void launch_prefill(const PrefillArgs& args, dim3 grid, cudaStream_t stream) {
-  if (block_warps() == 8) return launch_prefill<kHd, 8>(args, grid, stream);
-  launch_prefill<kHd, 16>(args, grid, stream);
+  static const bool sized = [] {
+    return cudaFuncSetAttribute(attend_prefill_kernel<kHd>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                int(Layout<kHd>::bytes)) == cudaSuccess;
+  }();
+  (void)sized;  // a failure shows as the launch's error
+  launch_dependent(attend_prefill_kernel<kHd>, grid, WarpRoles::threads, Layout<kHd>::bytes, stream, args);
 }
 
 }  // namespace
 
-bool attend_prefill_takes(const AttentionShape& s, int rows) {
+// The kernel's work grows with every position a row sees, chosen or not (a tile is skipped only when no query of the
+// block chose it); attend_kernel's with the chosen ones. On the H200 (synthetic Flash-Next, 512-row passes) this kernel
+// took 162 µs a pass at 512 positions and 2526 at 8192 against attend_kernel's 409 and 2623, which stays at ~2.6 ms
+// from 4096 on: past kDenseSpan × the kept positions (8192 at Flash-Next's 2048) attend_kernel is the faster.
+bool attend_prefill_takes(const AttentionShape& s, int rows, int launch_tokens) {
   const int hd = s.head_dim;
-  return rows >= kPrefillMinRows && (hd == 8 || hd == 16 || hd == 32 || hd == 64 || hd == 128 || hd == 256);
+  return rows >= kPrefillMinRows && int64_t(launch_tokens) <= int64_t(kDenseSpan) * s.keep_blocks * s.ratio &&
+         (hd == 8 || hd == 16 || hd == 32 || hd == 64 || hd == 128 || hd == 256);
 }
 
 // A split launch has at most kSlotsPerSM blocks × chunks a multiprocessor (prefill_chunks), whatever its rows.

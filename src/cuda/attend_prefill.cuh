@@ -11,9 +11,10 @@
 
 namespace vavilov::cuda {
 
-// Whether attend_prefill takes a pass of `rows` rows at this shape: more rows than a verify pass (4) and a head dim of
-// 8, 16, 32, 64, 128 or 256.
-bool attend_prefill_takes(const AttentionShape& shape, int rows);
+// Whether attend_prefill takes a pass of `rows` rows whose rows see fewer than launch_tokens positions: more rows than
+// a verify pass (4), at most 4 × the positions the indexer keeps (keep_blocks · ratio) and a head dim of 8, 16, 32,
+// 64, 128 or 256.
+bool attend_prefill_takes(const AttentionShape& shape, int rows, int launch_tokens);
 
 // Its scratch (AttendScratch: values, stats, arrival counters), the same for passes of any number of rows: a launch
 // splits its query tiles' positions only while blocks × chunks stay within a few per multiprocessor.

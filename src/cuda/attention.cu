@@ -540,7 +540,7 @@ void sparse_attention(const AttentionShape& s, const float* queries, const float
                       const int64_t* settled_position, const AttentionBounds& bounds, const AttendScratch& scratch,
                       float* out, cudaStream_t stream) {
   if (rows == 0) return;
-  if (attend_prefill_takes(s, rows))
+  if (attend_prefill_takes(s, rows, bounds.launch_tokens))
     return attend_prefill(s, queries, q_gate, keys, values, selected, rows, first_position, bounds, scratch, out,
                           stream);
   const int heads = attend_heads(s), chunks = attend_chunks(rows, bounds.launch_tokens);

@@ -12,7 +12,9 @@
 // the first pass of a prompt, 32 rows at 4000 positions with a random block selection, rows on both sides of the
 // indexer's limit (2051 positions), a tile of queries the pass does not fill, sharp softmaxes whose peaks move between
 // position tiles, 130 rows (many query tiles, their positions split into chunks), a sparse selection that leaves
-// position tiles no query of a block chose (skipped), and the tiny fixtures' head dims and groups.
+// position tiles no query of a block chose (skipped), and the tiny fixtures' head dims and groups (keeping enough
+// blocks that their spans stay within the kernel's: 4 × the kept positions). Past that span passes walk the chosen
+// positions as decode does (8 rows at 8500 positions).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -183,10 +185,15 @@ TEST(CudaAttention, PrefillPassesOnTheTensorCores) {
 
 // The tiny fixtures' shapes on the prefill kernel (also fast enough for compute-sanitizer).
 TEST(CudaAttention, PrefillPassesOfTinyHeads) {
-  expect_matches_reference({{6, 2, 8, 4, 16, 4, 2}, 9, 40, 49, 0.5, 3.0f}, "9 rows, groups of 3 heads of 8");
+  expect_matches_reference({{6, 2, 8, 4, 16, 4, 4}, 9, 40, 49, 0.5, 3.0f}, "9 rows, groups of 3 heads of 8");
   expect_matches_reference({{2, 1, 32, 4, 16, 2, 4}, 7, 17, 24, 0.5}, "7 rows, a group of 2 heads of 32");
   expect_matches_reference({{8, 1, 16, 4, 16, 4, 2}, 6, 0, 6, 1.0}, "6 rows from the first position, heads of 16");
-  expect_matches_reference({{4, 2, 16, 4, 16, 4, 2}, 70, 100, 170, 0.5}, "70 rows, 2 query tiles a kv head");
+  expect_matches_reference({{4, 2, 16, 4, 16, 4, 16}, 70, 100, 170, 0.5}, "70 rows, 2 query tiles a kv head");
+}
+
+// Past 4 × the kept positions a several-row pass walks the chosen positions (attend_kernel, one chunk a row).
+TEST(CudaAttention, PrefillPassPastTheDenseSpan) {
+  expect_matches_reference({kFlashNext, 8, 8500, 8508, 0.25}, "8 rows at 8500 positions, a quarter of blocks");
 }
 
 TEST(CudaAttention, OneChunkWritesTheOutputItself) {
