@@ -12,9 +12,10 @@ namespace {
 // row m / group, so that a tile holds the heads of a few neighbouring rows — over the c-th of `chunks` equal parts of
 // the position tiles its last row sees. Per tile of 32 positions (keys and values copied by cp.async one tile ahead):
 // the 64 × 32 scores on the tensor cores (queries · keysᵀ), a running softmax per query over its row's chosen
-// positions (4 threads a query), the 64 × head_dim weighted values on the tensor cores (weights · values). Before, a
-// block took one row's 4 heads and walked its positions on the CUDA cores, so each key and value row was read once
-// per row and head set of the pass (64 × 3 times a kv head at 64 rows) and every multiply-add was a scalar one.
+// positions (8 threads a query), the 64 × head_dim weighted values on the tensor cores (weights · values); a tile that
+// no query of the block chose is skipped. Before, a block took one row's 4 heads and walked its positions on the CUDA
+// cores, so each key and value row was read once per row and head set of the pass (64 × 3 times a kv head at 64
+// rows) and every multiply-add was a scalar one.
 // Products are 3×TF32: each fp32 operand split into a tf32 hi and lo = x − hi, hi·hi + hi·lo + lo·hi accumulated in
 // fp32 (the dropped lo·lo and lo's truncation to tf32 are ~2⁻²⁰ relative: fp32 accuracy). A query's unchosen positions
 // (past its row, or in a block its indexer dropped) get weight 0; positions past the last row are zero-filled.
