@@ -5,16 +5,16 @@
 // the weighted sum of the values, times σ(gate). Shapes: Flash-Next's (24 heads over 2 kv heads of 256) at the decode
 // step's short context under a captured step's wide launch bound (one chunk: a row of a 1-row pass takes one per 256
 // positions of its context), 1 row at 4701 positions (19 chunks), 4 rows at 5000 positions with a random block
-// selection (32 chunks: rows of several-row passes split down to a position a warp), a prefill pass of 64 rows (2
-// chunks), a bound of one chunk (the block writes the output without the cross-chunk merge), the tiny fixtures'
-// head groups of 3 and 2 (head dims 8, 32), and sharp softmaxes (queries of deviation 3) whose running peaks move
-// between a warp's batches of positions. Passes of more than 4 rows take the tensor-core kernel (attend_prefill.cuh):
-// the first pass of a prompt, 32 rows at 4000 positions with a random block selection, rows on both sides of the
-// indexer's limit (2051 positions), a tile of queries the pass does not fill, sharp softmaxes whose peaks move between
-// position tiles, 130 rows (many query tiles, their positions split into chunks), a sparse selection that leaves
-// position tiles no query of a block chose (skipped), and the tiny fixtures' head dims and groups (keeping enough
-// blocks that their spans stay within the kernel's: 4 × the kept positions). Past that span passes walk the chosen
-// positions as decode does (8 rows at 8500 positions).
+// selection (32 chunks: rows of several-row passes split down to a position a warp), a prefill pass of 64 rows (on the
+// tensor-core kernel below), a bound of one chunk (the block writes the output without the cross-chunk merge), the tiny
+// fixtures' head groups of 3 and 2 (head dims 8, 32), and sharp softmaxes (queries of deviation 3) whose running peaks
+// move between a warp's batches of positions. Passes of more than 4 rows take the tensor-core kernel
+// (attend_prefill.cuh): the first pass of a prompt, 32 rows at 4000 positions with a random block selection, rows on
+// both sides of the indexer's limit (2051 positions), a tile of queries the pass does not fill, sharp softmaxes whose
+// peaks move between position tiles, 130 rows (many query tiles, their positions split into chunks), a sparse selection
+// that leaves position tiles no query of a block chose (skipped), and the tiny fixtures' head dims and groups (keeping
+// enough blocks that their spans stay within the kernel's: 4 × the kept positions). Past that span passes walk the
+// chosen positions as decode does (8 rows at 8500 positions).
 #include <gtest/gtest.h>
 
 #include <cmath>
