@@ -1,5 +1,6 @@
 #include <algorithm>
 
+#include "cuda/attend_prefill.cuh"
 #include "cuda/attention.cuh"
 #include "cuda/device_math.cuh"
 #include "cuda/launch.cuh"
@@ -522,19 +523,26 @@ void qsa_select(const AttentionShape& s, const float* index_queries, const float
                    first_position, stride, scores, selected);
 }
 
+// The scratch serves both kernels: attend_kernel's and, for passes it takes, attend_prefill's.
 size_t attend_value_floats(const AttentionShape& s, int max_rows) {
-  return size_t(std::max(max_rows, kMaxAttendSlots)) * size_t(s.heads) * size_t(s.head_dim);
+  return std::max(size_t(std::max(max_rows, kMaxAttendSlots)) * size_t(s.heads) * size_t(s.head_dim),
+                  attend_prefill_value_floats(s));
 }
 size_t attend_stat_count(const AttentionShape& s, int max_rows) {
-  return size_t(std::max(max_rows, kMaxAttendSlots)) * size_t(s.heads);
+  return std::max(size_t(std::max(max_rows, kMaxAttendSlots)) * size_t(s.heads), attend_prefill_stat_count(s));
 }
-size_t attend_arrival_count(const AttentionShape& s, int max_rows) { return size_t(max_rows) * size_t(s.heads); }
+size_t attend_arrival_count(const AttentionShape& s, int max_rows) {
+  return std::max(size_t(max_rows) * size_t(s.heads), attend_prefill_arrival_count(s));
+}
 
 void sparse_attention(const AttentionShape& s, const float* queries, const float* q_gate, const float* keys,
                       const float* values, const uint8_t* selected, int rows, const int64_t* first_position,
                       const int64_t* settled_position, const AttentionBounds& bounds, const AttendScratch& scratch,
                       float* out, cudaStream_t stream) {
   if (rows == 0) return;
+  if (attend_prefill_takes(s, rows, bounds.launch_tokens))
+    return attend_prefill(s, queries, q_gate, keys, values, selected, rows, first_position, bounds, scratch, out,
+                          stream);
   const int heads = attend_heads(s), chunks = attend_chunks(rows, bounds.launch_tokens);
   const dim3 grid(unsigned(chunks), unsigned(rows * (s.heads / heads)));
   const int stride = bounds.stride_blocks(s.ratio);

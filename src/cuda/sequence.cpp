@@ -41,8 +41,8 @@ namespace {
 // Rows per pass through the layers; longer inputs run in chunks. 512 rows give the prefill GEMMs (gemm.cuh) enough
 // rows per routed expert (512·k / experts ≈ 10 at Flash-Next's geometry) to be worth a tensor-core tile.
 constexpr int kChunkRows = 512;
-constexpr int kLogitRows = 64;      // rows per lm_head product when every row's logits are wanted (bounds the logits)
-constexpr int kAttentionRows = 64;  // rows per attention pass (bounds the scratch of scores: rows × heads × context)
+constexpr int kLogitRows = 64;       // rows per lm_head product when every row's logits are wanted (bounds the logits)
+constexpr int kAttentionRows = 512;  // rows per attention pass (bounds the block scores and choices: rows × blocks)
 constexpr int kAttentionPasses = kChunkRows / kAttentionRows;
 constexpr int kRecordedRows = 4;   // rows whose recurrent state a pass can record for rollback; graphs up to this many
 constexpr int kMaxDecodeRows = 4;  // passes of more rows take the prefill branches (grouped expert GEMMs)

@@ -5,10 +5,16 @@
 // the weighted sum of the values, times σ(gate). Shapes: Flash-Next's (24 heads over 2 kv heads of 256) at the decode
 // step's short context under a captured step's wide launch bound (one chunk: a row of a 1-row pass takes one per 256
 // positions of its context), 1 row at 4701 positions (19 chunks), 4 rows at 5000 positions with a random block
-// selection (32 chunks: rows of several-row passes split down to a position a warp), a prefill pass of 64 rows (2
-// chunks), a bound of one chunk (the block writes the output without the cross-chunk merge), the tiny fixtures'
-// head groups of 3 and 2 (head dims 8, 32), and sharp softmaxes (queries of deviation 3) whose running peaks move
-// between a warp's batches of positions.
+// selection (32 chunks: rows of several-row passes split down to a position a warp), a prefill pass of 64 rows (on the
+// tensor-core kernel below), a bound of one chunk (the block writes the output without the cross-chunk merge), the tiny
+// fixtures' head groups of 3 and 2 (head dims 8, 32), and sharp softmaxes (queries of deviation 3) whose running peaks
+// move between a warp's batches of positions. Passes of more than 4 rows take the tensor-core kernel
+// (attend_prefill.cuh): the first pass of a prompt, 32 rows at 4000 positions with a random block selection, rows on
+// both sides of the indexer's limit (2051 positions), a tile of queries the pass does not fill, sharp softmaxes whose
+// peaks move between position tiles, 130 rows (many query tiles, their positions split into chunks), a sparse selection
+// that leaves position tiles no query of a block chose (skipped), and the tiny fixtures' head dims and groups (keeping
+// enough blocks that their spans stay within the kernel's: 4 × the kept positions). Past that span passes walk the
+// chosen positions as decode does (8 rows at 8500 positions).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -166,6 +172,28 @@ TEST(CudaAttention, SharpScoresRescaleAcrossBatches) {
 
 TEST(CudaAttention, PrefillPassOfSixtyFourRows) {
   expect_matches_reference({kFlashNext, 64, 1000, 1064, 0.5}, "64 rows from position 1000");
+}
+
+TEST(CudaAttention, PrefillPassesOnTheTensorCores) {
+  expect_matches_reference({kFlashNext, 64, 0, 64, 1.0}, "a prompt's first 64 rows");
+  expect_matches_reference({kFlashNext, 32, 4000, 4032, 0.25}, "32 rows at 4000 positions, a quarter of blocks");
+  expect_matches_reference({kFlashNext, 37, 2030, 2067, 0.5}, "37 rows across the indexer's limit");
+  expect_matches_reference({kFlashNext, 5, 300, 305, 1.0, 3.0f}, "5 rows at 300 positions, queries of deviation 3");
+  expect_matches_reference({kFlashNext, 130, 2100, 2230, 0.5}, "130 rows at 2100 positions (25 query tiles a kv head)");
+  expect_matches_reference({kFlashNext, 16, 4000, 4016, 0.03}, "16 rows keeping 3 % of blocks (tiles nobody chose)");
+}
+
+// The tiny fixtures' shapes on the prefill kernel (also fast enough for compute-sanitizer).
+TEST(CudaAttention, PrefillPassesOfTinyHeads) {
+  expect_matches_reference({{6, 2, 8, 4, 16, 4, 4}, 9, 40, 49, 0.5, 3.0f}, "9 rows, groups of 3 heads of 8");
+  expect_matches_reference({{2, 1, 32, 4, 16, 2, 4}, 7, 17, 24, 0.5}, "7 rows, a group of 2 heads of 32");
+  expect_matches_reference({{8, 1, 16, 4, 16, 4, 2}, 6, 0, 6, 1.0}, "6 rows from the first position, heads of 16");
+  expect_matches_reference({{4, 2, 16, 4, 16, 4, 16}, 70, 100, 170, 0.5}, "70 rows, 2 query tiles a kv head");
+}
+
+// Past 4 × the kept positions a several-row pass walks the chosen positions (attend_kernel, one chunk a row).
+TEST(CudaAttention, PrefillPassPastTheDenseSpan) {
+  expect_matches_reference({kFlashNext, 8, 8500, 8508, 0.25}, "8 rows at 8500 positions, a quarter of blocks");
 }
 
 TEST(CudaAttention, OneChunkWritesTheOutputItself) {
