@@ -24,9 +24,9 @@ grep -A5 "Failure" "$out/tests.txt" | head -30
 timeout 40 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 10 "$tests" --gtest_brief=1 \
   --gtest_filter='CudaAttention.Prefill*:*GpuModel.LogitsMatch*/tiny_f32_hc4_ple1' > "$out/memcheck.txt" 2>&1
 say "memcheck: exit $? $(grep -E 'ERROR SUMMARY|PASSED' "$out/memcheck.txt" | tr '\n' ' ')"
-config="--synthetic models/configs/flash-next.json --layers 4 --steps 1 --prefill 512,4096,8192"
+config="--synthetic models/configs/flash-next.json --layers 4 --steps 1 --prefill 512,4096,8192,16384"
 bench() {  # name binary
-  timeout 20 "$2" bench $config --out /tmp/attend_check.json > /dev/null 2>&1
+  timeout 45 "$2" bench $config --out /tmp/attend_check.json > /dev/null 2>&1
   say "$1 $(python3 -c "import json; d = json.load(open('/tmp/attend_check.json'))
 print({k: round(v) for k, v in d['prefill_tok_s'].items()}, 'step_ms', {k: round(v, 4) for k, v in d['step_ms'].items()})" 2>&1)"
 }
@@ -36,7 +36,7 @@ for i in 1 2; do
 done
 ncu_times() {  # name binary
   timeout 25 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --nvtx --print-units base \
-    -k 'regex:attend|qsa' --csv "$2" bench $config --out /tmp/attend_check_ncu.json > "$out/ncu-$1.csv" 2> /dev/null
+    -k 'regex:attend|qsa' --csv "$2" bench ${config%,16384} --out /tmp/attend_check_ncu.json > "$out/ncu-$1.csv" 2> /dev/null
   python3 - "$out/ncu-$1.csv" "$1" <<'PY' | tee -a "$summary"
 import collections, csv, sys
 lines = open(sys.argv[1]).read().splitlines()
@@ -51,7 +51,7 @@ for r in rows[1:]:
     if len(r) < len(head) or r[head.index("Metric Name")] != "gpu__time_duration.sum":
         continue
     ranges = ",".join(r[:8])
-    where = next((x for x in ("prefill8192", "prefill4096", "prefill512") if x in ranges), "other")
+    where = next((x for x in ("prefill16384", "prefill8192", "prefill4096", "prefill512") if x in ranges), "other")
     kernel = r[head.index("Kernel Name")].split("(")[0].split("::")[-1][:30]
     total[(where, kernel)][0] += 1
     total[(where, kernel)][1] += float(r[head.index("Metric Value")].replace(",", ""))
