@@ -8,14 +8,17 @@ namespace vavilov::cuda {
 
 namespace {
 
-// Block (chunk c, query tile, kv head): 64 queries of the kv head — query m is head kv·group + m % group of the pass's
-// row m / group, so that a tile holds the heads of a few neighbouring rows — over the c-th of `chunks` equal parts of
-// the position tiles its last row sees. Per tile of 32 positions (keys and values copied by cp.async one tile ahead):
-// the 64 × 32 scores on the tensor cores (queries · keysᵀ), a running softmax per query over its row's chosen
-// positions (8 threads a query), the 64 × head_dim weighted values on the tensor cores (weights · values); a tile that
-// no query of the block chose is skipped. Before, a block took one row's 4 heads and walked its positions on the CUDA
-// cores, so each key and value row was read once per row and head set of the pass (64 × 3 times a kv head at 64
-// rows) and every multiply-add was a scalar one.
+// Block (chunk c, query tile, kv head): up to 64 queries of the kv head — the heads of the kv head of a few whole
+// neighbouring rows (tile_queries) — over the c-th of `chunks` equal parts of the positions its rows chose: the union
+// of the blocks of `ratio` positions the rows' indexers kept (with the trailing incomplete blocks, and every block of a
+// row that keeps all) is built as a bit set in shared memory first and walked in tiles of 32 gathered positions, so
+// that the block's work follows the selection budget (5 rows × 2048 positions at most at Flash-Next) and not the
+// positions the rows see. Per tile (keys and values copied by cp.async one tile ahead): the 64 × 32 scores on the
+// tensor cores (queries · keysᵀ), a running softmax per query over its row's chosen positions (8 threads a query), the
+// 64 × head_dim weighted values on the tensor cores (weights · values). Before session 11's second round the block
+// walked every position its rows saw and skipped only the tiles none of them chose (its cost grew with the prompt:
+// passes past 4 × the kept positions went back to attend_kernel); before that a block took one row's 4 heads and walked
+// its positions on the CUDA cores, reading each key and value row once per row and head set of the pass.
 // Products are 3×TF32: each fp32 operand split into a tf32 hi and lo = x − hi, hi·hi + hi·lo + lo·hi accumulated in
 // fp32 (the dropped lo·lo and lo's truncation to tf32 are ~2⁻²⁰ relative: fp32 accuracy). A query's unchosen positions
 // (past its row, or in a block its indexer dropped) get weight 0; positions past the last row are zero-filled.
@@ -24,10 +27,9 @@ constexpr int kQueries = 64;                  // a block's queries: 4 m-tiles of
 constexpr int kPositions = 32;                // positions a tile: 4 n-tiles of 8
 constexpr int kScoreStride = kPositions + 4;  // rows 4 banks apart: the weights' fragment loads are conflict-free
 constexpr int kMaxChunks = 12;                // chunks a query tile's positions split into
-constexpr int kSlotsPerSM = 3;      // blocks × chunks of a split launch, per multiprocessor (bounds the scratch)
+constexpr int kSlotsPerSM = 5;      // blocks × chunks of a split launch, per multiprocessor (bounds the scratch)
 constexpr int kMinChunkTiles = 4;   // position tiles a chunk takes at least
 constexpr int kPrefillMinRows = 5;  // passes of more rows than a verify pass take this kernel
-constexpr int kDenseSpan = 4;       // ... while a row sees at most this many times the positions its indexer keeps
 
 // How a block's kWarps warps share its work: m_tile_warps warps an m-tile of 16 queries; in the scores each takes
 // score_n_tiles n-tiles of 8 positions, in the weighted values the 8-column output tiles ≡ its index (mod
@@ -50,6 +52,12 @@ struct Layout {
   static constexpr size_t bytes = size_t(q_floats + 2 * k_floats + 2 * v_floats + s_floats + 2 * kQueries) * 4;
   static constexpr int warp_n_tiles = (kHd / 8 + WarpRoles::m_tile_warps - 1) / WarpRoles::m_tile_warps;
 };
+
+// Past Layout's floats: the block's chosen units (the union over its rows of the blocks of `ratio` positions they
+// chose), a bit each in words of 32, and per word the chosen units of the words before it.
+size_t unit_words(const AttentionShape& s, int launch_tokens) {
+  return size_t((launch_tokens + s.ratio - 1) / s.ratio + 31) / 32;
+}
 
 struct Split {
   uint32_t hi, lo;
@@ -97,23 +105,72 @@ struct PrefillArgs {
   const uint8_t* selected;
   const int64_t* first_position;
   int rows, stride_blocks, chunks;
+  int tile_queries;  // queries of a query tile: whole rows' heads of the kv head where a row's fit (kQueries at most)
+  int unit_words;    // words of the chosen units' bit set (unit_words)
   AttendScratch scratch;
   float* out;
 };
 
-// Copies the key and value rows (kv head `kv`) of the tile from `first` into shared memory; rows at or past `end`
-// become zeros.
-template <int kHd>
-__device__ void copy_tile(const PrefillArgs& a, int kv, int first, int end, float* keys, float* values) {
-  using L = Layout<kHd>;
-  constexpr int quads = kHd / 4;  // 16-byte pieces of a row
-  for (int i = threadIdx.x; i < 2 * kPositions * quads; i += WarpRoles::threads) {
-    const bool value = i >= kPositions * quads;
-    const int j = i % (kPositions * quads) / quads, col = 4 * (i % quads), p = first + j;
-    const bool in = p < end;
-    const float* source = (value ? a.values : a.keys) + (size_t(in ? p : 0) * a.s.kv_heads + kv) * kHd + col;
-    copy16(value ? values + j * L::v_stride + col : keys + j * L::k_stride + col, source, in);
+// The chosen units (in bits / before, see unit_words): the position of the g-th position of their ascending list (a
+// unit's `ratio` positions in a row), `end` past the list. The word of the unit is the last with fewer units before it
+// than the unit's index in the list (empty words share their successor's count, so it is never an empty one).
+__device__ int gathered_position(const unsigned* bits, const int* before, int words, int units, int ratio, int g,
+                                 int end) {
+  const int k = g / ratio;
+  if (k >= units) return end;
+  int lo = 0, hi = words - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (before[mid] <= k)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
+  unsigned word = bits[lo];
+  for (int n = k - before[lo]; n > 0; --n) word &= word - 1;  // drop the units of the word before the k-th
+  return (32 * lo + __ffs(int(word)) - 1) * ratio + g % ratio;
+}
+
+constexpr int kCopyThreads = WarpRoles::threads / kPositions;  // threads a position of a tile
+static_assert(WarpRoles::threads % kPositions == 0);
+
+// Copies the key and value rows (kv head `kv`) of gathered tile `tile` (its 32 positions of the chosen units' list)
+// into shared memory and their positions into `positions`; positions at or past `end` become zeros. kCopyThreads
+// threads take a position (one finds it).
+template <int kHd>
+__device__ void copy_tile(const PrefillArgs& a, int kv, int tile, const unsigned* bits, const int* before, int units,
+                          int end, float* keys, float* values, int* positions) {
+  using L = Layout<kHd>;
+  const int j = threadIdx.x / kCopyThreads, piece = threadIdx.x % kCopyThreads;
+  const int p = gathered_position(bits, before, a.unit_words, units, a.s.ratio, tile * kPositions + j, end);
+  if (piece == 0) positions[j] = p;
+  const bool in = p < end;
+  const size_t row = (size_t(in ? p : 0) * a.s.kv_heads + kv) * kHd;
+  for (int col = 4 * piece; col < kHd; col += 4 * kCopyThreads) {
+    copy16(keys + j * L::k_stride + col, a.keys + row + col, in);
+    copy16(values + j * L::v_stride + col, a.values + row + col, in);
+  }
+}
+
+// Exclusive prefix sum of v over the block's threads (in thread order) and the total; warp_totals: kWarps ints.
+__device__ int block_exclusive_sum(int v, int* warp_totals, int& total) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int x = v;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const int y = __shfl_up_sync(0xffffffffu, x, offset);
+    if (lane >= offset) x += y;
+  }
+  if (lane == 31) warp_totals[warp] = x;
+  __syncthreads();
+  int before = x - v;
+  total = 0;
+  for (int w = 0; w < kWarps; ++w) {
+    before += w < warp ? warp_totals[w] : 0;
+    total += warp_totals[w];
+  }
+  __syncthreads();  // warp_totals is free again
+  return before;
 }
 
 // Scores of the warp's 16 queries (m-tile mt) and its kScoreNTiles n-tiles of 8 positions (from 8·first_n) into
@@ -218,40 +275,76 @@ __global__ void __launch_bounds__(WarpRoles::threads, 1) attend_prefill_kernel(P
   float* p_s = v_s + 2 * L::v_floats;   // scores, then weights
   float* factor_s = p_s + L::s_floats;  // per query: the tile's rescale factor
   float* sum_s = factor_s + kQueries;   // per query: its sum (all chunks' in the merge) at the end
+  unsigned* unit_bits = reinterpret_cast<unsigned*>(sum_s + kQueries);
+  int* units_before = reinterpret_cast<int*>(unit_bits + a.unit_words);
+  __shared__ int positions_s[2][kPositions];  // per stage: the tile's positions
+  __shared__ int warp_totals[kWarps];
   __shared__ bool last;
 
   const AttentionShape& s = a.s;
   const int c = blockIdx.x, qt = blockIdx.y, kv = blockIdx.z, tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32, mt = warp / W::m_tile_warps, column_warp = warp % W::m_tile_warps;
-  const int group = s.heads / s.kv_heads, queries = a.rows * group, m_first = qt * kQueries;
+  const int group = s.heads / s.kv_heads, queries = a.rows * group, m_first = qt * a.tile_queries;
+  // Query q of the tile is the pass's m_first + q while q < tile_queries (the rest are zeros and write nothing).
+  auto in_pass = [&](int q) { return q < a.tile_queries && m_first + q < queries; };
   wait_for_producers();
   allow_dependents();
   const int64_t first = *a.first_position;
 
-  // The chunk's position tiles: its share of those the tile's last row sees.
-  const int last_row = min(a.rows - 1, (m_first + kQueries - 1) / group);
-  const int end = int(first + last_row + 1), tiles = (end + kPositions - 1) / kPositions;
+  // The units any row of the tile chose (a unit of a row's complete blocks when the indexer kept it or keeps every
+  // block, a unit of its trailing incomplete block when the row sees a position of it): a warp a word.
+  const int first_row = m_first / group, last_row = min(a.rows - 1, (m_first + a.tile_queries - 1) / group);
+  const int end = int(first + last_row + 1), unit_count = (end + s.ratio - 1) / s.ratio;
+  for (int word = warp; word < a.unit_words; word += kWarps) {
+    const int u = 32 * word + lane, start = u * s.ratio;
+    bool chosen = false;
+    for (int r = first_row; r <= last_row && !chosen && u < unit_count; ++r) {
+      const int visible = int(first) + r + 1, complete = visible / s.ratio * s.ratio;
+      chosen = start < visible && (complete / s.ratio <= s.keep_blocks || start >= complete ||
+                                   a.selected[size_t(r) * a.stride_blocks + u]);
+    }
+    const unsigned bits = __ballot_sync(0xffffffffu, chosen);
+    if (lane == 0) unit_bits[word] = bits;
+  }
+  __syncthreads();
+  // Units before each word: a thread a run of consecutive words.
+  const int run = (a.unit_words + W::threads - 1) / W::threads, run_begin = min(tid * run, a.unit_words);
+  const int run_end = min(run_begin + run, a.unit_words);
+  int run_units = 0;
+  for (int w = run_begin; w < run_end; ++w) run_units += __popc(unit_bits[w]);
+  int units = 0;
+  int before = block_exclusive_sum(run_units, warp_totals, units);
+  for (int w = run_begin; w < run_end; ++w) {
+    units_before[w] = before;
+    before += __popc(unit_bits[w]);
+  }
+  __syncthreads();
+
+  // The chunk's tiles: its share of the gathered list's.
+  const int tiles = (units * s.ratio + kPositions - 1) / kPositions;
   const int tile_begin = int(int64_t(tiles) * c / a.chunks), tile_end = int(int64_t(tiles) * (c + 1) / a.chunks);
-  if (tile_begin < tile_end) copy_tile<kHd>(a, kv, tile_begin * kPositions, end, k_s, v_s);
+  if (tile_begin < tile_end)
+    copy_tile<kHd>(a, kv, tile_begin, unit_bits, units_before, units, end, k_s, v_s, positions_s[0]);
   commit_copies();
 
-  // The queries, in base-2 units (as attention.cu's walk), rows past the pass's zeros.
+  // The queries, in base-2 units (as attention.cu's walk), those past the pass or the tile zeros.
   const float score_scale = 1.4426950408889634f * rsqrtf(float(kHd));
   for (int i = tid; i < kQueries * kHd / 4; i += W::threads) {
     const int q = i / (kHd / 4), col = 4 * (i % (kHd / 4)), m = m_first + q;
     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (m < queries) {
+    if (in_pass(q)) {
       v = *reinterpret_cast<const float4*>(a.queries + (size_t(m / group) * s.heads + kv * group + m % group) * kHd +
                                            col);
       v.x *= score_scale, v.y *= score_scale, v.z *= score_scale, v.w *= score_scale;
     }
     *reinterpret_cast<float4*>(q_s + q * L::q_stride + col) = v;
   }
+  __syncthreads();  // the first tile's positions (copy_tile's) are read by other threads below
 
   // The softmax's query (TQ threads a query, TP positions of a tile each) and its running state.
   const int qi = tid / TQ, part = tid % TQ, m = m_first + qi;
   QuerySpan span;
-  if (m < queries) {
+  if (in_pass(qi)) {
     const int row = m / group;
     span.visible = int(first) + row + 1;
     span.complete = span.visible / s.ratio * s.ratio;
@@ -266,16 +359,16 @@ __global__ void __launch_bounds__(WarpRoles::threads, 1) attend_prefill_kernel(P
     float* keys = k_s + stage * L::k_floats;
     float* values = v_s + stage * L::v_floats;
     if (tile + 1 < tile_end)
-      copy_tile<kHd>(a, kv, (tile + 1) * kPositions, end, k_s + (stage ^ 1) * L::k_floats,
-                     v_s + (stage ^ 1) * L::v_floats);
+      copy_tile<kHd>(a, kv, tile + 1, unit_bits, units_before, units, end, k_s + (stage ^ 1) * L::k_floats,
+                     v_s + (stage ^ 1) * L::v_floats, positions_s[stage ^ 1]);
     commit_copies();
-    const int p0 = tile * kPositions + TP * part;
+    const int* positions = positions_s[stage] + TP * part;
     unsigned chosen = 0;  // of the thread's TP positions (their selection loads in flight together)
 #pragma unroll
-    for (int j = 0; j < TP; ++j) chosen |= unsigned(span.chosen(p0 + j, s.ratio)) << j;
+    for (int j = 0; j < TP; ++j) chosen |= unsigned(span.chosen(positions[j], s.ratio)) << j;
     wait_copies_but_last();
-    // A tile none of the block's queries chose costs no products: its copy was in flight, nothing reads it, and the
-    // running softmaxes stay as they are.
+    // Every gathered tile holds a position some query chose, but this barrier also makes the stage's copies (each
+    // thread's own, waited above) visible to all; a tile none of the block's queries chose would cost no products.
     if (!__syncthreads_or(chosen != 0)) continue;
     score_tile<kHd>(q_s, keys, p_s, mt, column_warp * W::score_n_tiles, lane);
     __syncthreads();
@@ -329,7 +422,7 @@ __global__ void __launch_bounds__(WarpRoles::threads, 1) attend_prefill_kernel(P
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int q = 16 * mt + g + 8 * (e / 2);
-        if (m_first + q >= queries) continue;
+        if (!in_pass(q)) continue;
         const size_t rh = output_at(q);
         a.out[rh * kHd + d0 + e % 2] =
             __fdividef(acc[i][e], sum_s[q]) * fast_sigmoid(a.q_gate[rh * 2 * kHd + d0 + e % 2]);
@@ -378,7 +471,7 @@ __global__ void __launch_bounds__(WarpRoles::threads, 1) attend_prefill_kernel(P
     sum_s[qi] = total;
   }
   __syncthreads();
-  if (m < queries) {
+  if (in_pass(qi)) {
     const size_t rh = output_at(qi);
     const float* parts = a.scratch.values + tile_slot * a.chunks * kQueries * kHd + size_t(qi) * kHd;
     for (int col = 4 * part; col < kHd; col += 4 * TQ) {
@@ -404,8 +497,25 @@ __global__ void __launch_bounds__(WarpRoles::threads, 1) attend_prefill_kernel(P
   if (tid == 0) a.scratch.arrivals[tile_slot] = 0;  // ready for the next launch
 }
 
+// Queries of a query tile: the heads (of one kv head) of as many whole rows as fit in kQueries (a tile's rows are
+// fewer, so is the union of their choices: at Flash-Next's 12 heads 5 rows, 60 queries, in place of 64 queries over
+// parts of 6 rows), or kQueries where one row's exceed them.
+int tile_queries(const AttentionShape& s) {
+  const int group = s.heads / s.kv_heads;
+  return group <= kQueries ? kQueries / group * group : kQueries;
+}
+
 // Query tiles of one kv head in a pass of `rows` rows.
-int query_tiles(const AttentionShape& s, int rows) { return (rows * (s.heads / s.kv_heads) + kQueries - 1) / kQueries; }
+int query_tiles(const AttentionShape& s, int rows) {
+  return (rows * (s.heads / s.kv_heads) + tile_queries(s) - 1) / tile_queries(s);
+}
+
+// Positions a query tile attends at most: its rows' (at most tile_queries / group + 1) kept blocks and trailing
+// incomplete ones, within the launch's span.
+int64_t tile_span(const AttentionShape& s, int launch_tokens) {
+  const int64_t rows = tile_queries(s) / (s.heads / s.kv_heads) + 1;
+  return std::min(int64_t(launch_tokens), rows * (int64_t(s.keep_blocks) + 1) * s.ratio);
+}
 
 int multiprocessors() {
   static const int count = [] {
@@ -419,12 +529,13 @@ int multiprocessors() {
 
 // Chunks a query tile's positions split into: the count whose rounds of blocks (one a multiprocessor) leave the fewest
 // idle (rounds / chunks least; the fewer chunks on a tie), each of at least kMinChunkTiles position tiles of the
-// launch's span, within kMaxChunks and kSlotsPerSM slots a multiprocessor. At Flash-Next's 24 query tiles of a 64-row
-// pass on 132 multiprocessors: 11 (two full rounds); at a 512-row pass's 192: 2 (three rounds, the last 91 % full).
+// tile's span (tile_span), within kMaxChunks and kSlotsPerSM slots a multiprocessor. At Flash-Next's 13 query tiles
+// (of 5 rows) a kv head of a 64-row pass on 132 multiprocessors: 5 (one round of 130 blocks); at a 512-row pass's 103:
+// 3 (618 blocks, five rounds, the last 68 % full; one chunk's 206 blocks take two rounds, the last 56 % full).
 int prefill_chunks(const AttentionShape& s, int rows, int launch_tokens) {
   const int sms = multiprocessors(), blocks = query_tiles(s, rows) * s.kv_heads;
-  const int most = std::min(
-      {kMaxChunks, (launch_tokens + kPositions - 1) / kPositions / kMinChunkTiles, kSlotsPerSM * sms / blocks});
+  const int span_tiles = int((tile_span(s, launch_tokens) + kPositions - 1) / kPositions);
+  const int most = std::min({kMaxChunks, span_tiles / kMinChunkTiles, kSlotsPerSM * sms / blocks});
   int best = 1;
   double best_cost = double((blocks + sms - 1) / sms);
   for (int c = 2; c <= most; ++c) {
@@ -434,26 +545,58 @@ int prefill_chunks(const AttentionShape& s, int rows, int launch_tokens) {
   return best;
 }
 
+// Shared memory a block may have besides the kernel's static arrays (positions_s, warp_totals, last).
+constexpr size_t kStaticSharedReserve = 4096;  // 1360 bytes at sm_90a
+size_t dynamic_shared_limit() {
+  static const size_t limit = [] {
+    int device = 0, optin = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    return size_t(optin) - kStaticSharedReserve;
+  }();
+  return limit;
+}
+
+size_t layout_bytes(int head_dim) {
+  switch (head_dim) {
+    case 8:
+      return Layout<8>::bytes;
+    case 16:
+      return Layout<16>::bytes;
+    case 32:
+      return Layout<32>::bytes;
+    case 64:
+      return Layout<64>::bytes;
+    case 128:
+      return Layout<128>::bytes;
+    default:
+      return Layout<256>::bytes;
+  }
+}
+
+size_t shared_bytes(const AttentionShape& s, int launch_tokens) {
+  return layout_bytes(s.head_dim) + 2 * sizeof(int) * unit_words(s, launch_tokens);
+}
+
 template <int kHd>
-void launch_prefill(const PrefillArgs& args, dim3 grid, cudaStream_t stream) {
+void launch_prefill(const PrefillArgs& args, dim3 grid, size_t shared, cudaStream_t stream) {
   static const bool sized = [] {
     return cudaFuncSetAttribute(attend_prefill_kernel<kHd>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                int(Layout<kHd>::bytes)) == cudaSuccess;
+                                int(dynamic_shared_limit())) == cudaSuccess;
   }();
   (void)sized;  // a failure shows as the launch's error
-  launch_dependent(attend_prefill_kernel<kHd>, grid, WarpRoles::threads, Layout<kHd>::bytes, stream, args);
+  launch_dependent(attend_prefill_kernel<kHd>, grid, WarpRoles::threads, shared, stream, args);
 }
 
 }  // namespace
 
-// The kernel's work grows with every position a row sees, chosen or not (a tile is skipped only when no query of the
-// block chose it); attend_kernel's with the chosen ones. On the H200 (synthetic Flash-Next, 512-row passes) this kernel
-// took 162 µs a pass at 512 positions and 2526 at 8192 against attend_kernel's 409 and 2623, which stays at ~2.6 ms
-// from 4096 on: past kDenseSpan × the kept positions (8192 at Flash-Next's 2048) attend_kernel is the faster.
+// The kernel's work follows the union of its query tile's rows' choices (at most tile_span positions), not the
+// positions they see; its shared memory holds a bit a block of `ratio` positions of the launch's span (Flash-Next: up
+// to ~280k positions at head dim 256 on an H200).
 bool attend_prefill_takes(const AttentionShape& s, int rows, int launch_tokens) {
   const int hd = s.head_dim;
-  return rows >= kPrefillMinRows && int64_t(launch_tokens) <= int64_t(kDenseSpan) * s.keep_blocks * s.ratio &&
-         (hd == 8 || hd == 16 || hd == 32 || hd == 64 || hd == 128 || hd == 256);
+  return rows >= kPrefillMinRows && (hd == 8 || hd == 16 || hd == 32 || hd == 64 || hd == 128 || hd == 256) &&
+         shared_bytes(s, launch_tokens) <= dynamic_shared_limit();
 }
 
 // A split launch has at most kSlotsPerSM blocks × chunks a multiprocessor (prefill_chunks), whatever its rows.
@@ -476,22 +619,25 @@ void attend_prefill(const AttentionShape& s, const float* queries, const float* 
                          rows,
                          bounds.stride_blocks(s.ratio),
                          prefill_chunks(s, rows, bounds.launch_tokens),
+                         tile_queries(s),
+                         int(unit_words(s, bounds.launch_tokens)),
                          scratch,
                          out};
   const dim3 grid(unsigned(args.chunks), unsigned(query_tiles(s, rows)), unsigned(s.kv_heads));
+  const size_t shared = shared_bytes(s, bounds.launch_tokens);
   switch (s.head_dim) {
     case 8:
-      return launch_prefill<8>(args, grid, stream);
+      return launch_prefill<8>(args, grid, shared, stream);
     case 16:
-      return launch_prefill<16>(args, grid, stream);
+      return launch_prefill<16>(args, grid, shared, stream);
     case 32:
-      return launch_prefill<32>(args, grid, stream);
+      return launch_prefill<32>(args, grid, shared, stream);
     case 64:
-      return launch_prefill<64>(args, grid, stream);
+      return launch_prefill<64>(args, grid, shared, stream);
     case 128:
-      return launch_prefill<128>(args, grid, stream);
+      return launch_prefill<128>(args, grid, shared, stream);
     default:
-      return launch_prefill<256>(args, grid, stream);
+      return launch_prefill<256>(args, grid, shared, stream);
   }
 }
 

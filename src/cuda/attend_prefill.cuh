@@ -1,7 +1,7 @@
 #pragma once
 // Sparse attention of a several-row pass (prefill) on the tensor cores: the queries of a kv head's heads over a tile
-// of positions at once, so that every key and value row staged in shared memory serves 64 queries (docs/CUDA.md,
-// "Sparse attention"). sparse_attention() (attention.cuh) hands it the passes it takes.
+// of the positions their rows chose at once, so that every key and value row staged in shared memory serves up to 64
+// queries (docs/CUDA.md, "Sparse attention"). sparse_attention() (attention.cuh) hands it the passes it takes.
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -12,8 +12,8 @@
 namespace vavilov::cuda {
 
 // Whether attend_prefill takes a pass of `rows` rows whose rows see fewer than launch_tokens positions: more rows than
-// a verify pass (4), at most 4 × the positions the indexer keeps (keep_blocks · ratio) and a head dim of 8, 16, 32,
-// 64, 128 or 256.
+// a verify pass (4), a head dim of 8, 16, 32, 64, 128 or 256, and a launch span whose bit set of blocks fits in shared
+// memory beside the tiles (~280k positions at head dim 256 on an H200).
 bool attend_prefill_takes(const AttentionShape& shape, int rows, int launch_tokens);
 
 // Its scratch (AttendScratch: values, stats, arrival counters), the same for passes of any number of rows: a launch

@@ -157,6 +157,106 @@ __global__ void __launch_bounds__(kRankWarps * 32)
   chosen[b] = rank < s.keep_blocks;
 }
 
+// Block (row): the same selection as qsa_rank_kernel by a radix select, O(blocks) a row in place of its O(blocks²)
+// comparisons: four passes over the row's scores (L2-resident) each fix 8 more bits of the keep_blocks-th largest
+// score's order key (a 256-bin histogram of the scores that match the bits fixed so far, its bins summed from the top
+// by warp 0); then a block is chosen when its score is above that threshold, or equal to it and among the lowest
+// indices of the equal ones that are still wanted (a block-wide running count in index order: ties to the lower
+// index, as the CPU's partial_sort). Prefill passes take it: at 8192 positions qsa_rank_kernel's 512-row pass
+// compares 2048 × 2048 scores a row. Decode and verify passes keep qsa_rank_kernel (many blocks a row in flight).
+constexpr int kSelectThreads = 512;
+constexpr int kSelectWarps = kSelectThreads / 32;
+constexpr int kRadixBins = 256;
+constexpr int kRankMaxRows = 4;  // passes of at most this many rows rank by comparisons (qsa_rank_kernel)
+
+// An order-preserving key of a score (uint order = float order; −0 and +0 equal, as == has them).
+__device__ inline uint32_t order_key(float x) {
+  const uint32_t u = __float_as_uint(x == 0.0f ? 0.0f : x);
+  return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+
+// The digit (bits shift..shift+7) of the wanted-th largest key among those counted in `histogram`; `wanted` becomes
+// its rank among the keys of that digit (1 = the largest). Warp 0: lane l sums the bins 255 − 8l − j, j < 8.
+__device__ void top_digit(const unsigned* histogram, int& wanted, int& digit) {
+  const int lane = threadIdx.x % 32;
+  unsigned count[8], total = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) total += count[j] = histogram[kRadixBins - 1 - 8 * lane - j];
+  unsigned before = total;  // inclusive scan over the lanes, then made exclusive
+#pragma unroll
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const unsigned v = __shfl_up_sync(0xffffffffu, before, offset);
+    if (lane >= offset) before += v;
+  }
+  before -= total;
+  int found_digit = -1, found_wanted = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    if (found_digit < 0 && int(before) < wanted && int(before + count[j]) >= wanted)
+      found_digit = kRadixBins - 1 - 8 * lane - j, found_wanted = wanted - int(before);
+    before += count[j];
+  }
+  const unsigned owner = __ballot_sync(0xffffffffu, found_digit >= 0);
+  const int source = __ffs(int(owner)) - 1;
+  digit = __shfl_sync(0xffffffffu, found_digit, source);
+  wanted = __shfl_sync(0xffffffffu, found_wanted, source);
+}
+
+__global__ void __launch_bounds__(kSelectThreads)
+    qsa_select_top_kernel(AttentionShape s, const int64_t* first_position, int stride_blocks, const float* scores,
+                          uint8_t* selected) {
+  wait_for_producers();
+  allow_dependents();
+  __shared__ unsigned histogram[kRadixBins];
+  __shared__ int warp_ties[kSelectWarps];
+  __shared__ int shared_wanted, shared_digit;
+  const int r = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int blocks = int((*first_position + r + 1) / s.ratio);
+  uint8_t* chosen = selected + size_t(r) * stride_blocks;
+  if (blocks <= s.keep_blocks || s.keep_blocks <= 0) {
+    for (int b = tid; b < blocks; b += kSelectThreads) chosen[b] = s.keep_blocks > 0;
+    return;
+  }
+  const float* row = scores + size_t(r) * stride_blocks;
+  uint32_t prefix = 0, mask = 0;
+  int wanted = s.keep_blocks;  // rank of the threshold among the keys matching `prefix` on `mask`
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = tid; i < kRadixBins; i += kSelectThreads) histogram[i] = 0;
+    __syncthreads();
+    for (int b = tid; b < blocks; b += kSelectThreads) {
+      const uint32_t key = order_key(row[b]);
+      if ((key & mask) == prefix) atomicAdd(&histogram[key >> shift & 0xffu], 1u);
+    }
+    __syncthreads();
+    if (warp == 0) {
+      int digit = 0;
+      top_digit(histogram, wanted, digit);
+      if (lane == 0) shared_wanted = wanted, shared_digit = digit;
+    }
+    __syncthreads();
+    wanted = shared_wanted;
+    prefix |= uint32_t(shared_digit) << shift, mask |= 0xffu << shift;
+  }
+  // prefix is the threshold's key; `wanted` blocks of that key are chosen, the lowest-indexed.
+  int ties_before = 0;  // blocks of the threshold key below this round's
+  for (int base = 0; base < blocks; base += kSelectThreads) {
+    const int b = base + tid;
+    const uint32_t key = b < blocks ? order_key(row[b]) : 0u;
+    const bool tie = b < blocks && key == prefix;
+    const unsigned ties = __ballot_sync(0xffffffffu, tie);
+    if (lane == 0) warp_ties[warp] = __popc(ties);
+    __syncthreads();
+    int rank = ties_before + __popc(ties & ((1u << lane) - 1u)), round = 0;
+    for (int w = 0; w < kSelectWarps; ++w) {
+      rank += w < warp ? warp_ties[w] : 0;
+      round += warp_ties[w];
+    }
+    if (b < blocks) chosen[b] = key > prefix || (tie && rank < wanted);
+    ties_before += round;
+    __syncthreads();  // warp_ties is free for the next round
+  }
+}
+
 // Attention of each (row, head) over its chosen positions, split over the positions (flash-decoding): block (chunk c,
 // row r, head set) takes kHeads query heads that share one kv head, and its warp w the positions p ≡ 8c + w (mod
 // 8·used), where `used` is the number of chunks the row's context fills (one per chunk_positions positions, at most
@@ -519,8 +619,12 @@ void qsa_select(const AttentionShape& s, const float* index_queries, const float
   if (rows == 0 || launch_blocks <= s.keep_blocks) return;  // every row keeps all of its blocks
   launch_dependent(qsa_scores_kernel, dim3((launch_blocks + 7) / 8, rows), 256, 0, stream, s, index_queries, block_keys,
                    first_position, stride, scores);
-  launch_dependent(qsa_rank_kernel, dim3((launch_blocks + 31) / 32, rows), kRankWarps * 32, 0, stream, s,
-                   first_position, stride, scores, selected);
+  if (rows <= kRankMaxRows)
+    launch_dependent(qsa_rank_kernel, dim3((launch_blocks + 31) / 32, rows), kRankWarps * 32, 0, stream, s,
+                     first_position, stride, scores, selected);
+  else
+    launch_dependent(qsa_select_top_kernel, dim3(rows), kSelectThreads, 0, stream, s, first_position, stride, scores,
+                     selected);
 }
 
 // The scratch serves both kernels: attend_kernel's and, for passes it takes, attend_prefill's.

@@ -12,9 +12,9 @@
 // (attend_prefill.cuh): the first pass of a prompt, 32 rows at 4000 positions with a random block selection, rows on
 // both sides of the indexer's limit (2051 positions), a tile of queries the pass does not fill, sharp softmaxes whose
 // peaks move between position tiles, 130 rows (many query tiles, their positions split into chunks), a sparse selection
-// that leaves position tiles no query of a block chose (skipped), and the tiny fixtures' head dims and groups (keeping
-// enough blocks that their spans stay within the kernel's: 4 × the kept positions). Past that span passes walk the
-// chosen positions as decode does (8 rows at 8500 positions).
+// (3 % of blocks: few gathered tiles), the tiny fixtures' head dims and groups, long prompts whose rows see 8500,
+// 16384 and 32772 positions (the kernel gathers the blocks a tile's rows chose), and tiny shapes' gathers: ~2 % of
+// 750 blocks chosen, 64 rows of one head a query tile, 80 heads a kv head (tiles of 64 queries across rows).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -180,7 +180,7 @@ TEST(CudaAttention, PrefillPassesOnTheTensorCores) {
   expect_matches_reference({kFlashNext, 37, 2030, 2067, 0.5}, "37 rows across the indexer's limit");
   expect_matches_reference({kFlashNext, 5, 300, 305, 1.0, 3.0f}, "5 rows at 300 positions, queries of deviation 3");
   expect_matches_reference({kFlashNext, 130, 2100, 2230, 0.5}, "130 rows at 2100 positions (25 query tiles a kv head)");
-  expect_matches_reference({kFlashNext, 16, 4000, 4016, 0.03}, "16 rows keeping 3 % of blocks (tiles nobody chose)");
+  expect_matches_reference({kFlashNext, 16, 4000, 4016, 0.03}, "16 rows keeping 3 % of blocks (few gathered tiles)");
 }
 
 // The tiny fixtures' shapes on the prefill kernel (also fast enough for compute-sanitizer).
@@ -191,9 +191,20 @@ TEST(CudaAttention, PrefillPassesOfTinyHeads) {
   expect_matches_reference({{4, 2, 16, 4, 16, 4, 16}, 70, 100, 170, 0.5}, "70 rows, 2 query tiles a kv head");
 }
 
-// Past 4 × the kept positions a several-row pass walks the chosen positions (attend_kernel, one chunk a row).
-TEST(CudaAttention, PrefillPassPastTheDenseSpan) {
+// Long prompts: the tensor-core kernel walks only the blocks its tile's rows chose (their union, gathered), whatever
+// the positions they see.
+TEST(CudaAttention, PrefillPassesOfLongPrompts) {
   expect_matches_reference({kFlashNext, 8, 8500, 8508, 0.25}, "8 rows at 8500 positions, a quarter of blocks");
+  expect_matches_reference({kFlashNext, 64, 16320, 16384, 0.125}, "64 rows at 16320 positions, an eighth of blocks");
+  expect_matches_reference({kFlashNext, 12, 32760, 32772, 0.0625, 3.0f}, "12 rows at 32760, deviation 3");
+}
+
+// The gathered tiles of the tiny shapes: few chosen blocks among many, rows of one head a kv head (64 rows a query
+// tile), and rows of more heads than a tile's queries (tiles straddle rows).
+TEST(CudaAttention, PrefillGathersChosenBlocksOfTinyHeads) {
+  expect_matches_reference({{6, 2, 8, 4, 16, 4, 2}, 9, 3000, 3009, 0.02}, "9 rows keeping ~2 % of 750 blocks");
+  expect_matches_reference({{2, 2, 16, 4, 16, 4, 2}, 70, 100, 170, 0.3}, "70 rows of one head a kv head");
+  expect_matches_reference({{80, 1, 8, 4, 16, 4, 2}, 6, 40, 46, 0.5}, "6 rows of 80 heads over one kv head");
 }
 
 TEST(CudaAttention, OneChunkWritesTheOutputItself) {

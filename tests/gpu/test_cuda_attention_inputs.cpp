@@ -6,7 +6,8 @@
 //   untouched, and the raw index keys reach the cache;
 // - qsa_select: each row keeps its top keep_blocks blocks by the indexer's score (Σ_h relu(q_h·k_b)/√d), ties to the
 //   lower block index (the CPU's partial_sort); integer-valued inputs make every score exact in fp32, so the
-//   comparison is exact; a launch bound that leaves no row more than keep_blocks blocks launches nothing.
+//   comparison is exact (and scores tie often); decode and verify passes (≤ 4 rows) rank by comparisons, longer ones
+//   by a radix select; a launch bound that leaves no row more than keep_blocks blocks launches nothing.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -193,6 +194,16 @@ TEST(CudaAttentionInputs, SelectionAtLongContextRanksEveryBlock) {
   expect_selection(2399, 2, 4096, 4096, 3);    // 600 blocks: 19 tiles of scores over 8 warps, 3 kept
   expect_selection(2399, 4, 4096, 4096, 250);  // 250 of 600–601 kept, many tied scores
   expect_selection(1000, 1, 1024, 1024, 249);  // 250 blocks, 249 kept
+}
+
+// Passes of more than 4 rows select by a radix select over the scores' bits (one block a row): a 64-row pass at 9000
+// positions (2250 blocks, 512 kept: small-integer scores, so the threshold falls inside a run of equal scores), 9 rows
+// keeping 250 and 5 keeping 1 of 600, and a pass whose first rows keep every block and whose last ones rank.
+TEST(CudaAttentionInputs, SelectionOfPrefillPassesByRadixSelect) {
+  expect_selection(8999, 64, 9088, 9088, 512);
+  expect_selection(2399, 9, 4096, 4096, 250);
+  expect_selection(2399, 5, 4096, 4096, 1);
+  expect_selection(8, 8, 64);  // rows of 2–4 blocks, 3 kept
 }
 
 TEST(CudaAttentionInputs, SelectionLaunchesNothingWhileEveryBlockIsKept) {
