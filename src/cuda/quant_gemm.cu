@@ -117,19 +117,13 @@ __device__ inline void chunk_products(WarpLoads& current, const WarpTile& tile, 
   }
 }
 
-// Where a pass's activation rows are: row b of the pass is row first + b of the (grouped) rows, which is x's row
-// first + b or, with a row map (a gather folded into the staging), x's row order[first + b] / divisor.
+// Where a dense pass's activation rows are: row b of the pass is x's row first + b.
 struct PassRows {
   const float* x;
   int cols;
-  const int* order;
-  int divisor;
   int first;
 
-  __device__ const float* row(int b) const {
-    const int p = first + b;
-    return x + size_t(order ? __ldg(order + p) / divisor : p) * size_t(cols);
-  }
+  __device__ const float* row(int b) const { return x + size_t(first + b) * size_t(cols); }
 };
 
 // The activations of rows [0, rows) of the pass, groups [chunk, end), staged for the Staged rows that the pass's
@@ -152,16 +146,11 @@ __device__ __forceinline__ void stage_chunk(const PassRows& rows_in, int rows, i
       fragments, group_terms);
 }
 
-// Where a block's rows and matrix are: the grouped form reads them from the expert's entry, the dense form takes
-// slice blockIdx.y (slice_rows rows each) of `rows` rows.
-struct RowGroups {
-  const DeviceMatrix* experts = nullptr;  // device array (grouped form), or null: `dense` for every slice
-  DeviceMatrix dense;
-  const int* counts = nullptr;  // grouped form: rows of each expert, and where they start
-  const int* offsets = nullptr;
-  int rows = 0;  // dense form: rows of x, and of a slice (≤ kRows)
-  int slice_rows = kRows;
-  GroupedRowMap map;  // grouped form: where the grouped rows are read and written (identity when null)
+// The dense form's slices: slice blockIdx.y holds rows [blockIdx.y · slice_rows, ...) of x's `rows` rows.
+struct DenseSlices {
+  DeviceMatrix matrix;
+  int rows = 0;
+  int slice_rows = kRows;  // ≤ kRows
 };
 
 // Grouped form: an expert's codes come from memory and are read once. Each warp asks L2 for its whole tile — rows
@@ -188,39 +177,56 @@ __device__ inline void prefetch_expert_tile(const uint32_t* codes, const __nv_bf
 // registers, spilling more), the 8-layer Flash-Next prefill measured 17 % slower.
 constexpr int kMinBlocks = 2;
 
+// The warp tile of rows [tile_row, tile_row + 16) of m (rows past rows_out re-read the last row; their results are
+// never stored) for lane (g, t).
 template <int Bits>
-__global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
-    quant_gemm_kernel(RowGroups groups_of_rows, int rows_out, int cols, const float* x, float* y) {
-  allow_dependents();
-  __shared__ uint4 fragments[kChunkGroups * 2 * 8 * kRows];
-  __shared__ float2 group_terms[kRows * kChunkGroups];
-  const int group = int(blockIdx.y);
-  const bool grouped = groups_of_rows.experts != nullptr;
-  const int offset = grouped ? groups_of_rows.offsets[group] : group * groups_of_rows.slice_rows;
-  const int count =
-      grouped ? groups_of_rows.counts[group] : min(groups_of_rows.slice_rows, groups_of_rows.rows - offset);
-  if (count <= 0) return;
-  const DeviceMatrix m = grouped ? groups_of_rows.experts[group] : groups_of_rows.dense;
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+__device__ inline WarpTile warp_tile(const DeviceMatrix& m, int rows_out, int cols, int tile_row, int g, int t) {
   const int groups = cols / kQuantGroup, row_words = cols / 32 * Bits;
-  const int tile_row = int(blockIdx.x) * kBlockRows + warp * kTileRows;
-  const bool has_rows = tile_row < rows_out;  // warps past the end still help staging
-  // Rows past the end re-read the last row; their results are never stored.
   const int row0 = min(tile_row + g, rows_out - 1), row1 = min(row0 + 8, rows_out - 1);
   const uint32_t* weights = static_cast<const uint32_t*>(m.data);
   const auto* scales = reinterpret_cast<const __nv_bfloat16*>(m.scales);
   const auto* biases = reinterpret_cast<const __nv_bfloat16*>(m.biases);
   const GemvMatrix view{.scales = scales, .biases = biases};
-  const WarpTile tile{{weights + size_t(row0) * row_words, weights + size_t(row1) * row_words},
-                      (t & 2 ? biases : scales) + size_t(t & 1 ? row1 : row0) * groups,
-                      affine_width(view, groups),
-                      groups};
-  if (grouped && has_rows)
-    prefetch_expert_tile(weights, scales, biases, tile_row, min(tile_row + kTileRows, rows_out), row_words, groups);
+  return WarpTile{{weights + size_t(row0) * row_words, weights + size_t(row1) * row_words},
+                  (t & 2 ? biases : scales) + size_t(t & 1 ? row1 : row0) * groups,
+                  affine_width(view, groups),
+                  groups};
+}
+
+// y's rows of a pass's activation rows b < rows (row p = first + b of the products, written to y's row y_rows[p], or p
+// without a map): the warp tile's sums for lane (g, t).
+__device__ inline void store_pass(const float (&acc)[kRowTiles][2], float* y, int rows_out, int tile_row, int first,
+                                  int rows, const int* y_rows) {
+  const int lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int n = 0; n < kRowTiles; ++n) {
+    const int b = 4 * n + t;
+    if (b >= rows) continue;
+    const int p = first + b;
+    float* row_out = y + size_t(y_rows ? y_rows[p] : p) * size_t(rows_out);
+    if (tile_row + g < rows_out) row_out[tile_row + g] = acc[n][0];
+    if (tile_row + g + 8 < rows_out) row_out[tile_row + g + 8] = acc[n][1];
+  }
+}
+
+template <int Bits>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
+    quant_gemm_kernel(DenseSlices slices, int rows_out, int cols, const float* x, float* y) {
+  allow_dependents();
+  __shared__ uint4 fragments[kChunkGroups * 2 * 8 * kRows];
+  __shared__ float2 group_terms[kRows * kChunkGroups];
+  const int offset = int(blockIdx.y) * slices.slice_rows;
+  const int count = min(slices.slice_rows, slices.rows - offset);
+  if (count <= 0) return;
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+  const int groups = cols / kQuantGroup;
+  const int tile_row = int(blockIdx.x) * kBlockRows + warp * kTileRows;
+  const bool has_rows = tile_row < rows_out;  // warps past the end still help staging
+  const WarpTile tile = warp_tile<Bits>(slices.matrix, rows_out, cols, tile_row, g, t);
 
   for (int first_row = 0; first_row < count; first_row += kRows) {
     const int rows = min(kRows, count - first_row), tiles = (rows + 3) / 4;  // the same for the whole block
-    const PassRows rows_in{x, cols, groups_of_rows.map.x_rows, groups_of_rows.map.x_divisor, offset + first_row};
+    const PassRows rows_in{x, cols, offset + first_row};
     float acc[kRowTiles][2] = {};
     WarpLoads current;  // the first weights' loads go out before the activations are staged
     if (has_rows) load_group_block<Bits>(current, tile.codes, tile.affine, 0, groups, tile.width, t);
@@ -256,17 +262,178 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
           chunk_products<Bits, kRowTiles, kRows>(current, tile, chunk, end, fragments, group_terms, acc);
       }
     }
-    if (!has_rows) continue;
-    const int* y_rows = groups_of_rows.map.y_rows;
+    if (has_rows) store_pass(acc, y, rows_out, tile_row, offset + first_row, rows, nullptr);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Grouped (routed expert) products from split rows. Every row block of every expert reads its rows' activations, so
+// they are split once a chunk (quant_split_rows: split_activations, as stage_fragments does) into records of one
+// (row, group) each: its 16 B-fragment entries in stage_fragments' order within a (group, half, row) — [half][hi/lo][t]
+// — then its terms (Σx, 2^e) in a 17th entry. A block then only copies its pass's records into shared memory by
+// cp.async, chunk after chunk into two stages: the next chunk's copies are in flight while the warps multiply the
+// current one, one barrier a chunk, no staging arithmetic. The products are chunk_products, on the same fragments and
+// terms the dense staging writes, so the sums and their bits are those of the in-kernel staging.
+constexpr int kSplitEntries = 2 * 8 + 1;  // uint4 entries of a (row, group) record
+
+// Groups a block copies at once, two chunks' worth of shared memory (tuning knob, -D in a variant build of
+// bench/cuda/quant_gemm_bench.cu; 12 takes Flash-Next's down, 640 columns, in one chunk, at 101 KB a block).
+#ifndef VAVILOV_EXPERT_CHUNK_GROUPS
+#define VAVILOV_EXPERT_CHUNK_GROUPS 8
+#endif
+constexpr int kExpertChunkGroups = VAVILOV_EXPERT_CHUNK_GROUPS;
+static_assert(kExpertChunkGroups % kUnroll == 0, "chunks hold whole load units");
+
+// The records of rows [0, rows) of x: thread per (row, group, lane column t), whole warps (split_activations' shuffles
+// take the four lanes of an item and every lane of the warp).
+template <int Bits>
+__global__ void __launch_bounds__(256) quant_split_kernel(const float* x, int rows, int cols, uint4* split) {
+  allow_dependents();
+  const int groups = cols / kQuantGroup;
+  const long long item = (long long)blockIdx.x * blockDim.x + threadIdx.x, items = (long long)rows * groups * 4;
+  const bool active = item < items;
+  const int t = int(item & 3);
+  const long long record = item >> 2;  // row · groups + group
+  float v[16] = {};
+  if (active) {
+    const float4* source = reinterpret_cast<const float4*>(x + record * kQuantGroup + 16 * t);
 #pragma unroll
-    for (int n = 0; n < kRowTiles; ++n) {
-      const int b = 4 * n + t;
-      if (b >= rows) continue;
-      const int p = offset + first_row + b;
-      float* row_out = y + size_t(y_rows ? y_rows[p] : p) * size_t(rows_out);
-      if (tile_row + g < rows_out) row_out[tile_row + g] = acc[n][0];
-      if (tile_row + g + 8 < rows_out) row_out[tile_row + g + 8] = acc[n][1];
+    for (int i = 0; i < 4; ++i) {
+      const float4 q = __ldg(source + i);
+      v[4 * i] = q.x, v[4 * i + 1] = q.y, v[4 * i + 2] = q.z, v[4 * i + 3] = q.w;
     }
+  }
+  uint32_t hi[8], lo[8];
+  const float2 terms = split_activations<Bits>(v, hi, lo);
+  if (!active) return;
+  uint4* entries = split + record * kSplitEntries;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    entries[8 * half + t] = make_uint4(hi[4 * half], hi[4 * half + 1], hi[4 * half + 2], hi[4 * half + 3]);
+    entries[8 * half + 4 + t] = make_uint4(lo[4 * half], lo[4 * half + 1], lo[4 * half + 2], lo[4 * half + 3]);
+  }
+  if (t == 0) entries[2 * 8] = make_uint4(__float_as_uint(terms.x), __float_as_uint(terms.y), 0u, 0u);
+}
+
+// 16 and 8 bytes from global to shared memory, asynchronously; zeros where !copy (nothing is read then).
+__device__ __forceinline__ void copy_async_16(void* to, const void* from, bool copy) {
+  const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(to));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(address), "l"(from), "r"(copy ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void copy_async_8(void* to, const void* from, bool copy) {
+  const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(to));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(address), "l"(from), "r"(copy ? 8 : 0)
+               : "memory");
+}
+
+// One chunk's activations in shared memory, as stage_fragments lays them out for Staged rows.
+struct ExpertStage {
+  uint4 fragments[kExpertChunkGroups * 2 * 8 * kRows];
+  float2 terms[kRows * kExpertChunkGroups];
+};
+constexpr size_t kExpertShared = 2 * sizeof(ExpertStage);
+
+// Starts copying groups [chunk, end) of the pass's rows into `stage` (rows[b]: the split row of the pass's row b, or
+// -1 past its rows: zeros), by the whole block, as one cp.async group.
+template <int Staged>
+__device__ __forceinline__ void copy_chunk(ExpertStage& stage, const uint4* split, int groups, const int* rows,
+                                           int chunk, int end) {
+  constexpr int kRowEntries = kExpertChunkGroups * 2 * 8;  // a row's entries of a whole chunk
+  const int staged = end - chunk;
+  for (int i = int(threadIdx.x); i < Staged * kRowEntries; i += int(blockDim.x)) {
+    const int b = i / kRowEntries, entry = i % kRowEntries, local = entry / 16, within = entry % 16;
+    if (local >= staged) continue;
+    const int row = rows[b];
+    const uint4* from = split + (size_t(max(row, 0)) * groups + chunk + local) * kSplitEntries + within;
+    copy_async_16(stage.fragments + (local * 2 + within / 8) * 8 * Staged + 8 * b + within % 8, from, row >= 0);
+  }
+  for (int i = int(threadIdx.x); i < Staged * kExpertChunkGroups; i += int(blockDim.x)) {
+    const int b = i / kExpertChunkGroups, local = i % kExpertChunkGroups;
+    if (local >= staged) continue;
+    const int row = rows[b];
+    const uint4* from = split + (size_t(max(row, 0)) * groups + chunk + local) * kSplitEntries + 2 * 8;
+    copy_async_8(stage.terms + b * staged + local, from, row >= 0);
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+// One pass of an expert's rows: chunk after chunk, the next chunk's copies in flight during the current one's
+// products. Every thread of the block calls it (copies and barriers); warps without matrix rows only copy.
+template <int Bits, int Tiles, int Staged>
+__device__ __forceinline__ void expert_pass(WarpLoads& current, const WarpTile& tile, bool has_rows,
+                                            const uint4* split, const int* rows, ExpertStage* stages,
+                                            float (&acc)[kRowTiles][2]) {
+  const int groups = tile.groups;
+  copy_chunk<Staged>(stages[0], split, groups, rows, 0, min(kExpertChunkGroups, groups));
+  for (int chunk = 0, k = 0; chunk < groups; chunk += kExpertChunkGroups, ++k) {
+    const int end = min(chunk + kExpertChunkGroups, groups);
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    __syncthreads();  // every thread's copies of this chunk have landed; the other stage is used up
+    if (end < groups) copy_chunk<Staged>(stages[(k + 1) & 1], split, groups, rows, end, min(end + kExpertChunkGroups, groups));
+    if (has_rows)
+      chunk_products<Bits, Tiles, Staged>(current, tile, chunk, end, stages[k & 1].fragments, stages[k & 1].terms,
+                                          acc);
+  }
+}
+
+// Where a block's expert and rows are.
+struct ExpertRows {
+  const DeviceMatrix* experts;  // device array
+  const int* counts;            // rows of each expert, and where they start among the grouped rows
+  const int* offsets;
+  GroupedRowMap map;  // where the grouped rows are read and written (identity when null)
+};
+
+// Block (row block, expert): each of kWarps warps owns one 16-row tile of the expert's matrix and walks all its
+// columns, the expert's rows kRows at a time (a pass), as quant_gemm_kernel does.
+template <int Bits>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
+    quant_expert_kernel(ExpertRows experts, int rows_out, int cols, const uint4* split, float* y) {
+  allow_dependents();
+  extern __shared__ uint4 expert_shared[];
+  ExpertStage* stages = reinterpret_cast<ExpertStage*>(expert_shared);
+  __shared__ int pass_rows[kRows];  // the split row of each of the pass's rows, -1 past them
+  const int expert = int(blockIdx.y);
+  const int offset = experts.offsets[expert], count = experts.counts[expert];
+  if (count <= 0) return;
+  const DeviceMatrix m = experts.experts[expert];
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+  const int groups = cols / kQuantGroup, row_words = cols / 32 * Bits;
+  const int tile_row = int(blockIdx.x) * kBlockRows + warp * kTileRows;
+  const bool has_rows = tile_row < rows_out;  // warps past the end still copy
+  const WarpTile tile = warp_tile<Bits>(m, rows_out, cols, tile_row, g, t);
+  if (has_rows)
+    prefetch_expert_tile(static_cast<const uint32_t*>(m.data), reinterpret_cast<const __nv_bfloat16*>(m.scales),
+                         reinterpret_cast<const __nv_bfloat16*>(m.biases), tile_row,
+                         min(tile_row + kTileRows, rows_out), row_words, groups);
+
+  for (int first_row = 0; first_row < count; first_row += kRows) {
+    const int rows = min(kRows, count - first_row), tiles = (rows + 3) / 4;  // the same for the whole block
+    WarpLoads current;  // the first weights' loads go out before the activations are copied
+    if (has_rows) load_group_block<Bits>(current, tile.codes, tile.affine, 0, groups, tile.width, t);
+    __syncthreads();  // the previous pass is done with the stages and pass_rows
+    if (threadIdx.x < kRows) {
+      const int b = int(threadIdx.x), p = offset + first_row + b;
+      const int* order = experts.map.x_rows;
+      pass_rows[b] = b >= rows ? -1 : order ? __ldg(order + p) / experts.map.x_divisor : p;
+    }
+    __syncthreads();
+    float acc[kRowTiles][2] = {};
+    switch (tiles) {
+      case 1:
+        expert_pass<Bits, 1, 4>(current, tile, has_rows, split, pass_rows, stages, acc);
+        break;
+      case 2:
+        expert_pass<Bits, 2, 8>(current, tile, has_rows, split, pass_rows, stages, acc);
+        break;
+      case 3:
+        expert_pass<Bits, 3, 12>(current, tile, has_rows, split, pass_rows, stages, acc);
+        break;
+      default:
+        expert_pass<Bits, kRowTiles, kRows>(current, tile, has_rows, split, pass_rows, stages, acc);
+    }
+    if (has_rows) store_pass(acc, y, rows_out, tile_row, offset + first_row, rows, experts.map.y_rows);
   }
 }
 
@@ -316,18 +483,11 @@ struct TiledActivationStage {
 using TiledRaw = float4[4][kTiledWarps * 32];
 constexpr size_t kTiledShared = 2 * sizeof(TiledActivationStage) + 2 * sizeof(TiledRaw);
 
-// 16 bytes from global to shared memory, asynchronously; zeros where !copy (nothing is read then).
-__device__ __forceinline__ void copy_async(float4* to, const float* from, bool copy) {
-  const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(to));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(address), "l"(from), "r"(copy ? 16 : 0)
-               : "memory");
-}
-
 // Starts copying the thread's item of `group` (x_item: its row and lane column) into raw; zeros where !copy.
 __device__ __forceinline__ void tiled_copy(TiledRaw& raw, const float* x_item, bool copy, int group) {
   const float* source = x_item + size_t(copy ? group : 0) * kQuantGroup;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) copy_async(&raw[i][threadIdx.x], source + 4 * i, copy);
+  for (int i = 0; i < 4; ++i) copy_async_16(&raw[i][threadIdx.x], source + 4 * i, copy);
   asm volatile("cp.async.commit_group;" ::: "memory");
 }
 
@@ -524,25 +684,32 @@ bool block_tiles_pay(const DeviceMatrix& w, int x_rows) {
 }
 
 template <int Bits>
-cudaError_t launch(const RowGroups& groups, int count, int rows_out, int cols, const float* x, float* y,
-                   cudaStream_t stream) {
+cudaError_t launch_dense(const DenseSlices& slices, int count, const float* x, float* y, cudaStream_t stream) {
+  const int rows_out = slices.matrix.rows;
   const dim3 grid(unsigned((rows_out + kBlockRows - 1) / kBlockRows), unsigned(count));
-  quant_gemm_kernel<Bits><<<grid, kWarps * 32, 0, stream>>>(groups, rows_out, cols, x, y);
+  quant_gemm_kernel<Bits><<<grid, kWarps * 32, 0, stream>>>(slices, rows_out, slices.matrix.cols, x, y);
   return cudaGetLastError();
 }
 
-cudaError_t launch_format(WeightFormat format, const RowGroups& groups, int count, int rows_out, int cols,
-                          const float* x, float* y, cudaStream_t stream) {
-  if (!quant_gemm_takes(format) || count <= 0 || count > 65535 || rows_out <= 0 || cols <= 0 || cols % kQuantGroup != 0)
-    return cudaErrorInvalidValue;
-  switch (format) {
-    case WeightFormat::Q4:
-      return launch<4>(groups, count, rows_out, cols, x, y, stream);
-    case WeightFormat::Q3:
-      return launch<3>(groups, count, rows_out, cols, x, y, stream);
-    default:
-      return launch<2>(groups, count, rows_out, cols, x, y, stream);
-  }
+template <int Bits>
+cudaError_t launch_experts(const ExpertRows& experts, int count, int rows_out, int cols, const void* split, float* y,
+                           cudaStream_t stream) {
+  const auto kernel = quant_expert_kernel<Bits>;
+  static const cudaError_t allowed =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kExpertShared));
+  if (allowed != cudaSuccess) return allowed;
+  const dim3 grid(unsigned((rows_out + kBlockRows - 1) / kBlockRows), unsigned(count));
+  kernel<<<grid, kWarps * 32, kExpertShared, stream>>>(experts, rows_out, cols, static_cast<const uint4*>(split), y);
+  return cudaGetLastError();
+}
+
+template <int Bits>
+cudaError_t launch_split(const float* x, int rows, int cols, void* split, cudaStream_t stream) {
+  const long long items = (long long)rows * (cols / kQuantGroup) * 4;
+  const long long blocks = (items + 255) / 256;
+  if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
+  quant_split_kernel<Bits><<<unsigned(blocks), 256, 0, stream>>>(x, rows, cols, static_cast<uint4*>(split));
+  return cudaGetLastError();
 }
 
 // Dense slices of 16 rows, or of 8 or 4 where a matrix has so few row blocks that 16-row slices would leave
@@ -591,24 +758,57 @@ cudaError_t quant_gemm(const DeviceMatrix& w, const float* x, int x_rows, float*
   if (x_rows <= 0) return cudaSuccess;
   if (tiles == QuantGemmTiles::block || (tiles == QuantGemmTiles::automatic && block_tiles_pay(w, x_rows)))
     return launch_tiled_format(w, x, x_rows, y, stream);
-  RowGroups groups;
-  groups.dense = w;
-  groups.rows = x_rows;
-  groups.slice_rows = slice_rows_for((w.rows + kBlockRows - 1) / kBlockRows, x_rows);
-  return launch_format(w.format, groups, (x_rows + groups.slice_rows - 1) / groups.slice_rows, w.rows, w.cols, x, y,
-                       stream);
+  DenseSlices slices;
+  slices.matrix = w;
+  slices.rows = x_rows;
+  slices.slice_rows = slice_rows_for((w.rows + kBlockRows - 1) / kBlockRows, x_rows);
+  const int count = (x_rows + slices.slice_rows - 1) / slices.slice_rows;
+  if (count > 65535) return cudaErrorInvalidValue;
+  switch (w.format) {
+    case WeightFormat::Q4:
+      return launch_dense<4>(slices, count, x, y, stream);
+    case WeightFormat::Q3:
+      return launch_dense<3>(slices, count, x, y, stream);
+    default:
+      return launch_dense<2>(slices, count, x, y, stream);
+  }
+}
+
+size_t quant_split_bytes(int rows, int cols) {
+  return size_t(std::max(rows, 0)) * size_t(std::max(cols, 0) / kQuantGroup) * kSplitEntries * sizeof(uint4);
+}
+
+cudaError_t quant_split_rows(WeightFormat format, const float* x, int rows, int cols, void* split,
+                             cudaStream_t stream) {
+  if (!quant_gemm_takes(format) || rows < 0 || cols <= 0 || cols % kQuantGroup != 0 ||
+      reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(split) % 16 != 0)
+    return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  switch (format) {
+    case WeightFormat::Q4:
+      return launch_split<4>(x, rows, cols, split, stream);
+    case WeightFormat::Q3:
+      return launch_split<3>(x, rows, cols, split, stream);
+    default:
+      return launch_split<2>(x, rows, cols, split, stream);
+  }
 }
 
 cudaError_t quant_expert_gemm(const DeviceMatrix* experts, WeightFormat format, int experts_count, int rows_out,
-                              int cols, const int* counts, const int* offsets, const float* x, float* y,
+                              int cols, const int* counts, const int* offsets, const void* split_x, float* y,
                               cudaStream_t stream, const GroupedRowMap& map) {
-  if (map.x_rows && map.x_divisor < 1) return cudaErrorInvalidValue;
-  RowGroups groups;
-  groups.map = map;
-  groups.experts = experts;
-  groups.counts = counts;
-  groups.offsets = offsets;
-  return launch_format(format, groups, experts_count, rows_out, cols, x, y, stream);
+  if (!quant_gemm_takes(format) || experts_count <= 0 || experts_count > 65535 || rows_out <= 0 || cols <= 0 ||
+      cols % kQuantGroup != 0 || (map.x_rows && map.x_divisor < 1) || reinterpret_cast<uintptr_t>(split_x) % 16 != 0)
+    return cudaErrorInvalidValue;
+  const ExpertRows rows{experts, counts, offsets, map};
+  switch (format) {
+    case WeightFormat::Q4:
+      return launch_experts<4>(rows, experts_count, rows_out, cols, split_x, y, stream);
+    case WeightFormat::Q3:
+      return launch_experts<3>(rows, experts_count, rows_out, cols, split_x, y, stream);
+    default:
+      return launch_experts<2>(rows, experts_count, rows_out, cols, split_x, y, stream);
+  }
 }
 
 }  // namespace vavilov::cuda

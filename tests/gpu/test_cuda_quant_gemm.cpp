@@ -33,7 +33,8 @@ struct Result {
   std::vector<TestMatrix> experts;
 };
 
-// y for rows grouped by expert: expert e owns rows [offsets[e], offsets[e] + counts[e]) of x.
+// y for rows grouped by expert: expert e owns rows [offsets[e], offsets[e] + counts[e]) of x (all of x's rows split
+// first, as moe_prefill does).
 std::vector<float> run(DeviceMemory& memory, const std::vector<TestMatrix>& experts, WeightFormat format,
                        const std::vector<int>& counts, const std::vector<float>& x, int rows_out, int cols,
                        const cuda::GroupedRowMap& map = {}) {
@@ -44,8 +45,12 @@ std::vector<float> run(DeviceMemory& memory, const std::vector<TestMatrix>& expe
   for (const TestMatrix& m : experts) descriptors.push_back(m.device);
   const size_t outputs = size_t(total) * size_t(rows_out);
   float* y = memory.copy(std::vector<float>(outputs, std::numeric_limits<float>::quiet_NaN()));
+  const int x_rows = int(x.size() / size_t(cols));
+  // The split rows start as NaN bits, so that a record the split never wrote fails the checks.
+  uint8_t* split = memory.copy(std::vector<uint8_t>(cuda::quant_split_bytes(x_rows, cols), 0xff));
+  EXPECT_EQ(cuda::quant_split_rows(format, memory.copy(x), x_rows, cols, split, nullptr), cudaSuccess);
   EXPECT_EQ(cuda::quant_expert_gemm(memory.copy(descriptors), format, int(experts.size()), rows_out, cols,
-                                    memory.copy(counts), memory.copy(offsets), memory.copy(x), y, nullptr, map),
+                                    memory.copy(counts), memory.copy(offsets), split, y, nullptr, map),
             cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return test::download(y, outputs);
@@ -268,6 +273,29 @@ TEST(CudaQuantGemm, DenseRowResultsDoNotDependOnTheSlicing) {
   EXPECT_EQ(std::memcmp(y_few.data(), y_many.data(), y_few.size() * sizeof(float)), 0);
 }
 
+// The grouped products (rows split once by quant_split_rows, copied by each block) give the bits of the dense warp
+// tiles (rows split by each block as it stages them): one expert of 37 rows (passes of 16, 16 and 5) and the same 37
+// rows as a dense product, every format, a partial row block and a partial chunk (200 × 640: 8 + 2 groups) and a
+// long row (2560 columns: 5 chunks).
+TEST(CudaQuantGemm, GroupedProductsGiveTheDenseProductsBits) {
+  constexpr int kRows = 37;
+  struct Shape {
+    int rows_out, cols;
+  };
+  std::mt19937 rng(27);
+  for (WeightFormat format : {WeightFormat::Q4, WeightFormat::Q3, WeightFormat::Q2})
+    for (Shape s : {Shape{200, 640}, Shape{96, 2560}}) {
+      DeviceMemory memory;
+      const std::vector<TestMatrix> experts = {test::make_matrix(
+          memory, format, test::normal_values(rng, size_t(s.rows_out) * size_t(s.cols), 0.05f), s.rows_out, s.cols)};
+      const std::vector<float> x = mixed_magnitudes(rng, kRows, s.cols);
+      const std::vector<float> grouped = run(memory, experts, format, {kRows}, x, s.rows_out, s.cols);
+      const std::vector<float> warp_tiles = dense(memory, experts[0], x, kRows, cuda::QuantGemmTiles::warp);
+      EXPECT_EQ(std::memcmp(grouped.data(), warp_tiles.data(), grouped.size() * sizeof(float)), 0)
+          << name_of(format) << " " << s.rows_out << "×" << s.cols;
+    }
+}
+
 TEST(CudaQuantGemm, ExpertSetsOfOneFormatAndShapeOnly) {
   std::mt19937 rng(24);
   DeviceMemory memory;
@@ -299,6 +327,17 @@ TEST(CudaQuantGemm, RefusesWhatItDoesNotTake) {
   EXPECT_EQ(cuda::quant_expert_gemm(nullptr, WeightFormat::Q4, 4, 64, 128, nullptr, nullptr, nullptr, nullptr, nullptr,
                                     {.x_rows = order, .x_divisor = 0}),
             cudaErrorInvalidValue);
+  // Splits: formats the products take, whole groups of 64 columns, 16-byte aligned rows and records.
+  const auto* aligned = reinterpret_cast<const float*>(uintptr_t{0x1000});
+  void* aligned_split = reinterpret_cast<void*>(uintptr_t{0x2000});
+  EXPECT_EQ(cuda::quant_split_rows(WeightFormat::BF16, aligned, 4, 64, aligned_split, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::quant_split_rows(WeightFormat::Q4, aligned, 4, 100, aligned_split, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::quant_split_rows(WeightFormat::Q4, aligned + 1, 4, 64, aligned_split, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::quant_split_rows(WeightFormat::Q4, aligned, 4, 64, static_cast<char*>(aligned_split) + 8, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::quant_split_rows(WeightFormat::Q4, aligned, 0, 64, aligned_split, nullptr), cudaSuccess);
+  EXPECT_EQ(cuda::quant_split_bytes(3, 128), size_t(3 * 2 * 17 * 16));
   // Q4 codes need 8-byte alignment (their loads are 8 bytes), Q3/Q2 4; whole groups of 64 columns.
   cuda::DeviceMatrix q4;
   q4.format = WeightFormat::Q4, q4.rows = 64, q4.cols = 128;

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# On the device machine, in one call, building nothing (~100 s): checks a build's quantized prefill products (the
+# routed experts' split rows, quant_gemm.cuh) and times them and the prefill against a base binary. Each step has its
+# own time limit and the results are packed after each, so that a call cut short still brings back what it finished.
+#   1. BUILD/vavilov_gpu_tests --gtest_filter='CudaQuantGemm*', then the same under compute-sanitizer memcheck
+#   2. BUILD/vavilov_gpu_tests over the model, linear, MoE and expert suites (prefill through the products)
+#   3. BUILD/vavilov_quant_gemm_bench at 512 rows (dense shapes, then the routed experts' split and products; exits
+#      non-zero when bits differ), and every BUILD/vavilov_quant_gemm_bench.NAME (a tuning variant) the same way
+#   4. the synthetic Flash-Next prefill at 512 and 2048 of BASE_VAVILOV and BUILD/vavilov: 8 layers interleaved
+#      (base, new, base, new), then 48 layers + MTP once each
+#   5. ncu's per-kernel time of the 4-layer prefill at 512 (NVTX range prefill512) of BUILD/vavilov, then of the base
+# Results: OUTDIR/summary.txt and OUTDIR/expert_products_check.tgz. A lib/ folder in BUILD goes on LD_LIBRARY_PATH.
+# Run from the repository root (models/configs/flash-next.json; VAVILOV_SOURCE_DIR for the test fixtures).
+# Usage: expert_products_check.sh OUTDIR BUILD BASE_VAVILOV
+set -uo pipefail
+out=${1:?OUTDIR}
+build=${2:?BUILD}
+base=${3:?BASE_VAVILOV}
+export LD_LIBRARY_PATH=$PWD/$build/lib:${LD_LIBRARY_PATH:-} VAVILOV_SOURCE_DIR=${VAVILOV_SOURCE_DIR:-$PWD}
+config=models/configs/flash-next.json
+work=$(mktemp -d)
+start=$(date +%s)
+log() { echo "[$(($(date +%s) - start)) s] $*" | tee -a "$out/summary.txt"; }
+pack() { tar czf "$out/expert_products_check.tgz" -C "$work" .; }
+
+timeout 25 "$build/vavilov_gpu_tests" --gtest_filter='CudaQuantGemm*' > "$work/tests.txt" 2>&1
+log "CudaQuantGemm* rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$work/tests.txt" | tr '\n' ' ')"
+grep -E '^\[  FAILED|Failure|Expected|Which is|actual' "$work/tests.txt" | head -20 >> "$out/summary.txt"
+timeout 40 compute-sanitizer --tool memcheck "$build/vavilov_gpu_tests" --gtest_filter='CudaQuantGemm*' \
+  > "$work/memcheck.txt" 2>&1
+log "memcheck rc=$? $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED)' "$work/memcheck.txt" | tr '\n' ' ')"
+timeout 30 "$build/vavilov_gpu_tests" --gtest_filter='*GpuModel*:CudaLinear*:*CudaMoe*:CudaExpert*' \
+  > "$work/model-tests.txt" 2>&1
+log "model/linear/moe/expert rc=$? $(grep -E '^\[  (PASSED|FAILED|  SKIPPED) ' "$work/model-tests.txt" | tr '\n' ' ')"
+grep -E '^\[  FAILED' "$work/model-tests.txt" | head -10 >> "$out/summary.txt"
+pack
+for bench in "$build"/vavilov_quant_gemm_bench "$build"/vavilov_quant_gemm_bench.*; do
+  [ -x "$bench" ] || continue
+  name=$(basename "$bench")
+  timeout 25 "$bench" "$work/$name.json" 512 > "$work/$name.txt" 2>&1
+  log "$name rc=$?"
+  grep -E "expert|mix_down|ceiling" "$work/$name.txt" | tee -a "$out/summary.txt"
+done
+pack
+prefill() {  # prefill LABEL BINARY ARGS...
+  local label=$1 binary=$2
+  shift 2
+  timeout 30 "$binary" bench --synthetic $config --prefill 512,2048 "$@" --out "$work/bench-$label.json" \
+    > "$work/bench-$label.log" 2>&1
+  log "$label rc=$? prefill tok/s $(python3 -c "import json; print(json.load(open('$work/bench-$label.json'))['prefill_tok_s'])" 2>&1)"
+}
+prefill base8a "$base" --layers 8 --steps 1
+prefill new8a "$build/vavilov" --layers 8 --steps 1
+prefill base8b "$base" --layers 8 --steps 1
+prefill new8b "$build/vavilov" --layers 8 --steps 1
+pack
+prefill base48 "$base" --steps 1
+prefill new48 "$build/vavilov" --steps 1
+pack
+ncu_times() {  # name binary: per-kernel time of a 4-layer prefill at 512 (the NVTX range prefill512)
+  timeout 40 ncu --clock-control none --cache-control none --nvtx --nvtx-include "prefill512/" \
+    --metrics gpu__time_duration.sum --csv --page raw --log-file "$work/ncu_$1.csv" \
+    "$2" bench --synthetic $config --layers 4 --steps 1 --prefill 512 --out "$work/ncu_bench_$1.json" > /dev/null 2>&1
+  log "ncu $1 rc=$?"
+  pack
+}
+ncu_times new "$build/vavilov"
+ncu_times base "$base"
