@@ -323,8 +323,7 @@ __device__ __forceinline__ void copy_async_16(void* to, const void* from, bool c
 }
 __device__ __forceinline__ void copy_async_8(void* to, const void* from, bool copy) {
   const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(to));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(address), "l"(from), "r"(copy ? 8 : 0)
-               : "memory");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(address), "l"(from), "r"(copy ? 8 : 0) : "memory");
 }
 
 // One chunk's activations in shared memory, as stage_fragments lays them out for Staged rows.
@@ -361,19 +360,18 @@ __device__ __forceinline__ void copy_chunk(ExpertStage& stage, const uint4* spli
 // One pass of an expert's rows: chunk after chunk, the next chunk's copies in flight during the current one's
 // products. Every thread of the block calls it (copies and barriers); warps without matrix rows only copy.
 template <int Bits, int Tiles, int Staged>
-__device__ __forceinline__ void expert_pass(WarpLoads& current, const WarpTile& tile, bool has_rows,
-                                            const uint4* split, const int* rows, ExpertStage* stages,
-                                            float (&acc)[kRowTiles][2]) {
+__device__ __forceinline__ void expert_pass(WarpLoads& current, const WarpTile& tile, bool has_rows, const uint4* split,
+                                            const int* rows, ExpertStage* stages, float (&acc)[kRowTiles][2]) {
   const int groups = tile.groups;
   copy_chunk<Staged>(stages[0], split, groups, rows, 0, min(kExpertChunkGroups, groups));
   for (int chunk = 0, k = 0; chunk < groups; chunk += kExpertChunkGroups, ++k) {
     const int end = min(chunk + kExpertChunkGroups, groups);
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     __syncthreads();  // every thread's copies of this chunk have landed; the other stage is used up
-    if (end < groups) copy_chunk<Staged>(stages[(k + 1) & 1], split, groups, rows, end, min(end + kExpertChunkGroups, groups));
+    if (end < groups)
+      copy_chunk<Staged>(stages[(k + 1) & 1], split, groups, rows, end, min(end + kExpertChunkGroups, groups));
     if (has_rows)
-      chunk_products<Bits, Tiles, Staged>(current, tile, chunk, end, stages[k & 1].fragments, stages[k & 1].terms,
-                                          acc);
+      chunk_products<Bits, Tiles, Staged>(current, tile, chunk, end, stages[k & 1].fragments, stages[k & 1].terms, acc);
   }
 }
 

@@ -44,8 +44,7 @@ size_t quant_split_bytes(int rows, int cols);
 // split = rows [0, rows) of x ([rows, cols], 16-byte aligned) split for products with matrices in `format`.
 // cudaErrorInvalidValue for a format quant_gemm_takes refuses, cols not whole groups of 64, or misaligned x or split;
 // otherwise the launch's status.
-cudaError_t quant_split_rows(WeightFormat format, const float* x, int rows, int cols, void* split,
-                             cudaStream_t stream);
+cudaError_t quant_split_rows(WeightFormat format, const float* x, int rows, int cols, void* split, cudaStream_t stream);
 
 // Where quant_expert_gemm reads and writes grouped row p: split row x_rows[p] / x_divisor and y's row y_rows[p]
 // (device arrays; null: row p). With expert_prefill.cuh's `order` (grouped row → slot) as x_rows and the experts per
@@ -60,8 +59,8 @@ struct GroupedRowMap {
 // For every expert e < experts_count with counts[e] > 0: y[offsets[e] + i, :] = E[e] · x[offsets[e] + i, :] for
 // i < counts[e] (rows mapped by `map`), where `experts` is a device array of matrices of one format and shape rows_out
 // × cols that quant_gemm_reads_all accepted, split_x holds x's rows as quant_split_rows split them for `format` and y
-// is [*, rows_out]; counts and offsets are device arrays (expert_prefill.cuh's grouping). cudaErrorInvalidValue for a shape or format it does not take or a map's
-// x_divisor < 1; otherwise the launch's status.
+// is [*, rows_out]; counts and offsets are device arrays (expert_prefill.cuh's grouping). cudaErrorInvalidValue for a
+// shape or format it does not take or a map's x_divisor < 1; otherwise the launch's status.
 cudaError_t quant_expert_gemm(const DeviceMatrix* experts, WeightFormat format, int experts_count, int rows_out,
                               int cols, const int* counts, const int* offsets, const void* split_x, float* y,
                               cudaStream_t stream, const GroupedRowMap& map = {});

@@ -66,7 +66,7 @@ struct Workspace {
   int* route_ids;
   // Prefill: slots grouped by expert (expert_prefill.cuh) and the grouped rows (gathered input, then down output).
   int *expert_counts, *expert_offsets, *expert_order, *expert_position;
-  float* grouped_rows;  // or the split rows of the products on the codes (quant_gemm.cuh)
+  float* grouped_rows;          // or the split rows of the products on the codes (quant_gemm.cuh)
   GemvMatrix* moe_descriptors;  // a decode step's expert products, written on the device
   int* moe_slots;
   float* moe_slot_weights;
@@ -163,8 +163,8 @@ void make_workspace(const ModelConfig& c, Workspace& w) {
   l.add(w.expert_position, r * k);
   // The gathered rows of the cuBLAS path, or the split rows of the products on the codes (gate/up's input, then
   // down's), never both in one layer.
-  const size_t split_bytes = std::max(quant_split_bytes(int(r), int(h)),
-                                      quant_split_bytes(int(r * k), int(c.moe_intermediate_size)));
+  const size_t split_bytes =
+      std::max(quant_split_bytes(int(r), int(h)), quant_split_bytes(int(r * k), int(c.moe_intermediate_size)));
   l.add(w.grouped_rows, std::max(r * k * h, (split_bytes + sizeof(float) - 1) / sizeof(float)));
   l.add(w.moe_descriptors, moe_descriptor_count(int(k)));
   l.add(w.moe_slots, moe_slot_count(int(k)));
