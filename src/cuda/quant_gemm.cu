@@ -2,6 +2,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "cuda/device_math.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/quant_gemm.cuh"
 #include "cuda/quant_mma.cuh"
@@ -283,11 +284,18 @@ constexpr int kSplitEntries = 2 * 8 + 1;  // uint4 entries of a (row, group) rec
 #endif
 constexpr int kExpertChunkGroups = VAVILOV_EXPERT_CHUNK_GROUPS;
 static_assert(kExpertChunkGroups % kUnroll == 0, "chunks hold whole load units");
+// Whether each warp asks L2 for its whole tile at its start (prefetch_expert_tile; tuning knob as above).
+#ifndef VAVILOV_EXPERT_PREFETCH
+#define VAVILOV_EXPERT_PREFETCH 1
+#endif
+constexpr bool kExpertPrefetch = VAVILOV_EXPERT_PREFETCH != 0;
 
-// The records of rows [0, rows) of x: thread per (row, group, lane column t), whole warps (split_activations' shuffles
-// take the four lanes of an item and every lane of the warp).
+// The records of rows [0, rows) of x, or of silu(x) · up where up is given (the experts' swiglu, computed as moe.cu's
+// swiglu kernel computes it): thread per (row, group, lane column t), whole warps (split_activations' shuffles take
+// the four lanes of an item and every lane of the warp).
 template <int Bits>
-__global__ void __launch_bounds__(256) quant_split_kernel(const float* x, int rows, int cols, uint4* split) {
+__global__ void __launch_bounds__(256)
+    quant_split_kernel(const float* x, const float* up, int rows, int cols, uint4* split) {
   allow_dependents();
   const int groups = cols / kQuantGroup;
   const long long item = (long long)blockIdx.x * blockDim.x + threadIdx.x, items = (long long)rows * groups * 4;
@@ -301,6 +309,15 @@ __global__ void __launch_bounds__(256) quant_split_kernel(const float* x, int ro
     for (int i = 0; i < 4; ++i) {
       const float4 q = __ldg(source + i);
       v[4 * i] = q.x, v[4 * i + 1] = q.y, v[4 * i + 2] = q.z, v[4 * i + 3] = q.w;
+    }
+    if (up) {
+      const float4* up_source = reinterpret_cast<const float4*>(up + record * kQuantGroup + 16 * t);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float4 q = __ldg(up_source + i);
+        v[4 * i] = silu(v[4 * i]) * q.x, v[4 * i + 1] = silu(v[4 * i + 1]) * q.y;
+        v[4 * i + 2] = silu(v[4 * i + 2]) * q.z, v[4 * i + 3] = silu(v[4 * i + 3]) * q.w;
+      }
     }
   }
   uint32_t hi[8], lo[8];
@@ -401,7 +418,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   const int tile_row = int(blockIdx.x) * kBlockRows + warp * kTileRows;
   const bool has_rows = tile_row < rows_out;  // warps past the end still copy
   const WarpTile tile = warp_tile<Bits>(m, rows_out, cols, tile_row, g, t);
-  if (has_rows)
+  if (kExpertPrefetch && has_rows)
     prefetch_expert_tile(static_cast<const uint32_t*>(m.data), reinterpret_cast<const __nv_bfloat16*>(m.scales),
                          reinterpret_cast<const __nv_bfloat16*>(m.biases), tile_row,
                          min(tile_row + kTileRows, rows_out), row_words, groups);
@@ -702,12 +719,29 @@ cudaError_t launch_experts(const ExpertRows& experts, int count, int rows_out, i
 }
 
 template <int Bits>
-cudaError_t launch_split(const float* x, int rows, int cols, void* split, cudaStream_t stream) {
+cudaError_t launch_split(const float* x, const float* up, int rows, int cols, void* split, cudaStream_t stream) {
   const long long items = (long long)rows * (cols / kQuantGroup) * 4;
   const long long blocks = (items + 255) / 256;
   if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
-  quant_split_kernel<Bits><<<unsigned(blocks), 256, 0, stream>>>(x, rows, cols, static_cast<uint4*>(split));
+  quant_split_kernel<Bits><<<unsigned(blocks), 256, 0, stream>>>(x, up, rows, cols, static_cast<uint4*>(split));
   return cudaGetLastError();
+}
+
+cudaError_t split_format(WeightFormat format, const float* x, const float* up, int rows, int cols, void* split,
+                         cudaStream_t stream) {
+  const auto misaligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; };
+  if (!quant_gemm_takes(format) || rows < 0 || cols <= 0 || cols % kQuantGroup != 0 || misaligned(x) ||
+      misaligned(up) || misaligned(split))
+    return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  switch (format) {
+    case WeightFormat::Q4:
+      return launch_split<4>(x, up, rows, cols, split, stream);
+    case WeightFormat::Q3:
+      return launch_split<3>(x, up, rows, cols, split, stream);
+    default:
+      return launch_split<2>(x, up, rows, cols, split, stream);
+  }
 }
 
 // Dense slices of 16 rows, or of 8 or 4 where a matrix has so few row blocks that 16-row slices would leave
@@ -778,18 +812,13 @@ size_t quant_split_bytes(int rows, int cols) {
 
 cudaError_t quant_split_rows(WeightFormat format, const float* x, int rows, int cols, void* split,
                              cudaStream_t stream) {
-  if (!quant_gemm_takes(format) || rows < 0 || cols <= 0 || cols % kQuantGroup != 0 ||
-      reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(split) % 16 != 0)
-    return cudaErrorInvalidValue;
-  if (rows == 0) return cudaSuccess;
-  switch (format) {
-    case WeightFormat::Q4:
-      return launch_split<4>(x, rows, cols, split, stream);
-    case WeightFormat::Q3:
-      return launch_split<3>(x, rows, cols, split, stream);
-    default:
-      return launch_split<2>(x, rows, cols, split, stream);
-  }
+  return split_format(format, x, nullptr, rows, cols, split, stream);
+}
+
+cudaError_t quant_split_swiglu_rows(WeightFormat format, const float* gate, const float* up, int rows, int cols,
+                                    void* split, cudaStream_t stream) {
+  if (!up) return cudaErrorInvalidValue;
+  return split_format(format, gate, up, rows, cols, split, stream);
 }
 
 cudaError_t quant_expert_gemm(const DeviceMatrix* experts, WeightFormat format, int experts_count, int rows_out,

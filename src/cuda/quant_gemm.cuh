@@ -46,6 +46,12 @@ size_t quant_split_bytes(int rows, int cols);
 // otherwise the launch's status.
 cudaError_t quant_split_rows(WeightFormat format, const float* x, int rows, int cols, void* split, cudaStream_t stream);
 
+// split = rows of silu(gate) · up, elementwise (the routed experts' swiglu, the values moe.cuh's swiglu computes),
+// split as quant_split_rows splits rows: the swiglu folded into down's split (gate and up stay as they were).
+// cudaErrorInvalidValue as quant_split_rows, and for a null or misaligned up.
+cudaError_t quant_split_swiglu_rows(WeightFormat format, const float* gate, const float* up, int rows, int cols,
+                                    void* split, cudaStream_t stream);
+
 // Where quant_expert_gemm reads and writes grouped row p: split row x_rows[p] / x_divisor and y's row y_rows[p]
 // (device arrays; null: row p). With expert_prefill.cuh's `order` (grouped row → slot) as x_rows and the experts per
 // token as x_divisor, the products read a chunk's rows where they are (no gathered copy); with it as y_rows they

@@ -923,11 +923,9 @@ void CudaSequence::moe_prefill(const DeviceMoe& w, int rows, bool on_codes) {
   group_by_expert(work_.route_ids, slots, c_.num_experts, work_.expert_counts, work_.expert_offsets, work_.expert_order,
                   work_.expert_position, stream_);
   if (on_codes) {
-    // The rows are split once for gate and up (the same input) and once for down, into grouped_rows.
+    // The rows are split once for gate and up (the same input) and once for down (with the swiglu folded in), into
+    // grouped_rows.
     void* split = work_.grouped_rows;
-    auto split_rows = [&](WeightFormat format, const float* x, int x_rows, int cols) {
-      cuda_check(quant_split_rows(format, x, x_rows, cols, split, stream_), "routed experts' rows");
-    };
     auto grouped_products = [&](const DeviceMatrix* experts, WeightFormat format, int rows_out, int cols, float* y,
                                 const GroupedRowMap& map) {
       cuda_check(quant_expert_gemm(experts, format, c_.num_experts, rows_out, cols, work_.expert_counts,
@@ -935,11 +933,11 @@ void CudaSequence::moe_prefill(const DeviceMoe& w, int rows, bool on_codes) {
                  "routed experts");
     };
     const GroupedRowMap gathered{.x_rows = work_.expert_order, .x_divisor = k}, scattered{.y_rows = work_.expert_order};
-    split_rows(w.gate_up_format, work_.input, rows, h);
+    cuda_check(quant_split_rows(w.gate_up_format, work_.input, rows, h, split, stream_), "routed experts' rows");
     grouped_products(w.expert_gate, w.gate_up_format, inner, h, work_.expert_gate, gathered);
     grouped_products(w.expert_up, w.gate_up_format, inner, h, work_.expert_up, gathered);
-    swiglu(work_.expert_gate, work_.expert_up, int64_t(slots) * inner, stream_);
-    split_rows(w.down_format, work_.expert_gate, slots, inner);
+    cuda_check(quant_split_swiglu_rows(w.down_format, work_.expert_gate, work_.expert_up, slots, inner, split, stream_),
+               "routed experts' swiglu");
     grouped_products(w.expert_down, w.down_format, h, inner, work_.expert_out, scattered);
   } else {
     std::vector<ExpertGroup> groups;

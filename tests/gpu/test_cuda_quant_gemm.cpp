@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "cuda/moe.cuh"
 #include "cuda/quant_gemm.cuh"
 #include "device_matrices.h"
 
@@ -296,6 +297,31 @@ TEST(CudaQuantGemm, GroupedProductsGiveTheDenseProductsBits) {
     }
 }
 
+// The swiglu folded into the split (down's input) gives the bytes of the split of moe.cuh's swiglu rows: the same
+// activations reach the products. Gates of every sign and size (silu's tails: e^-x overflowing and vanishing), every
+// format.
+TEST(CudaQuantGemm, SwigluSplitGivesTheSplitOfTheSwigluRows) {
+  constexpr int kRows = 21, kCols = 640;
+  std::mt19937 rng(28);
+  std::vector<float> gate = mixed_magnitudes(rng, kRows, kCols);
+  for (size_t i = 0; i < gate.size(); i += 97) gate[i] = i % 2 ? 120.0f : -120.0f;
+  const std::vector<float> up = mixed_magnitudes(rng, kRows, kCols);
+  const size_t bytes = cuda::quant_split_bytes(kRows, kCols);
+  for (WeightFormat format : {WeightFormat::Q4, WeightFormat::Q3, WeightFormat::Q2}) {
+    DeviceMemory memory;
+    float* device_gate = memory.copy(gate);
+    const float* device_up = memory.copy(up);
+    uint8_t* folded = memory.copy(std::vector<uint8_t>(bytes, 0xff));
+    uint8_t* separate = memory.copy(std::vector<uint8_t>(bytes, 0xff));
+    EXPECT_EQ(cuda::quant_split_swiglu_rows(format, device_gate, device_up, kRows, kCols, folded, nullptr),
+              cudaSuccess);
+    cuda::swiglu(device_gate, device_up, int64_t(gate.size()), nullptr);
+    EXPECT_EQ(cuda::quant_split_rows(format, device_gate, kRows, kCols, separate, nullptr), cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(test::download(folded, bytes), test::download(separate, bytes)) << name_of(format);
+  }
+}
+
 TEST(CudaQuantGemm, ExpertSetsOfOneFormatAndShapeOnly) {
   std::mt19937 rng(24);
   DeviceMemory memory;
@@ -337,6 +363,10 @@ TEST(CudaQuantGemm, RefusesWhatItDoesNotTake) {
   EXPECT_EQ(cuda::quant_split_rows(WeightFormat::Q4, aligned, 4, 64, static_cast<char*>(aligned_split) + 8, nullptr),
             cudaErrorInvalidValue);
   EXPECT_EQ(cuda::quant_split_rows(WeightFormat::Q4, aligned, 0, 64, aligned_split, nullptr), cudaSuccess);
+  EXPECT_EQ(cuda::quant_split_swiglu_rows(WeightFormat::Q4, aligned, nullptr, 4, 64, aligned_split, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::quant_split_swiglu_rows(WeightFormat::Q4, aligned, aligned + 2, 4, 64, aligned_split, nullptr),
+            cudaErrorInvalidValue);
   EXPECT_EQ(cuda::quant_split_bytes(3, 128), size_t(3 * 2 * 17 * 16));
   // Q4 codes need 8-byte alignment (their loads are 8 bytes), Q3/Q2 4; whole groups of 64 columns.
   cuda::DeviceMatrix q4;
