@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# On the device machine, in one call, building nothing (~100 s): checks a build's quantized prefill products (the
+# On the device machine, in one call, building nothing (~110 s): checks a build's quantized prefill products (the
 # routed experts' split rows, quant_gemm.cuh) and times them and the prefill against a base binary. Each step has its
-# own time limit and the results are packed after each, so that a call cut short still brings back what it finished.
-#   1. BUILD/vavilov_gpu_tests --gtest_filter='CudaQuantGemm*', then the same under compute-sanitizer memcheck
-#   2. BUILD/vavilov_gpu_tests over the model, linear, MoE and expert suites (prefill through the products)
-#   3. BUILD/vavilov_quant_gemm_bench at 512 rows (dense shapes, then the routed experts' split and products; exits
+# own time limit and the summary is written as it goes, so that a call cut short still brings back what it finished.
+#   1. BUILD/vavilov_gpu_tests --gtest_filter='CudaQuantGemm*', the same under compute-sanitizer memcheck, then the
+#      model, linear, MoE and expert suites (prefill through the products)
+#   2. BUILD/vavilov_quant_gemm_bench at 512 rows (dense shapes, then the routed experts' split and products; exits
 #      non-zero when bits differ), and every BUILD/vavilov_quant_gemm_bench.NAME (a tuning variant) the same way
-#   4. the synthetic Flash-Next prefill at 512 and 2048 of BASE_VAVILOV and BUILD/vavilov: 8 layers interleaved
-#      (base, new, base, new), then 48 layers + MTP once each
-#   5. ncu's per-kernel time of the 4-layer prefill at 512 (NVTX range prefill512) of BUILD/vavilov, then of the base
+#   3. the synthetic Flash-Next prefill at 512 and 2048 of BASE_VAVILOV, BUILD/vavilov and every BUILD/vavilov.NAME:
+#      8 layers twice, interleaved, then 48 layers + MTP once each
+#   4. ncu's per-kernel time of the 4-layer prefill at 512 (NVTX range prefill512) of BUILD/vavilov and each variant
+#   5. each variant's tests as in 1 (BUILD/vavilov_gpu_tests.NAME)
 # Results: OUTDIR/summary.txt and OUTDIR/expert_products_check.tgz. A lib/ folder in BUILD goes on LD_LIBRARY_PATH.
 # Run from the repository root (models/configs/flash-next.json; VAVILOV_SOURCE_DIR for the test fixtures).
 # Usage: expert_products_check.sh OUTDIR BUILD BASE_VAVILOV
@@ -22,24 +23,27 @@ work=$(mktemp -d)
 start=$(date +%s)
 log() { echo "[$(($(date +%s) - start)) s] $*" | tee -a "$out/summary.txt"; }
 pack() { tar czf "$out/expert_products_check.tgz" -C "$work" .; }
+variants=$(cd "$build" && ls vavilov.* 2> /dev/null | sed 's/^vavilov\.//')
 
-timeout 25 "$build/vavilov_gpu_tests" --gtest_filter='CudaQuantGemm*' > "$work/tests.txt" 2>&1
-log "CudaQuantGemm* rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$work/tests.txt" | tr '\n' ' ')"
-grep -E '^\[  FAILED|Failure|Expected|Which is|actual' "$work/tests.txt" | head -20 >> "$out/summary.txt"
-timeout 40 compute-sanitizer --tool memcheck "$build/vavilov_gpu_tests" --gtest_filter='CudaQuantGemm*' \
-  > "$work/memcheck.txt" 2>&1
-log "memcheck rc=$? $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED)' "$work/memcheck.txt" | tr '\n' ' ')"
-timeout 30 "$build/vavilov_gpu_tests" --gtest_filter='*GpuModel*:CudaLinear*:*CudaMoe*:CudaExpert*' \
-  > "$work/model-tests.txt" 2>&1
-log "model/linear/moe/expert rc=$? $(grep -E '^\[  (PASSED|FAILED|  SKIPPED) ' "$work/model-tests.txt" | tr '\n' ' ')"
-grep -E '^\[  FAILED' "$work/model-tests.txt" | head -10 >> "$out/summary.txt"
-pack
+tests() {  # tests LABEL BINARY [model]
+  timeout 25 "$2" --gtest_filter='CudaQuantGemm*' > "$work/tests-$1.txt" 2>&1
+  log "$1 CudaQuantGemm* rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$work/tests-$1.txt" | tr '\n' ' ')"
+  grep -E '^\[  FAILED|Failure|Expected|Which is|actual' "$work/tests-$1.txt" | head -20 >> "$out/summary.txt"
+  timeout 40 compute-sanitizer --tool memcheck "$2" --gtest_filter='CudaQuantGemm*' > "$work/memcheck-$1.txt" 2>&1
+  log "$1 memcheck rc=$? $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED)' "$work/memcheck-$1.txt" | tr '\n' ' ')"
+  timeout 30 "$2" --gtest_filter='*GpuModel*:CudaLinear*:*CudaMoe*:CudaExpert*' > "$work/model-tests-$1.txt" 2>&1
+  log "$1 model/linear/moe/expert rc=$? $(grep -E '^\[  (PASSED|FAILED|  SKIPPED) ' "$work/model-tests-$1.txt" |
+    tr '\n' ' ')"
+  grep -E '^\[  FAILED' "$work/model-tests-$1.txt" | head -10 >> "$out/summary.txt"
+  pack
+}
+tests new "$build/vavilov_gpu_tests"
 for bench in "$build"/vavilov_quant_gemm_bench "$build"/vavilov_quant_gemm_bench.*; do
   [ -x "$bench" ] || continue
   name=$(basename "$bench")
   timeout 25 "$bench" "$work/$name.json" 512 > "$work/$name.txt" 2>&1
   log "$name rc=$?"
-  grep -E "expert|mix_down|ceiling" "$work/$name.txt" | tee -a "$out/summary.txt"
+  grep -E "expert|mix_down" "$work/$name.txt" | tee -a "$out/summary.txt"
 done
 pack
 prefill() {  # prefill LABEL BINARY ARGS...
@@ -49,13 +53,15 @@ prefill() {  # prefill LABEL BINARY ARGS...
     > "$work/bench-$label.log" 2>&1
   log "$label rc=$? prefill tok/s $(python3 -c "import json; print(json.load(open('$work/bench-$label.json'))['prefill_tok_s'])" 2>&1)"
 }
-prefill base8a "$base" --layers 8 --steps 1
-prefill new8a "$build/vavilov" --layers 8 --steps 1
-prefill base8b "$base" --layers 8 --steps 1
-prefill new8b "$build/vavilov" --layers 8 --steps 1
+for round in a b; do
+  prefill base8$round "$base" --layers 8 --steps 1
+  prefill new8$round "$build/vavilov" --layers 8 --steps 1
+  for v in $variants; do prefill $v-8$round "$build/vavilov.$v" --layers 8 --steps 1; done
+done
 pack
 prefill base48 "$base" --steps 1
 prefill new48 "$build/vavilov" --steps 1
+for v in $variants; do prefill $v-48 "$build/vavilov.$v" --steps 1; done
 pack
 ncu_times() {  # name binary: per-kernel time of a 4-layer prefill at 512 (the NVTX range prefill512)
   timeout 40 ncu --clock-control none --cache-control none --nvtx --nvtx-include "prefill512/" \
@@ -65,4 +71,17 @@ ncu_times() {  # name binary: per-kernel time of a 4-layer prefill at 512 (the N
   pack
 }
 ncu_times new "$build/vavilov"
-ncu_times base "$base"
+for v in $variants; do ncu_times $v "$build/vavilov.$v"; done
+for v in $variants; do tests $v "$build/vavilov_gpu_tests.$v"; done
+# 6. with the time left (EXPERT_CHECK_LIMIT seconds in all, default 115): ncu's full source-level profile of
+#    BUILD/vavilov's first two routed-expert launches (gate, up) of a 1-layer prefill at 512
+left=$((${EXPERT_CHECK_LIMIT:-115} - ($(date +%s) - start)))
+if [ $left -gt 12 ]; then
+  timeout $left ncu --set full --import-source yes --nvtx --nvtx-include "prefill512/" -k regex:quant_expert_kernel \
+    --launch-count 2 -o "$work/expert_profile" "$build/vavilov" bench --synthetic $config --layers 1 --steps 1 \
+    --prefill 512 --out "$work/ncu_profile_bench.json" > "$work/expert_profile.log" 2>&1
+  log "ncu profile rc=$?"
+  ncu -i "$work/expert_profile.ncu-rep" --page details > "$work/expert_profile_details.txt" 2>&1
+  ncu -i "$work/expert_profile.ncu-rep" --page source --csv > "$work/expert_profile_source.csv" 2>&1
+  pack
+fi

@@ -392,6 +392,152 @@ __device__ __forceinline__ void expert_pass(WarpLoads& current, const WarpTile& 
   }
 }
 
+// Two m-tiles a warp (tuning knob VAVILOV_EXPERT_WARP_MTILES=2): a warp owns 32 matrix rows and multiplies each B
+// fragment it reads from shared memory with both m-tiles' decoded codes, so the block's shared-memory reads per weight
+// halve; blocks of 4 warps keep 128 rows. The weights load two groups at a time (a unit), scales and biases as bf16
+// pairs. Every output is the same sum as group_products' (per group four chained mma from zero in the same order, then
+// the same affine step), so the bits are those of the dense warp tiles.
+#ifndef VAVILOV_EXPERT_WARP_MTILES
+#define VAVILOV_EXPERT_WARP_MTILES 1
+#endif
+constexpr int kExpertWarpMTiles = VAVILOV_EXPERT_WARP_MTILES;
+static_assert(kExpertWarpMTiles == 1 || kExpertWarpMTiles == 2, "one or two m-tiles a warp");
+constexpr int kExpertWarps = kWarps / kExpertWarpMTiles;
+constexpr int kPairUnit = 2;  // groups of a load unit
+
+// A warp's two m-tiles: rows g and g + 8 of m-tile m for lane (g, t), and lane t's scale or bias row of each.
+struct PairTile {
+  const uint32_t* codes[2][2];  // [m][r]
+  const uint16_t* affine[2];    // [m]
+  int groups;
+  bool pairs;  // scale and bias rows read two groups at a time (4 bytes)
+};
+
+// What a warp loads for one unit: the codes of both m-tiles' rows, and a bf16 pair (groups u = 0, 1) of lane t's
+// scale or bias row of each m-tile.
+struct PairLoads {
+  uint2 codes[kPairUnit][2][2];  // [u][m][r]
+  uint32_t affine[2];            // [m]
+};
+
+template <int Bits>
+__device__ inline PairTile pair_tile(const DeviceMatrix& m, int rows_out, int cols, int tile_row, int g, int t) {
+  const int groups = cols / kQuantGroup, row_words = cols / 32 * Bits;
+  const uint32_t* codes = static_cast<const uint32_t*>(m.data);
+  PairTile tile;
+  tile.groups = groups;
+  tile.pairs =
+      groups % 2 == 0 && (reinterpret_cast<uintptr_t>(m.scales) | reinterpret_cast<uintptr_t>(m.biases)) % 4 == 0;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row0 = min(tile_row + kTileRows * i + g, rows_out - 1), row1 = min(row0 + 8, rows_out - 1);
+    tile.codes[i][0] = codes + size_t(row0) * row_words;
+    tile.codes[i][1] = codes + size_t(row1) * row_words;
+    tile.affine[i] = (t & 2 ? m.biases : m.scales) + size_t(t & 1 ? row1 : row0) * groups;
+  }
+  return tile;
+}
+
+// Loads groups [first, first + kPairUnit) ∩ [.., groups); first is even. What lies past the end is left as it was
+// (never read).
+template <int Bits>
+__device__ __forceinline__ void load_pair_unit(PairLoads& loads, const PairTile& tile, int first, int t) {
+#pragma unroll
+  for (int u = 0; u < kPairUnit; ++u)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        if (first + u < tile.groups) loads.codes[u][i][r] = load_codes<Bits>(tile.codes[i][r], first + u, t);
+  if (first >= tile.groups) return;
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+    if (tile.pairs)
+      loads.affine[i] = __ldg(reinterpret_cast<const uint32_t*>(tile.affine[i] + first));
+    else
+      loads.affine[i] = uint32_t(__ldg(tile.affine[i] + first)) |
+                        (first + 1 < tile.groups ? uint32_t(__ldg(tile.affine[i] + first + 1)) << 16 : 0u);
+}
+
+// acc[i][n][r] += the products of groups local, local + 1, ..., local + Count - 1 of the chunk (one unit: `current`)
+// with rows g + 8r of m-tile i and activation rows 4n + t (lane (g, t)).
+template <int Bits, int Tiles, int Staged, int Count>
+__device__ __forceinline__ void pair_unit_products(const PairLoads& current, int local, int staged,
+                                                   const uint4* fragments, const float2* group_terms,
+                                                   float (&acc)[2][kRowTiles][2]) {
+  const int lane = threadIdx.x % 32, t = lane % 4;
+  uint32_t scale_bias[2][4];  // [m]: bf16 pairs of the unit's groups: scale row g, scale row g + 8, bias g, bias g + 8
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) scale_bias[i][k] = __shfl_sync(0xffffffffu, current.affine[i], (lane & ~3) | k);
+#pragma unroll
+  for (int u = 0; u < Count; ++u) {
+    const int group = local + u;
+    uint32_t a[2][2][8];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) decode<Bits>(current.codes[u][i][r], t, a[i][r]);
+    const auto pick = [&](uint32_t pair) { return u % 2 ? bf16_high(pair) : bf16_low(pair); };
+#pragma unroll
+    for (int n = 0; n < Tiles; ++n) {
+      const uint4 b0 = fragments[(size_t(group) * 2) * 8 * Staged + 32 * n + lane];
+      const uint4 b1 = fragments[(size_t(group) * 2 + 1) * 8 * Staged + 32 * n + lane];
+      const float2 terms = group_terms[(4 * n + t) * staged + group];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const uint32_t(&a0)[8] = a[i][0];
+        const uint32_t(&a1)[8] = a[i][1];
+        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        mma_f16(c, a0[0], a1[0], a0[1], a1[1], b0.x, b0.y);
+        mma_f16(c, a0[2], a1[2], a0[3], a1[3], b0.z, b0.w);
+        mma_f16(c, a0[4], a1[4], a0[5], a1[5], b1.x, b1.y);
+        mma_f16(c, a0[6], a1[6], a0[7], a1[7], b1.z, b1.w);
+        acc[i][n][0] =
+            fmaf(c[0] + c[1], pick(scale_bias[i][0]) * terms.y, fmaf(pick(scale_bias[i][2]), terms.x, acc[i][n][0]));
+        acc[i][n][1] =
+            fmaf(c[2] + c[3], pick(scale_bias[i][1]) * terms.y, fmaf(pick(scale_bias[i][3]), terms.x, acc[i][n][1]));
+      }
+    }
+  }
+}
+
+// acc += the products of groups [chunk, end) (end - chunk even but at the matrix's end); `current` holds the chunk's
+// first unit on entry and the next chunk's on return.
+template <int Bits, int Tiles, int Staged>
+__device__ inline void pair_chunk_products(PairLoads& current, const PairTile& tile, int chunk, int end,
+                                           const uint4* fragments, const float2* group_terms,
+                                           float (&acc)[2][kRowTiles][2]) {
+  const int t = threadIdx.x % 4, staged = end - chunk;
+  for (int first = chunk; first < end; first += kPairUnit) {
+    PairLoads next;
+    load_pair_unit<Bits>(next, tile, first + kPairUnit, t);
+    if (end - first >= kPairUnit)
+      pair_unit_products<Bits, Tiles, Staged, kPairUnit>(current, first - chunk, staged, fragments, group_terms, acc);
+    else
+      pair_unit_products<Bits, Tiles, Staged, 1>(current, first - chunk, staged, fragments, group_terms, acc);
+    current = next;
+  }
+}
+
+template <int Bits, int Tiles, int Staged>
+__device__ __forceinline__ void pair_pass(PairLoads& current, const PairTile& tile, bool has_rows, const uint4* split,
+                                          const int* rows, ExpertStage* stages, float (&acc)[2][kRowTiles][2]) {
+  const int groups = tile.groups;
+  copy_chunk<Staged>(stages[0], split, groups, rows, 0, min(kExpertChunkGroups, groups));
+  for (int chunk = 0, k = 0; chunk < groups; chunk += kExpertChunkGroups, ++k) {
+    const int end = min(chunk + kExpertChunkGroups, groups);
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    __syncthreads();  // every thread's copies of this chunk have landed; the other stage is used up
+    if (end < groups)
+      copy_chunk<Staged>(stages[(k + 1) & 1], split, groups, rows, end, min(end + kExpertChunkGroups, groups));
+    if (has_rows)
+      pair_chunk_products<Bits, Tiles, Staged>(current, tile, chunk, end, stages[k & 1].fragments, stages[k & 1].terms,
+                                               acc);
+  }
+}
+
 // Where a block's expert and rows are.
 struct ExpertRows {
   const DeviceMatrix* experts;  // device array
@@ -400,10 +546,10 @@ struct ExpertRows {
   GroupedRowMap map;  // where the grouped rows are read and written (identity when null)
 };
 
-// Block (row block, expert): each of kWarps warps owns one 16-row tile of the expert's matrix and walks all its
-// columns, the expert's rows kRows at a time (a pass), as quant_gemm_kernel does.
+// Block (row block, expert): each of the block's warps owns kExpertWarpMTiles 16-row tiles of the expert's matrix (128
+// rows a block) and walks all its columns, the expert's rows kRows at a time (a pass), as quant_gemm_kernel does.
 template <int Bits>
-__global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
+__global__ void __launch_bounds__(kExpertWarps * 32, kMinBlocks* kExpertWarpMTiles)
     quant_expert_kernel(ExpertRows experts, int rows_out, int cols, const uint4* split, float* y) {
   allow_dependents();
   extern __shared__ uint4 expert_shared[];
@@ -415,18 +561,14 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   const DeviceMatrix m = experts.experts[expert];
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
   const int groups = cols / kQuantGroup, row_words = cols / 32 * Bits;
-  const int tile_row = int(blockIdx.x) * kBlockRows + warp * kTileRows;
+  const int tile_row = int(blockIdx.x) * kBlockRows + warp * kTileRows * kExpertWarpMTiles;
   const bool has_rows = tile_row < rows_out;  // warps past the end still copy
-  const WarpTile tile = warp_tile<Bits>(m, rows_out, cols, tile_row, g, t);
   if (kExpertPrefetch && has_rows)
     prefetch_expert_tile(static_cast<const uint32_t*>(m.data), reinterpret_cast<const __nv_bfloat16*>(m.scales),
                          reinterpret_cast<const __nv_bfloat16*>(m.biases), tile_row,
-                         min(tile_row + kTileRows, rows_out), row_words, groups);
-
-  for (int first_row = 0; first_row < count; first_row += kRows) {
-    const int rows = min(kRows, count - first_row), tiles = (rows + 3) / 4;  // the same for the whole block
-    WarpLoads current;  // the first weights' loads go out before the activations are copied
-    if (has_rows) load_group_block<Bits>(current, tile.codes, tile.affine, 0, groups, tile.width, t);
+                         min(tile_row + kTileRows * kExpertWarpMTiles, rows_out), row_words, groups);
+  // The pass's rows: the split row of each (the map folded in), -1 past them.
+  const auto find_rows = [&](int first_row, int rows) {
     __syncthreads();  // the previous pass is done with the stages and pass_rows
     if (threadIdx.x < kRows) {
       const int b = int(threadIdx.x), p = offset + first_row + b;
@@ -434,21 +576,57 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
       pass_rows[b] = b >= rows ? -1 : order ? __ldg(order + p) / experts.map.x_divisor : p;
     }
     __syncthreads();
-    float acc[kRowTiles][2] = {};
-    switch (tiles) {
-      case 1:
-        expert_pass<Bits, 1, 4>(current, tile, has_rows, split, pass_rows, stages, acc);
-        break;
-      case 2:
-        expert_pass<Bits, 2, 8>(current, tile, has_rows, split, pass_rows, stages, acc);
-        break;
-      case 3:
-        expert_pass<Bits, 3, 12>(current, tile, has_rows, split, pass_rows, stages, acc);
-        break;
-      default:
-        expert_pass<Bits, kRowTiles, kRows>(current, tile, has_rows, split, pass_rows, stages, acc);
+  };
+
+  if constexpr (kExpertWarpMTiles == 1) {
+    const WarpTile tile = warp_tile<Bits>(m, rows_out, cols, tile_row, g, t);
+    for (int first_row = 0; first_row < count; first_row += kRows) {
+      const int rows = min(kRows, count - first_row), tiles = (rows + 3) / 4;  // the same for the whole block
+      WarpLoads current;  // the first weights' loads go out before the activations are copied
+      if (has_rows) load_group_block<Bits>(current, tile.codes, tile.affine, 0, groups, tile.width, t);
+      find_rows(first_row, rows);
+      float acc[kRowTiles][2] = {};
+      switch (tiles) {
+        case 1:
+          expert_pass<Bits, 1, 4>(current, tile, has_rows, split, pass_rows, stages, acc);
+          break;
+        case 2:
+          expert_pass<Bits, 2, 8>(current, tile, has_rows, split, pass_rows, stages, acc);
+          break;
+        case 3:
+          expert_pass<Bits, 3, 12>(current, tile, has_rows, split, pass_rows, stages, acc);
+          break;
+        default:
+          expert_pass<Bits, kRowTiles, kRows>(current, tile, has_rows, split, pass_rows, stages, acc);
+      }
+      if (has_rows) store_pass(acc, y, rows_out, tile_row, offset + first_row, rows, experts.map.y_rows);
     }
-    if (has_rows) store_pass(acc, y, rows_out, tile_row, offset + first_row, rows, experts.map.y_rows);
+  } else {
+    const PairTile tile = pair_tile<Bits>(m, rows_out, cols, tile_row, g, t);
+    for (int first_row = 0; first_row < count; first_row += kRows) {
+      const int rows = min(kRows, count - first_row), tiles = (rows + 3) / 4;  // the same for the whole block
+      PairLoads current;  // the first weights' loads go out before the activations are copied
+      if (has_rows) load_pair_unit<Bits>(current, tile, 0, t);
+      find_rows(first_row, rows);
+      float acc[2][kRowTiles][2] = {};
+      switch (tiles) {
+        case 1:
+          pair_pass<Bits, 1, 4>(current, tile, has_rows, split, pass_rows, stages, acc);
+          break;
+        case 2:
+          pair_pass<Bits, 2, 8>(current, tile, has_rows, split, pass_rows, stages, acc);
+          break;
+        case 3:
+          pair_pass<Bits, 3, 12>(current, tile, has_rows, split, pass_rows, stages, acc);
+          break;
+        default:
+          pair_pass<Bits, kRowTiles, kRows>(current, tile, has_rows, split, pass_rows, stages, acc);
+      }
+      if (!has_rows) continue;
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        store_pass(acc[i], y, rows_out, tile_row + kTileRows * i, offset + first_row, rows, experts.map.y_rows);
+    }
   }
 }
 
@@ -714,7 +892,8 @@ cudaError_t launch_experts(const ExpertRows& experts, int count, int rows_out, i
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kExpertShared));
   if (allowed != cudaSuccess) return allowed;
   const dim3 grid(unsigned((rows_out + kBlockRows - 1) / kBlockRows), unsigned(count));
-  kernel<<<grid, kWarps * 32, kExpertShared, stream>>>(experts, rows_out, cols, static_cast<const uint4*>(split), y);
+  kernel<<<grid, kExpertWarps * 32, kExpertShared, stream>>>(experts, rows_out, cols, static_cast<const uint4*>(split),
+                                                             y);
   return cudaGetLastError();
 }
 
