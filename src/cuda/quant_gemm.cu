@@ -289,6 +289,14 @@ static_assert(kExpertChunkGroups % kUnroll == 0, "chunks hold whole load units")
 #define VAVILOV_EXPERT_PREFETCH 1
 #endif
 constexpr bool kExpertPrefetch = VAVILOV_EXPERT_PREFETCH != 0;
+// Matrix m-tiles a warp owns: 1, or 2 (two m-tiles a warp, below).
+#ifndef VAVILOV_EXPERT_WARP_MTILES
+#define VAVILOV_EXPERT_WARP_MTILES 1
+#endif
+constexpr int kExpertWarpMTiles = VAVILOV_EXPERT_WARP_MTILES;
+static_assert(kExpertWarpMTiles == 1 || kExpertWarpMTiles == 2, "one or two m-tiles a warp");
+constexpr int kExpertWarps = kWarps / kExpertWarpMTiles;
+constexpr int kExpertThreads = kExpertWarps * 32;
 
 // The records of rows [0, rows) of x, or of silu(x) · up where up is given (the experts' swiglu, computed as moe.cu's
 // swiglu kernel computes it): thread per (row, group, lane column t), whole warps (split_activations' shuffles take
@@ -350,26 +358,32 @@ struct ExpertStage {
 };
 constexpr size_t kExpertShared = 2 * sizeof(ExpertStage);
 
-// Starts copying groups [chunk, end) of the pass's rows into `stage` (rows[b]: the split row of the pass's row b, or
-// -1 past its rows: zeros), by the whole block, as one cp.async group.
+// Starts copying groups [chunk, end) of the pass's rows into `stage` (records[b]: where the split records of the
+// pass's row b start, in uint4 entries; past the pass's rows, its first row's: those columns' sums are never stored,
+// and an mma column's sums depend on its own B values only), by the whole block, as one cp.async group. A thread
+// copies the same entry of a (row, group) record for rows b0, b0 + kStep, ... (its entry, group and destination fixed,
+// each row's start read from shared memory), and at most one row's terms.
 template <int Staged>
-__device__ __forceinline__ void copy_chunk(ExpertStage& stage, const uint4* split, int groups, const int* rows,
-                                           int chunk, int end) {
+__device__ __forceinline__ void copy_chunk(ExpertStage& stage, const uint4* split, const long long* records, int chunk,
+                                           int end) {
   constexpr int kRowEntries = kExpertChunkGroups * 2 * 8;  // a row's entries of a whole chunk
-  const int staged = end - chunk;
-  for (int i = int(threadIdx.x); i < Staged * kRowEntries; i += int(blockDim.x)) {
-    const int b = i / kRowEntries, entry = i % kRowEntries, local = entry / 16, within = entry % 16;
-    if (local >= staged) continue;
-    const int row = rows[b];
-    const uint4* from = split + (size_t(max(row, 0)) * groups + chunk + local) * kSplitEntries + within;
-    copy_async_16(stage.fragments + (local * 2 + within / 8) * 8 * Staged + 8 * b + within % 8, from, row >= 0);
+  static_assert(kExpertThreads % kRowEntries == 0 && Staged % (kExpertThreads / kRowEntries) == 0,
+                "whole rows of entries a pass over the block");
+  static_assert(kRows * kExpertChunkGroups <= kExpertThreads, "one item of terms a thread at most");
+  constexpr int kStep = kExpertThreads / kRowEntries;
+  const int staged = end - chunk, thread = int(threadIdx.x);
+  const int entry = thread % kRowEntries, local = entry / 16, within = entry % 16, first_b = thread / kRowEntries;
+  if (local < staged) {
+    uint4* to = stage.fragments + (local * 2 + within / 8) * 8 * Staged + 8 * first_b + within % 8;
+    const uint4* from = split + (chunk + local) * kSplitEntries + within;
+#pragma unroll
+    for (int i = 0; i < Staged / kStep; ++i) {
+      copy_async_16(to + 8 * kStep * i, from + records[first_b + kStep * i], true);
+    }
   }
-  for (int i = int(threadIdx.x); i < Staged * kExpertChunkGroups; i += int(blockDim.x)) {
-    const int b = i / kExpertChunkGroups, local = i % kExpertChunkGroups;
-    if (local >= staged) continue;
-    const int row = rows[b];
-    const uint4* from = split + (size_t(max(row, 0)) * groups + chunk + local) * kSplitEntries + 2 * 8;
-    copy_async_8(stage.terms + b * staged + local, from, row >= 0);
+  const int b = thread / kExpertChunkGroups, term = thread % kExpertChunkGroups;
+  if (b < Staged && term < staged) {
+    copy_async_8(stage.terms + b * staged + term, split + records[b] + (chunk + term) * kSplitEntries + 2 * 8, true);
   }
   asm volatile("cp.async.commit_group;" ::: "memory");
 }
@@ -378,15 +392,15 @@ __device__ __forceinline__ void copy_chunk(ExpertStage& stage, const uint4* spli
 // products. Every thread of the block calls it (copies and barriers); warps without matrix rows only copy.
 template <int Bits, int Tiles, int Staged>
 __device__ __forceinline__ void expert_pass(WarpLoads& current, const WarpTile& tile, bool has_rows, const uint4* split,
-                                            const int* rows, ExpertStage* stages, float (&acc)[kRowTiles][2]) {
+                                            const long long* records, ExpertStage* stages, float (&acc)[kRowTiles][2]) {
   const int groups = tile.groups;
-  copy_chunk<Staged>(stages[0], split, groups, rows, 0, min(kExpertChunkGroups, groups));
+  copy_chunk<Staged>(stages[0], split, records, 0, min(kExpertChunkGroups, groups));
   for (int chunk = 0, k = 0; chunk < groups; chunk += kExpertChunkGroups, ++k) {
     const int end = min(chunk + kExpertChunkGroups, groups);
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     __syncthreads();  // every thread's copies of this chunk have landed; the other stage is used up
     if (end < groups)
-      copy_chunk<Staged>(stages[(k + 1) & 1], split, groups, rows, end, min(end + kExpertChunkGroups, groups));
+      copy_chunk<Staged>(stages[(k + 1) & 1], split, records, end, min(end + kExpertChunkGroups, groups));
     if (has_rows)
       chunk_products<Bits, Tiles, Staged>(current, tile, chunk, end, stages[k & 1].fragments, stages[k & 1].terms, acc);
   }
@@ -397,12 +411,6 @@ __device__ __forceinline__ void expert_pass(WarpLoads& current, const WarpTile& 
 // halve; blocks of 4 warps keep 128 rows. The weights load two groups at a time (a unit), scales and biases as bf16
 // pairs. Every output is the same sum as group_products' (per group four chained mma from zero in the same order, then
 // the same affine step), so the bits are those of the dense warp tiles.
-#ifndef VAVILOV_EXPERT_WARP_MTILES
-#define VAVILOV_EXPERT_WARP_MTILES 1
-#endif
-constexpr int kExpertWarpMTiles = VAVILOV_EXPERT_WARP_MTILES;
-static_assert(kExpertWarpMTiles == 1 || kExpertWarpMTiles == 2, "one or two m-tiles a warp");
-constexpr int kExpertWarps = kWarps / kExpertWarpMTiles;
 constexpr int kPairUnit = 2;  // groups of a load unit
 
 // A warp's two m-tiles: rows g and g + 8 of m-tile m for lane (g, t), and lane t's scale or bias row of each.
@@ -523,15 +531,16 @@ __device__ inline void pair_chunk_products(PairLoads& current, const PairTile& t
 
 template <int Bits, int Tiles, int Staged>
 __device__ __forceinline__ void pair_pass(PairLoads& current, const PairTile& tile, bool has_rows, const uint4* split,
-                                          const int* rows, ExpertStage* stages, float (&acc)[2][kRowTiles][2]) {
+                                          const long long* records, ExpertStage* stages,
+                                          float (&acc)[2][kRowTiles][2]) {
   const int groups = tile.groups;
-  copy_chunk<Staged>(stages[0], split, groups, rows, 0, min(kExpertChunkGroups, groups));
+  copy_chunk<Staged>(stages[0], split, records, 0, min(kExpertChunkGroups, groups));
   for (int chunk = 0, k = 0; chunk < groups; chunk += kExpertChunkGroups, ++k) {
     const int end = min(chunk + kExpertChunkGroups, groups);
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     __syncthreads();  // every thread's copies of this chunk have landed; the other stage is used up
     if (end < groups)
-      copy_chunk<Staged>(stages[(k + 1) & 1], split, groups, rows, end, min(end + kExpertChunkGroups, groups));
+      copy_chunk<Staged>(stages[(k + 1) & 1], split, records, end, min(end + kExpertChunkGroups, groups));
     if (has_rows)
       pair_chunk_products<Bits, Tiles, Staged>(current, tile, chunk, end, stages[k & 1].fragments, stages[k & 1].terms,
                                                acc);
@@ -549,12 +558,12 @@ struct ExpertRows {
 // Block (row block, expert): each of the block's warps owns kExpertWarpMTiles 16-row tiles of the expert's matrix (128
 // rows a block) and walks all its columns, the expert's rows kRows at a time (a pass), as quant_gemm_kernel does.
 template <int Bits>
-__global__ void __launch_bounds__(kExpertWarps * 32, kMinBlocks* kExpertWarpMTiles)
+__global__ void __launch_bounds__(kExpertThreads, kMinBlocks* kExpertWarpMTiles)
     quant_expert_kernel(ExpertRows experts, int rows_out, int cols, const uint4* split, float* y) {
   allow_dependents();
   extern __shared__ uint4 expert_shared[];
   ExpertStage* stages = reinterpret_cast<ExpertStage*>(expert_shared);
-  __shared__ int pass_rows[kRows];  // the split row of each of the pass's rows, -1 past them
+  __shared__ long long pass_rows[kRows];  // where each of the pass's rows' split records start (copy_chunk)
   const int expert = int(blockIdx.y);
   const int offset = experts.offsets[expert], count = experts.counts[expert];
   if (count <= 0) return;
@@ -573,7 +582,9 @@ __global__ void __launch_bounds__(kExpertWarps * 32, kMinBlocks* kExpertWarpMTil
     if (threadIdx.x < kRows) {
       const int b = int(threadIdx.x), p = offset + first_row + b;
       const int* order = experts.map.x_rows;
-      pass_rows[b] = b >= rows ? -1 : order ? __ldg(order + p) / experts.map.x_divisor : p;
+      const int q = b < rows ? p : offset + first_row;  // past the pass's rows: its first row
+      const int row = order ? __ldg(order + q) / experts.map.x_divisor : q;
+      pass_rows[b] = (long long)row * groups * kSplitEntries;
     }
     __syncthreads();
   };
@@ -892,8 +903,7 @@ cudaError_t launch_experts(const ExpertRows& experts, int count, int rows_out, i
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kExpertShared));
   if (allowed != cudaSuccess) return allowed;
   const dim3 grid(unsigned((rows_out + kBlockRows - 1) / kBlockRows), unsigned(count));
-  kernel<<<grid, kExpertWarps * 32, kExpertShared, stream>>>(experts, rows_out, cols, static_cast<const uint4*>(split),
-                                                             y);
+  kernel<<<grid, kExpertThreads, kExpertShared, stream>>>(experts, rows_out, cols, static_cast<const uint4*>(split), y);
   return cudaGetLastError();
 }
 
