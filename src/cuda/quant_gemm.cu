@@ -277,26 +277,22 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
 // terms the dense staging writes, so the sums and their bits are those of the in-kernel staging.
 constexpr int kSplitEntries = 2 * 8 + 1;  // uint4 entries of a (row, group) record
 
-// Groups a block copies at once, two chunks' worth of shared memory (tuning knob, -D in a variant build of
-// bench/cuda/quant_gemm_bench.cu; 12 takes Flash-Next's down, 640 columns, in one chunk, at 101 KB a block).
-#ifndef VAVILOV_EXPERT_CHUNK_GROUPS
-#define VAVILOV_EXPERT_CHUNK_GROUPS 8
-#endif
-constexpr int kExpertChunkGroups = VAVILOV_EXPERT_CHUNK_GROUPS;
-static_assert(kExpertChunkGroups % kUnroll == 0, "chunks hold whole load units");
-// Whether each warp asks L2 for its whole tile at its start (prefetch_expert_tile; tuning knob as above).
-#ifndef VAVILOV_EXPERT_PREFETCH
-#define VAVILOV_EXPERT_PREFETCH 1
-#endif
-constexpr bool kExpertPrefetch = VAVILOV_EXPERT_PREFETCH != 0;
-// Matrix m-tiles a warp owns: 1, or 2 (two m-tiles a warp, below).
-#ifndef VAVILOV_EXPERT_WARP_MTILES
-#define VAVILOV_EXPERT_WARP_MTILES 1
-#endif
-constexpr int kExpertWarpMTiles = VAVILOV_EXPERT_WARP_MTILES;
-static_assert(kExpertWarpMTiles == 1 || kExpertWarpMTiles == 2, "one or two m-tiles a warp");
-constexpr int kExpertWarps = kWarps / kExpertWarpMTiles;
-constexpr int kExpertThreads = kExpertWarps * 32;
+// How a launch cuts the grouped products: matrix m-tiles a warp owns (1, or 2: two m-tiles a warp, below; blocks keep
+// 128 matrix rows), groups a block copies at once (two chunks' worth of shared memory), and whether each warp asks L2
+// for its whole tile at its start (prefetch_expert_tile). The best cut differs by the rows' length (H200, 512 experts,
+// 512 tokens × 10 picks, bench/results/2026-12-01-h200-prefill-products-s11.json, each cut a separate build then):
+// gate/up (2560 columns) one m-tile, 8-group chunks, no prefetch 316 µs (334 with the prefetch, 337 with 4-group
+// chunks, 406 with two m-tiles); down (640) two m-tiles, 4-group chunks, prefetch 356 µs (400 with one m-tile).
+template <int WarpMTiles, int ChunkGroups, bool Prefetch>
+struct ExpertCut {
+  static_assert(WarpMTiles == 1 || WarpMTiles == 2, "one or two m-tiles a warp");
+  static_assert(ChunkGroups % kUnroll == 0, "chunks hold whole load units");
+  static constexpr int kWarpMTiles = WarpMTiles, kChunkGroups = ChunkGroups, kThreads = kWarps / WarpMTiles * 32;
+  static constexpr bool kPrefetch = Prefetch;
+};
+using LongRowCut = ExpertCut<1, 8, false>;
+using ShortRowCut = ExpertCut<2, 4, true>;
+constexpr int kShortRowGroups = 16;  // rows of at most this many groups of 64 take ShortRowCut
 
 // The records of rows [0, rows) of x, or of silu(x) · up where up is given (the experts' swiglu, computed as moe.cu's
 // swiglu kernel computes it): thread per (row, group, lane column t), whole warps (split_activations' shuffles take
@@ -352,25 +348,25 @@ __device__ __forceinline__ void copy_async_8(void* to, const void* from, bool co
 }
 
 // One chunk's activations in shared memory, as stage_fragments lays them out for Staged rows.
+template <int ChunkGroups>
 struct ExpertStage {
-  uint4 fragments[kExpertChunkGroups * 2 * 8 * kRows];
-  float2 terms[kRows * kExpertChunkGroups];
+  uint4 fragments[ChunkGroups * 2 * 8 * kRows];
+  float2 terms[kRows * ChunkGroups];
 };
-constexpr size_t kExpertShared = 2 * sizeof(ExpertStage);
 
 // Starts copying groups [chunk, end) of the pass's rows into `stage` (records[b]: where the split records of the
 // pass's row b start, in uint4 entries; past the pass's rows, its first row's: those columns' sums are never stored,
 // and an mma column's sums depend on its own B values only), by the whole block, as one cp.async group. A thread
 // copies the same entry of a (row, group) record for rows b0, b0 + kStep, ... (its entry, group and destination fixed,
 // each row's start read from shared memory), and at most one row's terms.
-template <int Staged>
-__device__ __forceinline__ void copy_chunk(ExpertStage& stage, const uint4* split, const long long* records, int chunk,
-                                           int end) {
-  constexpr int kRowEntries = kExpertChunkGroups * 2 * 8;  // a row's entries of a whole chunk
-  static_assert(kExpertThreads % kRowEntries == 0 && Staged % (kExpertThreads / kRowEntries) == 0,
+template <typename Cut, int Staged>
+__device__ __forceinline__ void copy_chunk(ExpertStage<Cut::kChunkGroups>& stage, const uint4* split,
+                                           const long long* records, int chunk, int end) {
+  constexpr int kRowEntries = Cut::kChunkGroups * 2 * 8;  // a row's entries of a whole chunk
+  static_assert(Cut::kThreads % kRowEntries == 0 && Staged % (Cut::kThreads / kRowEntries) == 0,
                 "whole rows of entries a pass over the block");
-  static_assert(kRows * kExpertChunkGroups <= kExpertThreads, "one item of terms a thread at most");
-  constexpr int kStep = kExpertThreads / kRowEntries;
+  static_assert(kRows * Cut::kChunkGroups <= Cut::kThreads, "one item of terms a thread at most");
+  constexpr int kStep = Cut::kThreads / kRowEntries;
   const int staged = end - chunk, thread = int(threadIdx.x);
   const int entry = thread % kRowEntries, local = entry / 16, within = entry % 16, first_b = thread / kRowEntries;
   if (local < staged) {
@@ -381,7 +377,7 @@ __device__ __forceinline__ void copy_chunk(ExpertStage& stage, const uint4* spli
       copy_async_16(to + 8 * kStep * i, from + records[first_b + kStep * i], true);
     }
   }
-  const int b = thread / kExpertChunkGroups, term = thread % kExpertChunkGroups;
+  const int b = thread / Cut::kChunkGroups, term = thread % Cut::kChunkGroups;
   if (b < Staged && term < staged) {
     copy_async_8(stage.terms + b * staged + term, split + records[b] + (chunk + term) * kSplitEntries + 2 * 8, true);
   }
@@ -390,23 +386,24 @@ __device__ __forceinline__ void copy_chunk(ExpertStage& stage, const uint4* spli
 
 // One pass of an expert's rows: chunk after chunk, the next chunk's copies in flight during the current one's
 // products. Every thread of the block calls it (copies and barriers); warps without matrix rows only copy.
-template <int Bits, int Tiles, int Staged>
+template <int Bits, int Tiles, int Staged, typename Cut>
 __device__ __forceinline__ void expert_pass(WarpLoads& current, const WarpTile& tile, bool has_rows, const uint4* split,
-                                            const long long* records, ExpertStage* stages, float (&acc)[kRowTiles][2]) {
+                                            const long long* records, ExpertStage<Cut::kChunkGroups>* stages,
+                                            float (&acc)[kRowTiles][2]) {
   const int groups = tile.groups;
-  copy_chunk<Staged>(stages[0], split, records, 0, min(kExpertChunkGroups, groups));
-  for (int chunk = 0, k = 0; chunk < groups; chunk += kExpertChunkGroups, ++k) {
-    const int end = min(chunk + kExpertChunkGroups, groups);
+  copy_chunk<Cut, Staged>(stages[0], split, records, 0, min(Cut::kChunkGroups, groups));
+  for (int chunk = 0, k = 0; chunk < groups; chunk += Cut::kChunkGroups, ++k) {
+    const int end = min(chunk + Cut::kChunkGroups, groups);
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     __syncthreads();  // every thread's copies of this chunk have landed; the other stage is used up
     if (end < groups)
-      copy_chunk<Staged>(stages[(k + 1) & 1], split, records, end, min(end + kExpertChunkGroups, groups));
+      copy_chunk<Cut, Staged>(stages[(k + 1) & 1], split, records, end, min(end + Cut::kChunkGroups, groups));
     if (has_rows)
       chunk_products<Bits, Tiles, Staged>(current, tile, chunk, end, stages[k & 1].fragments, stages[k & 1].terms, acc);
   }
 }
 
-// Two m-tiles a warp (tuning knob VAVILOV_EXPERT_WARP_MTILES=2): a warp owns 32 matrix rows and multiplies each B
+// Two m-tiles a warp (ExpertCut<2, ...>): a warp owns 32 matrix rows and multiplies each B
 // fragment it reads from shared memory with both m-tiles' decoded codes, so the block's shared-memory reads per weight
 // halve; blocks of 4 warps keep 128 rows. The weights load two groups at a time (a unit), scales and biases as bf16
 // pairs. Every output is the same sum as group_products' (per group four chained mma from zero in the same order, then
@@ -529,18 +526,18 @@ __device__ inline void pair_chunk_products(PairLoads& current, const PairTile& t
   }
 }
 
-template <int Bits, int Tiles, int Staged>
+template <int Bits, int Tiles, int Staged, typename Cut>
 __device__ __forceinline__ void pair_pass(PairLoads& current, const PairTile& tile, bool has_rows, const uint4* split,
-                                          const long long* records, ExpertStage* stages,
+                                          const long long* records, ExpertStage<Cut::kChunkGroups>* stages,
                                           float (&acc)[2][kRowTiles][2]) {
   const int groups = tile.groups;
-  copy_chunk<Staged>(stages[0], split, records, 0, min(kExpertChunkGroups, groups));
-  for (int chunk = 0, k = 0; chunk < groups; chunk += kExpertChunkGroups, ++k) {
-    const int end = min(chunk + kExpertChunkGroups, groups);
+  copy_chunk<Cut, Staged>(stages[0], split, records, 0, min(Cut::kChunkGroups, groups));
+  for (int chunk = 0, k = 0; chunk < groups; chunk += Cut::kChunkGroups, ++k) {
+    const int end = min(chunk + Cut::kChunkGroups, groups);
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     __syncthreads();  // every thread's copies of this chunk have landed; the other stage is used up
     if (end < groups)
-      copy_chunk<Staged>(stages[(k + 1) & 1], split, records, end, min(end + kExpertChunkGroups, groups));
+      copy_chunk<Cut, Staged>(stages[(k + 1) & 1], split, records, end, min(end + Cut::kChunkGroups, groups));
     if (has_rows)
       pair_chunk_products<Bits, Tiles, Staged>(current, tile, chunk, end, stages[k & 1].fragments, stages[k & 1].terms,
                                                acc);
@@ -555,14 +552,14 @@ struct ExpertRows {
   GroupedRowMap map;  // where the grouped rows are read and written (identity when null)
 };
 
-// Block (row block, expert): each of the block's warps owns kExpertWarpMTiles 16-row tiles of the expert's matrix (128
+// Block (row block, expert): each of the block's warps owns Cut::kWarpMTiles 16-row tiles of the expert's matrix (128
 // rows a block) and walks all its columns, the expert's rows kRows at a time (a pass), as quant_gemm_kernel does.
-template <int Bits>
-__global__ void __launch_bounds__(kExpertThreads, kMinBlocks* kExpertWarpMTiles)
+template <int Bits, typename Cut>
+__global__ void __launch_bounds__(Cut::kThreads, kMinBlocks* Cut::kWarpMTiles)
     quant_expert_kernel(ExpertRows experts, int rows_out, int cols, const uint4* split, float* y) {
   allow_dependents();
   extern __shared__ uint4 expert_shared[];
-  ExpertStage* stages = reinterpret_cast<ExpertStage*>(expert_shared);
+  auto* stages = reinterpret_cast<ExpertStage<Cut::kChunkGroups>*>(expert_shared);
   __shared__ long long pass_rows[kRows];  // where each of the pass's rows' split records start (copy_chunk)
   const int expert = int(blockIdx.y);
   const int offset = experts.offsets[expert], count = experts.counts[expert];
@@ -570,12 +567,12 @@ __global__ void __launch_bounds__(kExpertThreads, kMinBlocks* kExpertWarpMTiles)
   const DeviceMatrix m = experts.experts[expert];
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
   const int groups = cols / kQuantGroup, row_words = cols / 32 * Bits;
-  const int tile_row = int(blockIdx.x) * kBlockRows + warp * kTileRows * kExpertWarpMTiles;
+  const int tile_row = int(blockIdx.x) * kBlockRows + warp * kTileRows * Cut::kWarpMTiles;
   const bool has_rows = tile_row < rows_out;  // warps past the end still copy
-  if (kExpertPrefetch && has_rows)
+  if (Cut::kPrefetch && has_rows)
     prefetch_expert_tile(static_cast<const uint32_t*>(m.data), reinterpret_cast<const __nv_bfloat16*>(m.scales),
                          reinterpret_cast<const __nv_bfloat16*>(m.biases), tile_row,
-                         min(tile_row + kTileRows * kExpertWarpMTiles, rows_out), row_words, groups);
+                         min(tile_row + kTileRows * Cut::kWarpMTiles, rows_out), row_words, groups);
   // The pass's rows: the split row of each (the map folded in), -1 past them.
   const auto find_rows = [&](int first_row, int rows) {
     __syncthreads();  // the previous pass is done with the stages and pass_rows
@@ -589,7 +586,7 @@ __global__ void __launch_bounds__(kExpertThreads, kMinBlocks* kExpertWarpMTiles)
     __syncthreads();
   };
 
-  if constexpr (kExpertWarpMTiles == 1) {
+  if constexpr (Cut::kWarpMTiles == 1) {
     const WarpTile tile = warp_tile<Bits>(m, rows_out, cols, tile_row, g, t);
     for (int first_row = 0; first_row < count; first_row += kRows) {
       const int rows = min(kRows, count - first_row), tiles = (rows + 3) / 4;  // the same for the whole block
@@ -599,16 +596,16 @@ __global__ void __launch_bounds__(kExpertThreads, kMinBlocks* kExpertWarpMTiles)
       float acc[kRowTiles][2] = {};
       switch (tiles) {
         case 1:
-          expert_pass<Bits, 1, 4>(current, tile, has_rows, split, pass_rows, stages, acc);
+          expert_pass<Bits, 1, 4, Cut>(current, tile, has_rows, split, pass_rows, stages, acc);
           break;
         case 2:
-          expert_pass<Bits, 2, 8>(current, tile, has_rows, split, pass_rows, stages, acc);
+          expert_pass<Bits, 2, 8, Cut>(current, tile, has_rows, split, pass_rows, stages, acc);
           break;
         case 3:
-          expert_pass<Bits, 3, 12>(current, tile, has_rows, split, pass_rows, stages, acc);
+          expert_pass<Bits, 3, 12, Cut>(current, tile, has_rows, split, pass_rows, stages, acc);
           break;
         default:
-          expert_pass<Bits, kRowTiles, kRows>(current, tile, has_rows, split, pass_rows, stages, acc);
+          expert_pass<Bits, kRowTiles, kRows, Cut>(current, tile, has_rows, split, pass_rows, stages, acc);
       }
       if (has_rows) store_pass(acc, y, rows_out, tile_row, offset + first_row, rows, experts.map.y_rows);
     }
@@ -622,16 +619,16 @@ __global__ void __launch_bounds__(kExpertThreads, kMinBlocks* kExpertWarpMTiles)
       float acc[2][kRowTiles][2] = {};
       switch (tiles) {
         case 1:
-          pair_pass<Bits, 1, 4>(current, tile, has_rows, split, pass_rows, stages, acc);
+          pair_pass<Bits, 1, 4, Cut>(current, tile, has_rows, split, pass_rows, stages, acc);
           break;
         case 2:
-          pair_pass<Bits, 2, 8>(current, tile, has_rows, split, pass_rows, stages, acc);
+          pair_pass<Bits, 2, 8, Cut>(current, tile, has_rows, split, pass_rows, stages, acc);
           break;
         case 3:
-          pair_pass<Bits, 3, 12>(current, tile, has_rows, split, pass_rows, stages, acc);
+          pair_pass<Bits, 3, 12, Cut>(current, tile, has_rows, split, pass_rows, stages, acc);
           break;
         default:
-          pair_pass<Bits, kRowTiles, kRows>(current, tile, has_rows, split, pass_rows, stages, acc);
+          pair_pass<Bits, kRowTiles, kRows, Cut>(current, tile, has_rows, split, pass_rows, stages, acc);
       }
       if (!has_rows) continue;
 #pragma unroll
@@ -895,16 +892,25 @@ cudaError_t launch_dense(const DenseSlices& slices, int count, const float* x, f
   return cudaGetLastError();
 }
 
-template <int Bits>
+template <int Bits, typename Cut>
 cudaError_t launch_experts(const ExpertRows& experts, int count, int rows_out, int cols, const void* split, float* y,
                            cudaStream_t stream) {
-  const auto kernel = quant_expert_kernel<Bits>;
+  const auto kernel = quant_expert_kernel<Bits, Cut>;
+  constexpr size_t shared = 2 * sizeof(ExpertStage<Cut::kChunkGroups>);
   static const cudaError_t allowed =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kExpertShared));
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared));
   if (allowed != cudaSuccess) return allowed;
   const dim3 grid(unsigned((rows_out + kBlockRows - 1) / kBlockRows), unsigned(count));
-  kernel<<<grid, kExpertThreads, kExpertShared, stream>>>(experts, rows_out, cols, static_cast<const uint4*>(split), y);
+  kernel<<<grid, Cut::kThreads, shared, stream>>>(experts, rows_out, cols, static_cast<const uint4*>(split), y);
   return cudaGetLastError();
+}
+
+template <int Bits>
+cudaError_t launch_experts_cut(const ExpertRows& experts, int count, int rows_out, int cols, const void* split,
+                               float* y, cudaStream_t stream) {
+  if (cols / kQuantGroup <= kShortRowGroups)
+    return launch_experts<Bits, ShortRowCut>(experts, count, rows_out, cols, split, y, stream);
+  return launch_experts<Bits, LongRowCut>(experts, count, rows_out, cols, split, y, stream);
 }
 
 template <int Bits>
@@ -1019,11 +1025,11 @@ cudaError_t quant_expert_gemm(const DeviceMatrix* experts, WeightFormat format, 
   const ExpertRows rows{experts, counts, offsets, map};
   switch (format) {
     case WeightFormat::Q4:
-      return launch_experts<4>(rows, experts_count, rows_out, cols, split_x, y, stream);
+      return launch_experts_cut<4>(rows, experts_count, rows_out, cols, split_x, y, stream);
     case WeightFormat::Q3:
-      return launch_experts<3>(rows, experts_count, rows_out, cols, split_x, y, stream);
+      return launch_experts_cut<3>(rows, experts_count, rows_out, cols, split_x, y, stream);
     default:
-      return launch_experts<2>(rows, experts_count, rows_out, cols, split_x, y, stream);
+      return launch_experts_cut<2>(rows, experts_count, rows_out, cols, split_x, y, stream);
   }
 }
 

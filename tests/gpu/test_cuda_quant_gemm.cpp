@@ -137,9 +137,10 @@ std::vector<float> mixed_magnitudes(std::mt19937& rng, int rows, int cols) {
 
 // moe_prefill's map folded into the products — rows read where they are (x_rows: grouped row → slot, divided by the
 // picks a token) and written in slot order (y_rows) — gives the bits of the products of gathered rows, scattered
-// afterwards. 17 tokens × 3 picks over 5 experts, one of them without rows, every format.
+// afterwards. 17 tokens × 3 picks over 5 experts, one of them without rows, every format, short rows (640 columns)
+// and long (2560: the two cuts of quant_gemm.cu).
 TEST(CudaQuantGemm, MappedRowsGiveTheGatheredRowsBits) {
-  constexpr int kRowsOut = 200, kCols = 640, kTokens = 17, kPicks = 3, kSlots = kTokens * kPicks, kExperts = 5;
+  constexpr int kRowsOut = 200, kTokens = 17, kPicks = 3, kSlots = kTokens * kPicks, kExperts = 5;
   std::mt19937 rng(26);
   std::vector<int> ids(kSlots);
   for (int& id : ids) id = std::array{0, 1, 3, 4}[rng() % 4];  // expert 2 gets no rows
@@ -147,33 +148,36 @@ TEST(CudaQuantGemm, MappedRowsGiveTheGatheredRowsBits) {
   for (int e = 0; e < kExperts; ++e)
     for (int s = 0; s < kSlots; ++s)
       if (ids[size_t(s)] == e) ++counts[size_t(e)], order.push_back(s);
-  for (WeightFormat format : {WeightFormat::Q4, WeightFormat::Q3, WeightFormat::Q2}) {
-    DeviceMemory memory;
-    std::vector<TestMatrix> experts;
-    for (int e = 0; e < kExperts; ++e)
-      experts.push_back(test::make_matrix(memory, format, test::normal_values(rng, size_t(kRowsOut) * kCols, 0.05f),
-                                          kRowsOut, kCols));
-    const std::vector<float> x = mixed_magnitudes(rng, kTokens, kCols);
-    std::vector<float> gathered(size_t(kSlots) * kCols);
-    for (int p = 0; p < kSlots; ++p)
-      std::memcpy(&gathered[size_t(p) * kCols], &x[size_t(order[size_t(p)] / kPicks) * kCols], kCols * sizeof(float));
-    const std::vector<float> grouped = run(memory, experts, format, counts, gathered, kRowsOut, kCols);
-    std::vector<float> scattered(grouped.size());
-    for (int p = 0; p < kSlots; ++p)
-      std::memcpy(&scattered[size_t(order[size_t(p)]) * kRowsOut], &grouped[size_t(p) * kRowsOut],
-                  kRowsOut * sizeof(float));
-    const int* device_order = memory.copy(order);
-    const std::vector<float> read_in_place =
-        run(memory, experts, format, counts, x, kRowsOut, kCols, {.x_rows = device_order, .x_divisor = kPicks});
-    const std::vector<float> written_in_slot_order =
-        run(memory, experts, format, counts, gathered, kRowsOut, kCols, {.y_rows = device_order});
-    const std::vector<float> both = run(memory, experts, format, counts, x, kRowsOut, kCols,
-                                        {.x_rows = device_order, .x_divisor = kPicks, .y_rows = device_order});
-    EXPECT_EQ(std::memcmp(read_in_place.data(), grouped.data(), grouped.size() * sizeof(float)), 0) << name_of(format);
-    EXPECT_EQ(std::memcmp(written_in_slot_order.data(), scattered.data(), grouped.size() * sizeof(float)), 0)
-        << name_of(format);
-    EXPECT_EQ(std::memcmp(both.data(), scattered.data(), grouped.size() * sizeof(float)), 0) << name_of(format);
-  }
+  for (const int cols : {640, 2560})
+    for (WeightFormat format : {WeightFormat::Q4, WeightFormat::Q3, WeightFormat::Q2}) {
+      DeviceMemory memory;
+      std::vector<TestMatrix> experts;
+      for (int e = 0; e < kExperts; ++e)
+        experts.push_back(test::make_matrix(memory, format, test::normal_values(rng, size_t(kRowsOut) * cols, 0.05f),
+                                            kRowsOut, cols));
+      const std::vector<float> x = mixed_magnitudes(rng, kTokens, cols);
+      std::vector<float> gathered(size_t(kSlots) * cols);
+      for (int p = 0; p < kSlots; ++p)
+        std::memcpy(&gathered[size_t(p) * cols], &x[size_t(order[size_t(p)] / kPicks) * cols], cols * sizeof(float));
+      const std::vector<float> grouped = run(memory, experts, format, counts, gathered, kRowsOut, cols);
+      std::vector<float> scattered(grouped.size());
+      for (int p = 0; p < kSlots; ++p)
+        std::memcpy(&scattered[size_t(order[size_t(p)]) * kRowsOut], &grouped[size_t(p) * kRowsOut],
+                    kRowsOut * sizeof(float));
+      const int* device_order = memory.copy(order);
+      const std::vector<float> read_in_place =
+          run(memory, experts, format, counts, x, kRowsOut, cols, {.x_rows = device_order, .x_divisor = kPicks});
+      const std::vector<float> written_in_slot_order =
+          run(memory, experts, format, counts, gathered, kRowsOut, cols, {.y_rows = device_order});
+      const std::vector<float> both = run(memory, experts, format, counts, x, kRowsOut, cols,
+                                          {.x_rows = device_order, .x_divisor = kPicks, .y_rows = device_order});
+      EXPECT_EQ(std::memcmp(read_in_place.data(), grouped.data(), grouped.size() * sizeof(float)), 0)
+          << name_of(format) << " " << cols;
+      EXPECT_EQ(std::memcmp(written_in_slot_order.data(), scattered.data(), grouped.size() * sizeof(float)), 0)
+          << name_of(format) << " " << cols;
+      EXPECT_EQ(std::memcmp(both.data(), scattered.data(), grouped.size() * sizeof(float)), 0)
+          << name_of(format) << " " << cols;
+    }
 }
 
 double worst_dense_error(const TestMatrix& w, const std::vector<float>& x, int x_rows, const std::vector<float>& y) {
