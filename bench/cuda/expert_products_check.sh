@@ -9,7 +9,7 @@
 #   3. the synthetic Flash-Next prefill at 512 and 2048 of BASE_VAVILOV, BUILD/vavilov and every BUILD/vavilov.NAME:
 #      8 layers twice, interleaved, then 48 layers + MTP once each
 #   4. ncu's per-kernel time of the 4-layer prefill at 512 (NVTX range prefill512) of BUILD/vavilov and each variant
-#   5. each variant's tests as in 1 (BUILD/vavilov_gpu_tests.NAME)
+#   5. each variant's tests as in 1 where BUILD/vavilov_gpu_tests.NAME exists
 # Results: OUTDIR/summary.txt and OUTDIR/expert_products_check.tgz. A lib/ folder in BUILD goes on LD_LIBRARY_PATH.
 # Run from the repository root (models/configs/flash-next.json; VAVILOV_SOURCE_DIR for the test fixtures).
 # Usage: expert_products_check.sh OUTDIR BUILD BASE_VAVILOV
@@ -72,7 +72,7 @@ ncu_times() {  # name binary: per-kernel time of a 4-layer prefill at 512 (the N
 }
 ncu_times new "$build/vavilov"
 for v in $variants; do ncu_times $v "$build/vavilov.$v"; done
-for v in $variants; do tests $v "$build/vavilov_gpu_tests.$v"; done
+for v in $variants; do [ -x "$build/vavilov_gpu_tests.$v" ] && tests $v "$build/vavilov_gpu_tests.$v"; done
 # 6. with the time left (EXPERT_CHECK_LIMIT seconds in all, default 115): ncu's full source-level profile of
 #    BUILD/vavilov's first two routed-expert launches (gate, up) of a 1-layer prefill at 512
 left=$((${EXPERT_CHECK_LIMIT:-115} - ($(date +%s) - start)))
