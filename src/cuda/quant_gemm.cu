@@ -273,8 +273,9 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
 // (row, group) each: its 16 B-fragment entries in stage_fragments' order within a (group, half, row) — [half][hi/lo][t]
 // — then its terms (Σx, 2^e) in a 17th entry. A block then only copies its pass's records into shared memory by
 // cp.async, chunk after chunk into two stages: the next chunk's copies are in flight while the warps multiply the
-// current one, one barrier a chunk, no staging arithmetic. The products are chunk_products, on the same fragments and
-// terms the dense staging writes, so the sums and their bits are those of the in-kernel staging.
+// current one, one barrier a chunk, no staging arithmetic. The products are chunk_products (or, two m-tiles a warp,
+// the same sums: pair_unit_products), on the same fragments and terms the dense staging writes, so every result has
+// the bits of the dense warp tiles.
 constexpr int kSplitEntries = 2 * 8 + 1;  // uint4 entries of a (row, group) record
 
 // How a launch cuts the grouped products: matrix m-tiles a warp owns (1, or 2: two m-tiles a warp, below; blocks keep
@@ -573,7 +574,7 @@ __global__ void __launch_bounds__(Cut::kThreads, kMinBlocks* Cut::kWarpMTiles)
     prefetch_expert_tile(static_cast<const uint32_t*>(m.data), reinterpret_cast<const __nv_bfloat16*>(m.scales),
                          reinterpret_cast<const __nv_bfloat16*>(m.biases), tile_row,
                          min(tile_row + kTileRows * Cut::kWarpMTiles, rows_out), row_words, groups);
-  // The pass's rows: the split row of each (the map folded in), -1 past them.
+  // Where the split records of each of the pass's rows start (the map folded in); past its rows, its first row's.
   const auto find_rows = [&](int first_row, int rows) {
     __syncthreads();  // the previous pass is done with the stages and pass_rows
     if (threadIdx.x < kRows) {
