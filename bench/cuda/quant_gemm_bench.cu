@@ -4,6 +4,8 @@
 // choose, quant_gemm.cu). For each shape: µs a product (the fastest of kRepeats runs of kLaunches back-to-back
 // launches), the tensor-core rate it reaches (2 mma products a multiply: hi and lo halves), and whether the two cuts
 // gave the same bits (they must); first the rate of mma.sync itself with no memory traffic (the ceiling of both cuts).
+// Then the routed experts' grouped products (gate and down of 512 experts, the chunk's rows routed at random, 10 picks
+// a token): µs of the rows' split and of the products, and their bits against the dense warp tiles (they must match).
 // Usage: quant_gemm_bench OUT.json [ROWS]
 #include <cuda_runtime.h>
 
@@ -129,6 +131,117 @@ std::vector<float> download(const float* y, size_t count) {
   return host;
 }
 
+// µs of one call of `launch` (the fastest of kRepeats runs of kLaunches back-to-back calls).
+template <typename Launch>
+double time_calls_us(const Launch& launch, cudaStream_t stream) {
+  for (int i = 0; i < 3; ++i) CHECK(launch());
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  float best = 1e30f;
+  for (int r = 0; r < kRepeats; ++r) {
+    CHECK(cudaEventRecord(start, stream));
+    for (int i = 0; i < kLaunches; ++i) CHECK(launch());
+    CHECK(cudaEventRecord(stop, stream));
+    CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, start, stop));
+    best = std::min(best, ms);
+  }
+  CHECK(cudaEventDestroy(start));
+  CHECK(cudaEventDestroy(stop));
+  return 1000.0 * best / kLaunches;
+}
+
+// Flash-Next's routed experts (512 experts of 640 × 2560 gate/up and 2560 × 640 down, 10 picks a token) for a chunk of
+// `tokens` rows routed at random, as moe_prefill runs them: the rows split once (quant_split_rows), then one grouped
+// product over all experts — gate reading the chunk's rows in place (x_rows map), down writing slot order (y_rows
+// map). Prints and returns a JSON entry: µs of the split and of the products, and whether the first experts' rows
+// give the bits of the dense warp tiles of the same rows.
+std::string expert_products(const char* name, int rows_out, int cols, bool gate, int tokens, std::mt19937& rng,
+                            cudaStream_t stream, bool& all_same) {
+  constexpr int kExperts = 512, kPicks = 10;
+  const int slots = tokens * kPicks;
+  std::vector<DeviceMatrix> experts;
+  for (int e = 0; e < kExperts; ++e) experts.push_back(random_q4(rng, rows_out, cols));
+  std::vector<int> ids(static_cast<size_t>(slots));
+  for (int& id : ids) id = int(rng() % kExperts);
+  std::vector<int> counts(kExperts, 0), offsets(kExperts, 0), order;  // order: grouped row → slot
+  for (int e = 0; e < kExperts; ++e) {
+    offsets[size_t(e)] = int(order.size());
+    for (int s = 0; s < slots; ++s)
+      if (ids[size_t(s)] == e) ++counts[size_t(e)], order.push_back(s);
+  }
+  const int x_rows = gate ? tokens : slots;
+  std::normal_distribution<float> normal;
+  std::vector<float> host_x(size_t(x_rows) * size_t(cols));
+  for (float& v : host_x) v = normal(rng);
+  float* x = upload(host_x);
+  float* y = nullptr;
+  CHECK(cudaMalloc(&y, size_t(slots) * size_t(rows_out) * sizeof(float)));
+  void* split = nullptr;
+  CHECK(cudaMalloc(&split, vavilov::cuda::quant_split_bytes(x_rows, cols)));
+  const DeviceMatrix* device_experts = upload(experts);
+  const int *device_counts = upload(counts), *device_offsets = upload(offsets), *device_order = upload(order);
+  vavilov::cuda::GroupedRowMap map;
+  if (gate)
+    map.x_rows = device_order, map.x_divisor = kPicks;
+  else
+    map.y_rows = device_order;
+  const double split_us = time_calls_us(
+      [&] { return vavilov::cuda::quant_split_rows(WeightFormat::Q4, x, x_rows, cols, split, stream); }, stream);
+  const double products_us = time_calls_us(
+      [&] {
+        return vavilov::cuda::quant_expert_gemm(device_experts, WeightFormat::Q4, kExperts, rows_out, cols,
+                                                device_counts, device_offsets, split, y, stream, map);
+      },
+      stream);
+  CHECK(cudaStreamSynchronize(stream));
+  const std::vector<float> grouped = download(y, size_t(slots) * size_t(rows_out));
+  bool same = true;
+  for (int e = 0; e < 4; ++e) {  // the first experts' rows, gathered, through the dense warp tiles
+    const int count = counts[size_t(e)], first = offsets[size_t(e)];
+    if (!count) continue;
+    std::vector<float> rows(size_t(count) * size_t(cols));
+    for (int i = 0; i < count; ++i) {
+      const int p = first + i, source = gate ? order[size_t(p)] / kPicks : p;
+      std::copy_n(&host_x[size_t(source) * size_t(cols)], cols, &rows[size_t(i) * size_t(cols)]);
+    }
+    float* dense_x = upload(rows);
+    float* dense_y = nullptr;
+    CHECK(cudaMalloc(&dense_y, size_t(count) * size_t(rows_out) * sizeof(float)));
+    CHECK(vavilov::cuda::quant_gemm(experts[size_t(e)], dense_x, count, dense_y, stream, QuantGemmTiles::warp));
+    const std::vector<float> want = download(dense_y, size_t(count) * size_t(rows_out));
+    for (int i = 0; i < count; ++i) {
+      const int p = first + i, target = gate ? p : order[size_t(p)];
+      same = same && std::memcmp(&grouped[size_t(target) * size_t(rows_out)], &want[size_t(i) * size_t(rows_out)],
+                                 size_t(rows_out) * sizeof(float)) == 0;
+    }
+    CHECK(cudaFree(dense_x));
+    CHECK(cudaFree(dense_y));
+  }
+  all_same = all_same && same;
+  const double bytes = double(kExperts) * rows_out * cols * 0.5625;
+  std::printf("%-12s %d experts %5d x %5d, %d rows: split %6.1f us  products %7.1f us (%5.0f GB/s of codes)  %s\n",
+              name, kExperts, rows_out, cols, slots, split_us, products_us, bytes / products_us * 1e-3,
+              same ? "same bits as the dense warp tiles" : "BITS DIFFER");
+  char entry[400];
+  std::snprintf(entry, sizeof entry,
+                "{\"name\": \"%s\", \"experts\": %d, \"rows_out\": %d, \"cols\": %d, \"rows\": %d, "
+                "\"split_us\": %.2f, \"products_us\": %.2f, \"same_bits\": %s}",
+                name, kExperts, rows_out, cols, slots, split_us, products_us, same ? "true" : "false");
+  for (const DeviceMatrix& m : experts) {
+    CHECK(cudaFree(const_cast<void*>(m.data)));
+    CHECK(cudaFree(const_cast<uint16_t*>(m.scales)));
+    CHECK(cudaFree(const_cast<uint16_t*>(m.biases)));
+  }
+  for (const void* p : {static_cast<const void*>(x), static_cast<const void*>(y), static_cast<const void*>(split),
+                        static_cast<const void*>(device_experts), static_cast<const void*>(device_counts),
+                        static_cast<const void*>(device_offsets), static_cast<const void*>(device_order)})
+    CHECK(cudaFree(const_cast<void*>(p)));
+  return entry;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -183,7 +296,8 @@ int main(int argc, char** argv) {
     CHECK(cudaFree(const_cast<uint16_t*>(w.scales)));
     CHECK(cudaFree(const_cast<uint16_t*>(w.biases)));
   }
-  json += "\n]}\n";
+  json += "\n], \"experts\": [\n  " + expert_products("expert_gate", 640, 2560, true, x_rows, rng, stream, all_same);
+  json += ",\n  " + expert_products("expert_down", 2560, 640, false, x_rows, rng, stream, all_same) + "\n]}\n";
   FILE* out = std::fopen(argv[1], "w");
   if (!out || std::fputs(json.c_str(), out) < 0 || std::fclose(out) != 0) {
     std::fprintf(stderr, "quant_gemm_bench: cannot write %s\n", argv[1]);

@@ -66,7 +66,7 @@ struct Workspace {
   int* route_ids;
   // Prefill: slots grouped by expert (expert_prefill.cuh) and the grouped rows (gathered input, then down output).
   int *expert_counts, *expert_offsets, *expert_order, *expert_position;
-  float* grouped_rows;
+  float* grouped_rows;          // or the split rows of the products on the codes (quant_gemm.cuh)
   GemvMatrix* moe_descriptors;  // a decode step's expert products, written on the device
   int* moe_slots;
   float* moe_slot_weights;
@@ -161,7 +161,11 @@ void make_workspace(const ModelConfig& c, Workspace& w) {
   l.add(w.expert_offsets, size_t(c.num_experts));
   l.add(w.expert_order, r * k);
   l.add(w.expert_position, r * k);
-  l.add(w.grouped_rows, r * k * h);
+  // The gathered rows of the cuBLAS path, or the split rows of the products on the codes (gate/up's input, then
+  // down's), never both in one layer.
+  const size_t split_bytes =
+      std::max(quant_split_bytes(int(r), int(h)), quant_split_bytes(int(r * k), int(c.moe_intermediate_size)));
+  l.add(w.grouped_rows, std::max(r * k * h, (split_bytes + sizeof(float) - 1) / sizeof(float)));
   l.add(w.moe_descriptors, moe_descriptor_count(int(k)));
   l.add(w.moe_slots, moe_slot_count(int(k)));
   l.add(w.moe_slot_weights, moe_slot_weight_count(int(k)));
@@ -919,17 +923,22 @@ void CudaSequence::moe_prefill(const DeviceMoe& w, int rows, bool on_codes) {
   group_by_expert(work_.route_ids, slots, c_.num_experts, work_.expert_counts, work_.expert_offsets, work_.expert_order,
                   work_.expert_position, stream_);
   if (on_codes) {
-    auto grouped_products = [&](const DeviceMatrix* experts, WeightFormat format, int rows_out, int cols,
-                                const float* x, float* y, const GroupedRowMap& map) {
+    // The rows are split once for gate and up (the same input) and once for down (with the swiglu folded in), into
+    // grouped_rows.
+    void* split = work_.grouped_rows;
+    auto grouped_products = [&](const DeviceMatrix* experts, WeightFormat format, int rows_out, int cols, float* y,
+                                const GroupedRowMap& map) {
       cuda_check(quant_expert_gemm(experts, format, c_.num_experts, rows_out, cols, work_.expert_counts,
-                                   work_.expert_offsets, x, y, stream_, map),
+                                   work_.expert_offsets, split, y, stream_, map),
                  "routed experts");
     };
     const GroupedRowMap gathered{.x_rows = work_.expert_order, .x_divisor = k}, scattered{.y_rows = work_.expert_order};
-    grouped_products(w.expert_gate, w.gate_up_format, inner, h, work_.input, work_.expert_gate, gathered);
-    grouped_products(w.expert_up, w.gate_up_format, inner, h, work_.input, work_.expert_up, gathered);
-    swiglu(work_.expert_gate, work_.expert_up, int64_t(slots) * inner, stream_);
-    grouped_products(w.expert_down, w.down_format, h, inner, work_.expert_gate, work_.expert_out, scattered);
+    cuda_check(quant_split_rows(w.gate_up_format, work_.input, rows, h, split, stream_), "routed experts' rows");
+    grouped_products(w.expert_gate, w.gate_up_format, inner, h, work_.expert_gate, gathered);
+    grouped_products(w.expert_up, w.gate_up_format, inner, h, work_.expert_up, gathered);
+    cuda_check(quant_split_swiglu_rows(w.down_format, work_.expert_gate, work_.expert_up, slots, inner, split, stream_),
+               "routed experts' swiglu");
+    grouped_products(w.expert_down, w.down_format, h, inner, work_.expert_out, scattered);
   } else {
     std::vector<ExpertGroup> groups;
     cuda_check(active_experts(work_.expert_counts, c_.num_experts, groups, stream_), "expert counts");

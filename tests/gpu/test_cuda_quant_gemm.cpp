@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "cuda/moe.cuh"
 #include "cuda/quant_gemm.cuh"
 #include "device_matrices.h"
 
@@ -33,7 +34,8 @@ struct Result {
   std::vector<TestMatrix> experts;
 };
 
-// y for rows grouped by expert: expert e owns rows [offsets[e], offsets[e] + counts[e]) of x.
+// y for rows grouped by expert: expert e owns rows [offsets[e], offsets[e] + counts[e]) of x (all of x's rows split
+// first, as moe_prefill does).
 std::vector<float> run(DeviceMemory& memory, const std::vector<TestMatrix>& experts, WeightFormat format,
                        const std::vector<int>& counts, const std::vector<float>& x, int rows_out, int cols,
                        const cuda::GroupedRowMap& map = {}) {
@@ -44,8 +46,12 @@ std::vector<float> run(DeviceMemory& memory, const std::vector<TestMatrix>& expe
   for (const TestMatrix& m : experts) descriptors.push_back(m.device);
   const size_t outputs = size_t(total) * size_t(rows_out);
   float* y = memory.copy(std::vector<float>(outputs, std::numeric_limits<float>::quiet_NaN()));
+  const int x_rows = int(x.size() / size_t(cols));
+  // The split rows start as NaN bits, so that a record the split never wrote fails the checks.
+  uint8_t* split = memory.copy(std::vector<uint8_t>(cuda::quant_split_bytes(x_rows, cols), 0xff));
+  EXPECT_EQ(cuda::quant_split_rows(format, memory.copy(x), x_rows, cols, split, nullptr), cudaSuccess);
   EXPECT_EQ(cuda::quant_expert_gemm(memory.copy(descriptors), format, int(experts.size()), rows_out, cols,
-                                    memory.copy(counts), memory.copy(offsets), memory.copy(x), y, nullptr, map),
+                                    memory.copy(counts), memory.copy(offsets), split, y, nullptr, map),
             cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return test::download(y, outputs);
@@ -131,9 +137,10 @@ std::vector<float> mixed_magnitudes(std::mt19937& rng, int rows, int cols) {
 
 // moe_prefill's map folded into the products — rows read where they are (x_rows: grouped row → slot, divided by the
 // picks a token) and written in slot order (y_rows) — gives the bits of the products of gathered rows, scattered
-// afterwards. 17 tokens × 3 picks over 5 experts, one of them without rows, every format.
+// afterwards. 17 tokens × 3 picks over 5 experts, one of them without rows, every format, short rows (640 columns)
+// and long (2560: the two cuts of quant_gemm.cu).
 TEST(CudaQuantGemm, MappedRowsGiveTheGatheredRowsBits) {
-  constexpr int kRowsOut = 200, kCols = 640, kTokens = 17, kPicks = 3, kSlots = kTokens * kPicks, kExperts = 5;
+  constexpr int kRowsOut = 200, kTokens = 17, kPicks = 3, kSlots = kTokens * kPicks, kExperts = 5;
   std::mt19937 rng(26);
   std::vector<int> ids(kSlots);
   for (int& id : ids) id = std::array{0, 1, 3, 4}[rng() % 4];  // expert 2 gets no rows
@@ -141,33 +148,36 @@ TEST(CudaQuantGemm, MappedRowsGiveTheGatheredRowsBits) {
   for (int e = 0; e < kExperts; ++e)
     for (int s = 0; s < kSlots; ++s)
       if (ids[size_t(s)] == e) ++counts[size_t(e)], order.push_back(s);
-  for (WeightFormat format : {WeightFormat::Q4, WeightFormat::Q3, WeightFormat::Q2}) {
-    DeviceMemory memory;
-    std::vector<TestMatrix> experts;
-    for (int e = 0; e < kExperts; ++e)
-      experts.push_back(test::make_matrix(memory, format, test::normal_values(rng, size_t(kRowsOut) * kCols, 0.05f),
-                                          kRowsOut, kCols));
-    const std::vector<float> x = mixed_magnitudes(rng, kTokens, kCols);
-    std::vector<float> gathered(size_t(kSlots) * kCols);
-    for (int p = 0; p < kSlots; ++p)
-      std::memcpy(&gathered[size_t(p) * kCols], &x[size_t(order[size_t(p)] / kPicks) * kCols], kCols * sizeof(float));
-    const std::vector<float> grouped = run(memory, experts, format, counts, gathered, kRowsOut, kCols);
-    std::vector<float> scattered(grouped.size());
-    for (int p = 0; p < kSlots; ++p)
-      std::memcpy(&scattered[size_t(order[size_t(p)]) * kRowsOut], &grouped[size_t(p) * kRowsOut],
-                  kRowsOut * sizeof(float));
-    const int* device_order = memory.copy(order);
-    const std::vector<float> read_in_place =
-        run(memory, experts, format, counts, x, kRowsOut, kCols, {.x_rows = device_order, .x_divisor = kPicks});
-    const std::vector<float> written_in_slot_order =
-        run(memory, experts, format, counts, gathered, kRowsOut, kCols, {.y_rows = device_order});
-    const std::vector<float> both = run(memory, experts, format, counts, x, kRowsOut, kCols,
-                                        {.x_rows = device_order, .x_divisor = kPicks, .y_rows = device_order});
-    EXPECT_EQ(std::memcmp(read_in_place.data(), grouped.data(), grouped.size() * sizeof(float)), 0) << name_of(format);
-    EXPECT_EQ(std::memcmp(written_in_slot_order.data(), scattered.data(), grouped.size() * sizeof(float)), 0)
-        << name_of(format);
-    EXPECT_EQ(std::memcmp(both.data(), scattered.data(), grouped.size() * sizeof(float)), 0) << name_of(format);
-  }
+  for (const int cols : {640, 2560})
+    for (WeightFormat format : {WeightFormat::Q4, WeightFormat::Q3, WeightFormat::Q2}) {
+      DeviceMemory memory;
+      std::vector<TestMatrix> experts;
+      for (int e = 0; e < kExperts; ++e)
+        experts.push_back(test::make_matrix(memory, format, test::normal_values(rng, size_t(kRowsOut) * cols, 0.05f),
+                                            kRowsOut, cols));
+      const std::vector<float> x = mixed_magnitudes(rng, kTokens, cols);
+      std::vector<float> gathered(size_t(kSlots) * cols);
+      for (int p = 0; p < kSlots; ++p)
+        std::memcpy(&gathered[size_t(p) * cols], &x[size_t(order[size_t(p)] / kPicks) * cols], cols * sizeof(float));
+      const std::vector<float> grouped = run(memory, experts, format, counts, gathered, kRowsOut, cols);
+      std::vector<float> scattered(grouped.size());
+      for (int p = 0; p < kSlots; ++p)
+        std::memcpy(&scattered[size_t(order[size_t(p)]) * kRowsOut], &grouped[size_t(p) * kRowsOut],
+                    kRowsOut * sizeof(float));
+      const int* device_order = memory.copy(order);
+      const std::vector<float> read_in_place =
+          run(memory, experts, format, counts, x, kRowsOut, cols, {.x_rows = device_order, .x_divisor = kPicks});
+      const std::vector<float> written_in_slot_order =
+          run(memory, experts, format, counts, gathered, kRowsOut, cols, {.y_rows = device_order});
+      const std::vector<float> both = run(memory, experts, format, counts, x, kRowsOut, cols,
+                                          {.x_rows = device_order, .x_divisor = kPicks, .y_rows = device_order});
+      EXPECT_EQ(std::memcmp(read_in_place.data(), grouped.data(), grouped.size() * sizeof(float)), 0)
+          << name_of(format) << " " << cols;
+      EXPECT_EQ(std::memcmp(written_in_slot_order.data(), scattered.data(), grouped.size() * sizeof(float)), 0)
+          << name_of(format) << " " << cols;
+      EXPECT_EQ(std::memcmp(both.data(), scattered.data(), grouped.size() * sizeof(float)), 0)
+          << name_of(format) << " " << cols;
+    }
 }
 
 double worst_dense_error(const TestMatrix& w, const std::vector<float>& x, int x_rows, const std::vector<float>& y) {
@@ -268,6 +278,54 @@ TEST(CudaQuantGemm, DenseRowResultsDoNotDependOnTheSlicing) {
   EXPECT_EQ(std::memcmp(y_few.data(), y_many.data(), y_few.size() * sizeof(float)), 0);
 }
 
+// The grouped products (rows split once by quant_split_rows, copied by each block) give the bits of the dense warp
+// tiles (rows split by each block as it stages them): one expert of 37 rows (passes of 16, 16 and 5) and the same 37
+// rows as a dense product, every format, a partial row block and a partial chunk (200 × 640: 8 + 2 groups) and a
+// long row (2560 columns: 5 chunks).
+TEST(CudaQuantGemm, GroupedProductsGiveTheDenseProductsBits) {
+  constexpr int kRows = 37;
+  struct Shape {
+    int rows_out, cols;
+  };
+  std::mt19937 rng(27);
+  for (WeightFormat format : {WeightFormat::Q4, WeightFormat::Q3, WeightFormat::Q2})
+    for (Shape s : {Shape{200, 640}, Shape{96, 2560}}) {
+      DeviceMemory memory;
+      const std::vector<TestMatrix> experts = {test::make_matrix(
+          memory, format, test::normal_values(rng, size_t(s.rows_out) * size_t(s.cols), 0.05f), s.rows_out, s.cols)};
+      const std::vector<float> x = mixed_magnitudes(rng, kRows, s.cols);
+      const std::vector<float> grouped = run(memory, experts, format, {kRows}, x, s.rows_out, s.cols);
+      const std::vector<float> warp_tiles = dense(memory, experts[0], x, kRows, cuda::QuantGemmTiles::warp);
+      EXPECT_EQ(std::memcmp(grouped.data(), warp_tiles.data(), grouped.size() * sizeof(float)), 0)
+          << name_of(format) << " " << s.rows_out << "×" << s.cols;
+    }
+}
+
+// The swiglu folded into the split (down's input) gives the bytes of the split of moe.cuh's swiglu rows: the same
+// activations reach the products. Gates of every sign and size (silu's tails: e^-x overflowing and vanishing), every
+// format.
+TEST(CudaQuantGemm, SwigluSplitGivesTheSplitOfTheSwigluRows) {
+  constexpr int kRows = 21, kCols = 640;
+  std::mt19937 rng(28);
+  std::vector<float> gate = mixed_magnitudes(rng, kRows, kCols);
+  for (size_t i = 0; i < gate.size(); i += 97) gate[i] = i % 2 ? 120.0f : -120.0f;
+  const std::vector<float> up = mixed_magnitudes(rng, kRows, kCols);
+  const size_t bytes = cuda::quant_split_bytes(kRows, kCols);
+  for (WeightFormat format : {WeightFormat::Q4, WeightFormat::Q3, WeightFormat::Q2}) {
+    DeviceMemory memory;
+    float* device_gate = memory.copy(gate);
+    const float* device_up = memory.copy(up);
+    uint8_t* folded = memory.copy(std::vector<uint8_t>(bytes, 0xff));
+    uint8_t* separate = memory.copy(std::vector<uint8_t>(bytes, 0xff));
+    EXPECT_EQ(cuda::quant_split_swiglu_rows(format, device_gate, device_up, kRows, kCols, folded, nullptr),
+              cudaSuccess);
+    cuda::swiglu(device_gate, device_up, int64_t(gate.size()), nullptr);
+    EXPECT_EQ(cuda::quant_split_rows(format, device_gate, kRows, kCols, separate, nullptr), cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(test::download(folded, bytes), test::download(separate, bytes)) << name_of(format);
+  }
+}
+
 TEST(CudaQuantGemm, ExpertSetsOfOneFormatAndShapeOnly) {
   std::mt19937 rng(24);
   DeviceMemory memory;
@@ -299,6 +357,21 @@ TEST(CudaQuantGemm, RefusesWhatItDoesNotTake) {
   EXPECT_EQ(cuda::quant_expert_gemm(nullptr, WeightFormat::Q4, 4, 64, 128, nullptr, nullptr, nullptr, nullptr, nullptr,
                                     {.x_rows = order, .x_divisor = 0}),
             cudaErrorInvalidValue);
+  // Splits: formats the products take, whole groups of 64 columns, 16-byte aligned rows and records.
+  const auto* aligned = reinterpret_cast<const float*>(uintptr_t{0x1000});
+  void* aligned_split = reinterpret_cast<void*>(uintptr_t{0x2000});
+  EXPECT_EQ(cuda::quant_split_rows(WeightFormat::BF16, aligned, 4, 64, aligned_split, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::quant_split_rows(WeightFormat::Q4, aligned, 4, 100, aligned_split, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::quant_split_rows(WeightFormat::Q4, aligned + 1, 4, 64, aligned_split, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::quant_split_rows(WeightFormat::Q4, aligned, 4, 64, static_cast<char*>(aligned_split) + 8, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::quant_split_rows(WeightFormat::Q4, aligned, 0, 64, aligned_split, nullptr), cudaSuccess);
+  EXPECT_EQ(cuda::quant_split_swiglu_rows(WeightFormat::Q4, aligned, nullptr, 4, 64, aligned_split, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::quant_split_swiglu_rows(WeightFormat::Q4, aligned, aligned + 2, 4, 64, aligned_split, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::quant_split_bytes(3, 128), size_t(3 * 2 * 17 * 16));
   // Q4 codes need 8-byte alignment (their loads are 8 bytes), Q3/Q2 4; whole groups of 64 columns.
   cuda::DeviceMatrix q4;
   q4.format = WeightFormat::Q4, q4.rows = 64, q4.cols = 128;
