@@ -1,3 +1,5 @@
+#include <cuda_bf16.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -37,6 +39,10 @@ constexpr int kC = kGdnChunk;  // tokens per chunk
 // one-pass mode (GdnProducts::Tf32, the kernels' kOnePass) each operand is rounded to tf32 once instead and each
 // product is one mma (a third of the tensor work, no split instructions); the error bound that gives is derived in
 // tests/gpu/test_cuda_gdn.cpp.
+// The bf16 mode (GdnProducts::Bf16, the kernels' kBf16 and the *_bf16 kernels below) rounds each operand to bf16
+// once (unit roundoff 2⁻⁹) for mma.sync m16n8k16 bf16 with fp32 accumulators, and keeps every value that is only a
+// product operand (W, U and Δ, the keys and queries, P, S₀) as bf16 in the scratch; the state across chunks stays in
+// fp32 registers, the gates, decays, norms and exponentials in fp32 (its error bound: tests/gpu/test_cuda_gdn.cpp).
 // Tiles are 16 × 16 (k-steps of 8); shared-memory tiles are zero-padded to multiples of 16 and their row strides are
 // a multiple of 16 plus 4 floats, so the fragment loads (one 32-bit word a lane, rows 4 banks apart) are free of bank
 // conflicts.
@@ -351,6 +357,135 @@ __device__ inline void mma_tile_pair_kpaired(Accumulator& first, Accumulator& se
   add_chains<kOnePass>(second, lo_hi1, hi_lo1);
 }
 
+// ---- bf16 operands (GdnProducts::Bf16): mma.sync m16n8k16 bf16, fp32 accumulators ----------------------------
+//
+// A k-step is 16 wide. Lane (g, t) holds A rows g, g + 8 at k = 2t, 2t + 1 and 2t + 8, 2t + 9 (four 32-bit registers of
+// two bf16 each), B rows k = 2t, 2t + 1 and 2t + 8, 2t + 9 at column g, C as in the tf32 mma (Accumulator). Where an
+// operand lies in shared memory as bf16 with k contiguous (every operand of the scan and the outputs), a 16 × 16 tile
+// is one ldmatrix.x4; rows of such tiles are 16 mod 32 words apart (padded(width) + 8 elements), so the eight rows of
+// each 8 × 8 matrix fall on distinct banks. Prepare keeps its fp32 tiles and rounds at the load (cvt.rn.bf16x2: one
+// instruction a pair).
+using bf16 = __nv_bfloat16;
+__host__ __device__ inline int bf16_stride_of(int width) { return padded(width) + 8; }
+
+// lo and hi rounded to bf16 (to nearest even) in one word, lo in the low half (the lower k or column).
+__device__ inline uint32_t pack_bf16(float lo, float hi) {
+  uint32_t word;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(word) : "f"(hi), "f"(lo));
+  return word;
+}
+__device__ inline float low_bf16(uint32_t word) { return __uint_as_float(word << 16); }
+__device__ inline float high_bf16(uint32_t word) { return __uint_as_float(word & 0xffff0000u); }
+
+// d[0 … 3] += A B for one m16n8k16 bf16 step.
+__device__ inline void mma_bf16(float* d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Both column halves of a 16 × 16 tile: acc += A B.
+__device__ inline void mma_bf16_tile(Accumulator& acc, const uint32_t (&a)[4], const uint32_t (&b)[2][2]) {
+  mma_bf16(acc.x, a, b[0][0], b[0][1]);
+  mma_bf16(acc.x + 4, a, b[1][0], b[1][1]);
+}
+
+__device__ inline void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
+  const unsigned address = unsigned(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+// The A operand of a 16 × 16 tile at a (bf16, rows m with k contiguous, row stride ld): lane i addresses row i % 16
+// at k 8·(i / 16), so the four matrices are rows 0–7 / 8–15 at k 0–7, then at k 8–15 (a[0 … 3]).
+__device__ inline void load_a_bf16(uint32_t (&f)[4], const bf16* a, int ld) {
+  const int lane = threadIdx.x % 32;
+  ldmatrix_x4(f, a + (lane % 16) * ld + 8 * (lane / 16));
+}
+
+// The B operand of a 16 (k) × 16 (n) tile stored n-major at b (bf16, rows n with k contiguous, row stride ld): f[h]
+// for columns 8h …; lane i addresses row n = i % 8 + 8·(i / 16) at k 8·(i / 8 % 2).
+__device__ inline void load_b_bf16(uint32_t (&f)[2][2], const bf16* b, int ld) {
+  const int lane = threadIdx.x % 32;
+  uint32_t r[4];
+  ldmatrix_x4(r, b + (lane % 8 + 8 * (lane / 16)) * ld + 8 * (lane / 8 % 2));
+  f[0][0] = r[0];
+  f[0][1] = r[1];
+  f[1][0] = r[2];
+  f[1][1] = r[3];
+}
+
+// Prepare's operands from its fp32 tiles, rounded to bf16 at the load: the A operand (16 × 16 at a, element (m, k) as
+// Layout says) and the B operand (16 × 16 at b, element (k, n) as Layout says; f[h] for columns 8h …). Where k is
+// contiguous a pair is one 8-byte load.
+template <typename Layout>
+__device__ inline void load_a_rounding_bf16(uint32_t (&f)[4], const float* a, int ld) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int m = g + 8 * (e % 2), k = 2 * t + 8 * (e / 2);
+    if constexpr (std::is_same_v<Layout, RowMajor>) {
+      const float2 pair = *reinterpret_cast<const float2*>(a + m * ld + k);
+      f[e] = pack_bf16(pair.x, pair.y);
+    } else {
+      f[e] = pack_bf16(a[k * ld + m], a[(k + 1) * ld + m]);
+    }
+  }
+}
+template <typename Layout>
+__device__ inline void load_b_rounding_bf16(uint32_t (&f)[2][2], const float* b, int ld) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int k = 2 * t + 8 * e, n = 8 * h + g;
+      if constexpr (std::is_same_v<Layout, RowMajor>) {
+        f[h][e] = pack_bf16(b[k * ld + n], b[(k + 1) * ld + n]);
+      } else {
+        const float2 pair = *reinterpret_cast<const float2*>(b + n * ld + k);
+        f[h][e] = pack_bf16(pair.x, pair.y);
+      }
+    }
+}
+
+// acc += A B (as mma_tile) over k = 16·steps with both operands rounded to bf16 at the load; the even and odd k-steps
+// form two chains.
+template <typename LayoutA, typename LayoutB>
+__device__ inline void mma_tile_rounding_bf16(Accumulator& acc, const float* a, int lda, const float* b, int ldb,
+                                              int steps) {
+  constexpr bool a_rows = std::is_same_v<LayoutA, RowMajor>, b_rows = std::is_same_v<LayoutB, RowMajor>;
+  auto step = [&](Accumulator& target, int k) {
+    uint32_t a_frag[4], b_frag[2][2];
+    load_a_rounding_bf16<LayoutA>(a_frag, a + (a_rows ? k * kTile : k * kTile * lda), lda);
+    load_b_rounding_bf16<LayoutB>(b_frag, b + (b_rows ? k * kTile * ldb : k * kTile), ldb);
+    mma_bf16_tile(target, a_frag, b_frag);
+  };
+  Accumulator odd;
+  zero(odd);
+  int k = 0;
+#pragma unroll 2
+  for (; k + 1 < steps; k += 2) {
+    step(acc, k);
+    step(odd, k + 1);
+  }
+  if (k < steps) step(acc, k);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) acc.x[e] += odd.x[e];
+}
+
+// One of prepare's products in its mode: mma_tile's (kOnePass, kStoredA, kStoredB as there) over k = 8·steps, or with
+// bf16 operands (kBf16).
+template <bool kOnePass, bool kBf16, typename LayoutA, typename LayoutB, bool kStoredA = false, bool kStoredB = false>
+__device__ inline void prepare_product(Accumulator& acc, const float* a, int lda, const float* b, int ldb, int steps) {
+  if constexpr (kBf16)
+    mma_tile_rounding_bf16<LayoutA, LayoutB>(acc, a, lda, b, ldb, steps / 2);
+  else
+    mma_tile<kOnePass, LayoutA, LayoutB, kStoredA, kStoredB>(acc, a, lda, b, ldb, steps);
+}
+
 // tile[t][c] (row stride ld) for t < tile_rows, c < tile_width (a multiple of 4): source[t·source_stride + c]
 // (asynchronously) where t < rows and c < width, zero elsewhere. Whole float4s when the source rows allow it. Each
 // element has one owner thread, so restaging the same tile shape needs no barrier between the zero stores and the
@@ -398,9 +533,14 @@ struct ChunkScratch {
 constexpr int kScanColumns = 64;
 __host__ __device__ inline int scan_slices_of(const GdnShape& s) { return (s.dv + kScanColumns - 1) / kScanColumns; }
 
+// In bf16 mode (GdnProducts::Bf16) the operand regions hold bf16 at padded widths (kdp = padded(dk), vdp =
+// padded(dv); zero past dk and dv), so that every tile is staged in whole 16-byte copies: W [C][kdp], Uᵀ and then Δᵀ
+// [vdp][C] (the scan reads and writes them a value column's tokens at a time), the keys transposed [kdp][C] followed
+// by the normalised queries [C][kdp] (a key head's, for the outputs), P [C][C], S₀ᵀ [vdp][kdp]. Each region is sized
+// for the larger of the two layouts (at the release both take the same bytes).
 ChunkScratch chunk_scratch(const GdnShape& s, int rows, float* base, size_t* total) {
   const size_t chunks = size_t((rows + kC - 1) / kC), blocks = chunks * size_t(s.heads);
-  const size_t dk = size_t(s.dk), dv = size_t(s.dv);
+  const size_t dk = size_t(s.dk), dv = size_t(s.dv), kdp = size_t(padded(s.dk)), vdp = size_t(padded(s.dv));
   size_t offset = 0;
   auto take = [&](size_t per_block, size_t count) {
     float* at = base ? base + offset : nullptr;
@@ -408,13 +548,13 @@ ChunkScratch chunk_scratch(const GdnShape& s, int rows, float* base, size_t* tot
     return at;
   };
   ChunkScratch x;
-  x.w = take(kC * dk, blocks);
-  x.u = take(kC * dv, blocks);
+  x.w = take(std::max(kC * dk, kC * kdp / 2), blocks);
+  x.u = take(std::max(kC * dv, vdp * kC / 2), blocks);
   x.q_factor = take(kC, blocks);
-  x.keys = take(kC * dk, chunks * size_t(s.key_heads));
+  x.keys = take(kC * kdp, chunks * size_t(s.key_heads));  // ≥ C·dk floats; bf16 mode: Kᵀ and Q
   x.key_decay = take(kC, blocks);
   x.p = take(kC * kC, blocks);
-  x.s0 = take(dk * dv, blocks);
+  x.s0 = take(std::max(dk * dv, vdp * kdp / 2), blocks);
   x.decay = take(1, blocks);
   x.scan_slices = scan_slices_of(s);
   x.progress = reinterpret_cast<unsigned*>(base ? base + offset : nullptr);
@@ -502,7 +642,8 @@ __device__ inline void write_rows(float* target, const float* tile, int ld, int 
 // each): four float4 loads, a transpose in registers and four float4 stores. A quarter warp's loads (token quads 2m,
 // 2m + 1 and four key quads: rows 16 mod 32 banks apart) cover the 32 banks once; a warp's stores are 16 rows of 32
 // bytes.
-__device__ inline void transpose_keys(float* keys_out, const float* keys, int ld) {
+template <typename Out>
+__device__ inline void transpose_keys(Out* keys_out, const float* keys, int ld) {
   static_assert(kPrepareThreads == kC / 4 * (kReleaseDim / 4));
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int token = 4 * (warp % 8 * 2 + lane % 2), key = 4 * (warp / 8 * 16 + lane / 2);
@@ -517,8 +658,50 @@ __device__ inline void transpose_keys(float* keys_out, const float* keys, int ld
   }
 #pragma unroll
   for (int c = 0; c < 4; ++c)
-    *reinterpret_cast<float4*>(keys_out + (key + c) * kC + token) =
-        make_float4(rows[0][c], rows[1][c], rows[2][c], rows[3][c]);
+    if constexpr (std::is_same_v<Out, bf16>)  // four bf16 in 8 bytes
+      *reinterpret_cast<uint2*>(keys_out + (key + c) * kC + token) =
+          make_uint2(pack_bf16(rows[0][c], rows[1][c]), pack_bf16(rows[2][c], rows[3][c]));
+    else
+      *reinterpret_cast<float4*>(keys_out + (key + c) * kC + token) =
+          make_float4(rows[0][c], rows[1][c], rows[2][c], rows[3][c]);
+}
+
+// The bf16 mode's write-outs of prepare (the block's threads; width a multiple of 16, ld of 4, tile rows 16-byte
+// aligned): target[t·width + e] = tile[t·ld + e] rounded to bf16 for t < C, e < width (four a thread: one 16-byte
+// load, one 8-byte store) ...
+__device__ inline void write_rows_bf16(bf16* target, const float* tile, int ld, int width) {
+  for (unsigned e = 4 * threadIdx.x; e < unsigned(kC * width); e += 4 * blockDim.x) {
+    const float4 x = *reinterpret_cast<const float4*>(tile + e / width * ld + e % width);
+    *reinterpret_cast<uint2*>(target + e) = make_uint2(pack_bf16(x.x, x.y), pack_bf16(x.z, x.w));
+  }
+}
+// ... and transposed, target[e·C + t] = tile[t·ld + e] (two tokens a thread: a warp writes a 128-byte row).
+__device__ inline void write_columns_bf16(bf16* target, const float* tile, int ld, int width) {
+  for (unsigned e = threadIdx.x; e < unsigned(kC / 2 * width); e += blockDim.x) {
+    const int column = int(e) / (kC / 2), t = 2 * (int(e) % (kC / 2));
+    *reinterpret_cast<uint32_t*>(target + column * kC + t) =
+        pack_bf16(tile[t * ld + column], tile[(t + 1) * ld + column]);
+  }
+}
+
+// The bf16 mode's views of the scratch regions (chunk_scratch): block = chunk · heads + value head.
+__device__ inline bf16* w_bf16(const ChunkScratch& x, const GdnShape& s, size_t block) {
+  return reinterpret_cast<bf16*>(x.w) + block * kC * padded(s.dk);
+}
+__device__ inline bf16* delta_bf16(const ChunkScratch& x, const GdnShape& s, size_t block) {  // Uᵀ, then Δᵀ
+  return reinterpret_cast<bf16*>(x.u) + block * size_t(padded(s.dv)) * kC;
+}
+__device__ inline bf16* keys_bf16(const ChunkScratch& x, const GdnShape& s, int chunk, int key_head) {
+  return reinterpret_cast<bf16*>(x.keys) + (size_t(chunk) * s.key_heads + key_head) * 2 * kC * padded(s.dk);
+}
+__device__ inline bf16* queries_bf16(const ChunkScratch& x, const GdnShape& s, int chunk, int key_head) {
+  return keys_bf16(x, s, chunk, key_head) + kC * padded(s.dk);
+}
+__device__ inline bf16* p_bf16(const ChunkScratch& x, size_t block) {
+  return reinterpret_cast<bf16*>(x.p) + block * kC * kC;
+}
+__device__ inline bf16* s0_bf16(const ChunkScratch& x, const GdnShape& s, size_t block) {  // S₀ᵀ
+  return reinterpret_cast<bf16*>(x.s0) + block * size_t(padded(s.dv)) * padded(s.dk);
 }
 
 // Phase 1, once a group: q and k rows staged and l2-normalised, every value head's γ and β, K Kᵀ and Q Kᵀ, the
@@ -527,9 +710,12 @@ __device__ inline void transpose_keys(float* keys_out, const float* keys, int ld
 // (from K Kᵀ), V and the keys restaged, I + A's diagonal blocks inverted, the blocked solve for W and U, both to the
 // scratch. Every value is computed by the same operations in the same order as in the earlier kernel per value head
 // (the restaged keys are normalised by the same factor before they are scaled), so the results are unchanged.
-template <bool kRelease, bool kOnePass>
+// kBf16 (kOnePass false): the products take bf16 operands (rounded at the load) and W, U, the keys, the queries and
+// P go to the scratch as bf16 (chunk_scratch's bf16 layouts), the queries' row factors as e^{γ_t} alone.
+template <bool kRelease, bool kOnePass, bool kBf16 = false>
 __global__ void __launch_bounds__(kPrepareThreads, 2)
     gdn_chunk_prepare_kernel(GdnShape shape, GdnInputs in, ChunkScratch x, int group) {
+  static_assert(!(kOnePass && kBf16));
   const GdnShape s = fixed<kRelease>(shape);
   allow_dependents();
   extern __shared__ __align__(128) float4 shared4[];
@@ -601,15 +787,26 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
     const int r0 = row * kTile, c0 = (lower - row * (row + 1) / 2) * kTile;
     Accumulator acc;
     fill(acc, 0.0f);
-    mma_tile<kOnePass, RowMajor, ColMajor, true, true>(acc, (q_rows_tile ? queries : keys) + r0 * ldk, ldk,
-                                                       keys + c0 * ldk, ldk, kdp / kStep);
+    prepare_product<kOnePass, kBf16, RowMajor, ColMajor, true, true>(acc, (q_rows_tile ? queries : keys) + r0 * ldk,
+                                                                     ldk, keys + c0 * ldk, ldk, kdp / kStep);
     store_tile((q_rows_tile ? qk : kk) + r0 * kChunkStride + c0, acc, kChunkStride);
   }
   __syncthreads();
 
   // The normalised keys transposed, [dk][C] (the scan reads them k-contiguous), once a key head, as the scan's
   // products take them (in one-pass mode the keys tile holds them rounded already).
-  if (first_head % value_heads_per_key_head(s) == 0) {
+  if (kBf16 && first_head % value_heads_per_key_head(s) == 0) {  // bf16: Kᵀ [kdp][C] and Q [C][kdp], zero-padded
+    bf16* keys_out = keys_bf16(x, s, chunk, key_head);
+    if constexpr (kRelease)
+      transpose_keys(keys_out, keys, ldk);
+    else
+      for (int e = tid; e < kdp * kC / 2; e += kPrepareThreads) {
+        const int i = e / (kC / 2), token = 2 * (e % (kC / 2));
+        *reinterpret_cast<uint32_t*>(keys_out + i * kC + token) =
+            pack_bf16(keys[token * ldk + i], keys[(token + 1) * ldk + i]);
+      }
+    write_rows_bf16(queries_bf16(x, s, chunk, key_head), queries, ldk, kdp);
+  } else if (first_head % value_heads_per_key_head(s) == 0) {
     float* keys_out = x.keys + (size_t(chunk) * s.key_heads + key_head) * kC * s.dk;
     if constexpr (kRelease)
       transpose_keys(keys_out, keys, ldk);
@@ -626,15 +823,25 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
   for (int head = 0; head < group; ++head) {
     const float* gamma = gammas + head * kC;
     const size_t block = size_t(chunk) * s.heads + first_head + head;
-    float* p = x.p + block * kC * kC;
-    for (unsigned e = tid; e < kC * kC; e += kPrepareThreads) {
-      const int t = e / kC, u = e % kC;
-      const float decay = u <= t ? expf(gamma[t] - gamma[u]) : 0.0f;
-      p[e] = u <= t ? stored_operand<kOnePass>(decay * qk[t * kChunkStride + u]) : 0.0f;
+    if constexpr (kBf16) {  // two columns a thread, one 4-byte store
+      bf16* p = p_bf16(x, block);
+      for (unsigned e = 2 * tid; e < kC * kC; e += 2 * kPrepareThreads) {
+        const int t = e / kC, u = e % kC;
+        const float first = u <= t ? expf(gamma[t] - gamma[u]) * qk[t * kChunkStride + u] : 0.0f;
+        const float second = u + 1 <= t ? expf(gamma[t] - gamma[u + 1]) * qk[t * kChunkStride + u + 1] : 0.0f;
+        *reinterpret_cast<uint32_t*>(p + e) = pack_bf16(first, second);
+      }
+    } else {
+      float* p = x.p + block * kC * kC;
+      for (unsigned e = tid; e < kC * kC; e += kPrepareThreads) {
+        const int t = e / kC, u = e % kC;
+        const float decay = u <= t ? expf(gamma[t] - gamma[u]) : 0.0f;
+        p[e] = u <= t ? stored_operand<kOnePass>(decay * qk[t * kChunkStride + u]) : 0.0f;
+      }
     }
     const float gamma_end = gamma[kC - 1];
-    if (tid < kC) {
-      x.q_factor[block * kC + tid] = tid < n ? q_factor[tid] * expf(gamma[tid]) : 0.0f;
+    if (tid < kC) {  // (bf16: the stored queries are normalised already)
+      x.q_factor[block * kC + tid] = tid < n ? (kBf16 ? 1.0f : q_factor[tid]) * expf(gamma[tid]) : 0.0f;
       x.key_decay[block * kC + tid] = expf(gamma_end - gamma[tid]);
     }
     if (tid == 0) x.decay[block] = expf(gamma_end);
@@ -688,8 +895,8 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
         if (r0 > 0) {
           Accumulator solved, rest;
           fill(solved, 0.0f);
-          mma_tile<kOnePass, RowMajor, RowMajor, true>(solved, a + r0 * kChunkStride, kChunkStride, rhs, ld,
-                                                       r0 / kStep);
+          prepare_product<kOnePass, kBf16, RowMajor, RowMajor, true>(solved, a + r0 * kChunkStride, kChunkStride, rhs,
+                                                                     ld, r0 / kStep);
           load_tile(rest, rhs + r0 * ld, ld);
 #pragma unroll
           for (int e = 0; e < 8; ++e) rest.x[e] -= solved.x[e];
@@ -698,8 +905,8 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
         }
         Accumulator solution;
         fill(solution, 0.0f);
-        mma_tile<kOnePass, RowMajor, RowMajor, true>(solution, a + r0 * kChunkStride + r0, kChunkStride, rhs + r0 * ld,
-                                                     ld, kTile / kStep);
+        prepare_product<kOnePass, kBf16, RowMajor, RowMajor, true>(solution, a + r0 * kChunkStride + r0, kChunkStride,
+                                                                   rhs + r0 * ld, ld, kTile / kStep);
         __syncwarp();  // every lane has read the block before it is overwritten
         store_tile(rhs + r0 * ld, solution, ld);
         __syncwarp();
@@ -707,8 +914,13 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
     }
     __syncthreads();
 
-    write_rows(x.w + block * kC * s.dk, keys, ldk, s.dk, [](float w) { return stored_operand<kOnePass>(w); });
-    write_rows(x.u + block * kC * s.dv, values, ldv, s.dv, [](float u) { return u; });
+    if constexpr (kBf16) {
+      write_rows_bf16(w_bf16(x, s, block), keys, ldk, kdp);
+      write_columns_bf16(delta_bf16(x, s, block), values, ldv, vdp);
+    } else {
+      write_rows(x.w + block * kC * s.dk, keys, ldk, s.dk, [](float w) { return stored_operand<kOnePass>(w); });
+      write_rows(x.u + block * kC * s.dv, values, ldv, s.dv, [](float u) { return u; });
+    }
     if (head + 1 < group) __syncthreads();  // the next value head restages the keys and values and forms its A
   }
 }
@@ -1089,6 +1301,286 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
+// ---- The bf16 mode's scan and outputs (GdnProducts::Bf16) ---------------------------------------------------------
+//
+// The scan as gdn_chunk_scan_kernel (block (head, slice of 64 value columns), 512 threads, warp w owning the state
+// tiles at value columns 16·(w%4) and keys 16·(w/4), 16·(w/4 + 4) in fp32 registers across the chunks), with every
+// operand bf16 and k-contiguous in shared memory, each 16 × 16 fragment one ldmatrix.x4: a stage is {W [C][kdp + 8],
+// Kᵀ [kdp][C + 8], e^{γ_C−γ} [C] fp32}, beside Δᵀ diag(e^{γ_C−γ}) [64][C + 8] and Sᵀ [64][kdp + 8] (96.5 KB at
+// dk = 128: an outputs block fits beside it on its multiprocessor). Uᵀ comes from the scratch a chunk ahead (two bf16
+// a word: the pairs of an accumulator row are adjacent tokens) and Δᵀ goes back over it; S₀ᵀ goes to the scratch as
+// bf16 pairs of adjacent keys.
+__host__ __device__ inline size_t scan_bf16_stage_bytes(const GdnShape& s) {
+  return (size_t(kC) * bf16_stride_of(s.dk) + size_t(padded(s.dk)) * bf16_stride_of(kC)) * sizeof(bf16) +
+         kC * sizeof(float);
+}
+
+size_t scan_bf16_shared_bytes(const GdnShape& s) {
+  return 2 * scan_bf16_stage_bytes(s) +
+         size_t(kScanColumns) * (bf16_stride_of(kC) + bf16_stride_of(s.dk)) * sizeof(bf16);
+}
+
+// rows × width bf16 (width a multiple of 8; source rows width apart, 16-byte aligned) into tile (row stride ld) by
+// cp.async, 16 bytes a copy, by the block's threads.
+__device__ inline void stage_bf16_rows(bf16* tile, int ld, const bf16* source, int rows, int width) {
+  const int vectors = width / 8;
+  for (int e = threadIdx.x; e < rows * vectors; e += blockDim.x) {
+    const int r = e / vectors, c = e % vectors * 8;
+    __pipeline_memcpy_async(tile + r * ld + c, source + r * width + c, 16);
+  }
+}
+
+template <bool kRelease>
+__global__ void __maxnreg__(80) gdn_chunk_scan_bf16_kernel(GdnShape shape, int rows, ChunkScratch x, float* recurrent) {
+  const GdnShape s = fixed<kRelease>(shape);
+  allow_dependents();
+  extern __shared__ __align__(128) float4 shared4[];
+  const int kdp = padded(s.dk), vdp = padded(s.dv), ldw = bf16_stride_of(s.dk), ldt = bf16_stride_of(kC);
+  const size_t stage_bytes = scan_bf16_stage_bytes(s);
+  char* stages = reinterpret_cast<char*>(shared4);  // 2 × {W [C][ldw], Kᵀ [kdp][ldt], e^{γ_C−γ} [C]}
+  bf16* delta = reinterpret_cast<bf16*>(stages + 2 * stage_bytes);  // Δᵀ diag(e^{γ_C−γ}) [64][ldt]
+  bf16* state = delta + kScanColumns * ldt;                         // Sᵀ [64][ldw]
+  const int h = blockIdx.x, key_head = h / (s.heads / s.key_heads), tid = threadIdx.x, warp = tid / 32;
+  const int j0 = blockIdx.y * kScanColumns, columns = min(kScanColumns, s.dv - j0);
+  const int chunks = (rows + kC - 1) / kC;
+  const size_t dv = size_t(s.dv);
+  float* head_state = recurrent + size_t(h) * s.dk * dv + j0;
+  unsigned* progress = x.progress + h * x.scan_slices + blockIdx.y;
+  auto stage_w = [&](int chunk) { return reinterpret_cast<bf16*>(stages + (chunk % 2) * stage_bytes); };
+  auto stage_keys = [&](bf16* w) { return w + kC * ldw; };
+  auto stage_decays = [&](bf16* w) { return reinterpret_cast<float*>(stage_keys(w) + kdp * ldt); };
+  auto stage_chunk = [&](int chunk) {
+    bf16* w = stage_w(chunk);
+    const size_t block = size_t(chunk) * s.heads + h;
+    stage_bf16_rows(w, ldw, w_bf16(x, s, block), kC, kdp);
+    stage_bf16_rows(stage_keys(w), ldt, keys_bf16(x, s, chunk, key_head), kdp, kC);
+    if (tid < kC / 4)
+      __pipeline_memcpy_async(stage_decays(w) + 4 * tid, x.key_decay + block * kC + 4 * tid, 4 * sizeof(float));
+  };
+  stage_chunk(0);
+
+  const int c0 = warp % 4 * kTile, d0 = warp / 4 * kTile, first_key_tile = warp / 4;
+  const int key_tiles = kdp / kTile;  // ≤ 8: a warp owns at most two
+  const bool owns[2] = {first_key_tile < key_tiles, first_key_tile + 4 < key_tiles};
+  auto in_slice = [&](int e) { return c0 + row_of(e) < columns; };
+  auto in_scratch = [&](int e) { return j0 + c0 + row_of(e) < vdp; };  // a row of Uᵀ, Δᵀ and S₀ᵀ
+  auto key_of = [&](int tile, int e) { return (first_key_tile + 4 * tile) * kTile + column_of(e); };
+  Accumulator owned[2];  // Sᵀ at the owned key tiles; zero past dk and past the slice's columns
+#pragma unroll
+  for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int key = key_of(tile, e);
+      owned[tile].x[e] = owns[tile] && key < s.dk && in_slice(e) ? head_state[key * dv + c0 + row_of(e)] : 0.0f;
+    }
+  // Pairs (e, e + 1) of an accumulator are adjacent columns: one bf16 word.
+  auto store_owned = [&] {
+#pragma unroll
+    for (int tile = 0; tile < 2; ++tile)
+      if (owns[tile])
+#pragma unroll
+        for (int e = 0; e < 8; e += 2)
+          *reinterpret_cast<uint32_t*>(state + (c0 + row_of(e)) * ldw + key_of(tile, e)) =
+              pack_bf16(owned[tile].x[e], owned[tile].x[e + 1]);
+  };
+  store_owned();
+
+  // Uᵀ of this warp's Δᵀ tile (word e/2: value column c0 + row_of(e), tokens d0 + column_of(e), + 1), a chunk ahead.
+  auto delta_at = [&](int chunk) { return delta_bf16(x, s, size_t(chunk) * s.heads + h) + size_t(j0 + c0) * kC + d0; };
+  auto load_u = [&](uint32_t(&u)[4], int chunk) {
+    const bf16* source = delta_at(chunk);
+#pragma unroll
+    for (int e = 0; e < 8; e += 2)
+      u[e / 2] = in_scratch(e) ? *reinterpret_cast<const uint32_t*>(source + row_of(e) * kC + column_of(e)) : 0u;
+  };
+  uint32_t u_next[4];
+  load_u(u_next, 0);
+
+  for (int chunk = 0; chunk < chunks; ++chunk) {
+    const size_t block = size_t(chunk) * s.heads + h;
+    const float decay = x.decay[block];
+    uint32_t u[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) u[i] = u_next[i];
+    if (chunk + 1 < chunks) load_u(u_next, chunk + 1);
+    bf16* s0 = s0_bf16(x, s, block) + size_t(j0 + c0) * kdp;  // S₀ᵀ, for the outputs
+#pragma unroll
+    for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+      for (int e = 0; e < 8; e += 2)
+        if (owns[tile] && in_scratch(e))
+          *reinterpret_cast<uint32_t*>(s0 + row_of(e) * kdp + key_of(tile, e)) =
+              pack_bf16(owned[tile].x[e], owned[tile].x[e + 1]);
+    wait_copies();
+    __syncthreads();
+    if (chunk + 1 < chunks) stage_chunk(chunk + 1);
+    const bf16* w = stage_w(chunk);
+    const bf16* keys = stage_keys(stage_w(chunk));
+    const float* key_decay = stage_decays(stage_w(chunk));
+
+    {  // Δᵀ = Uᵀ − Sᵀ Wᵀ (two chains: even and odd k-steps)
+      Accumulator product, odd;
+      zero(product, odd);
+      const bf16 *a = state + c0 * ldw, *b = w + d0 * ldw;
+#pragma unroll 4
+      for (int k = 0; k < key_tiles; ++k) {
+        uint32_t a_frag[4], b_frag[2][2];
+        load_a_bf16(a_frag, a + k * kTile, ldw);
+        load_b_bf16(b_frag, b + k * kTile, ldw);
+        mma_bf16_tile(k % 2 ? odd : product, a_frag, b_frag);
+      }
+      bf16* target = delta_at(chunk);  // Δᵀ replaces Uᵀ
+#pragma unroll
+      for (int e = 0; e < 8; e += 2) {
+        const float first = low_bf16(u[e / 2]) - (product.x[e] + odd.x[e]);
+        const float second = high_bf16(u[e / 2]) - (product.x[e + 1] + odd.x[e + 1]);
+        if (in_scratch(e))
+          *reinterpret_cast<uint32_t*>(target + row_of(e) * kC + column_of(e)) = pack_bf16(first, second);
+        const int token = d0 + column_of(e);
+        *reinterpret_cast<uint32_t*>(delta + (c0 + row_of(e)) * ldt + token) =
+            pack_bf16(first * key_decay[token], second * key_decay[token + 1]);
+      }
+    }
+    __syncthreads();
+    if (tid == 0 && chunk > 0) publish_progress(progress, unsigned(chunk));
+
+      // Sᵀ ← e^{γ_C} Sᵀ + (Δᵀ diag(e^{γ_C−γ})) K on the owned tiles, the Δᵀ fragment shared by both.
+#pragma unroll
+    for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) owned[tile].x[e] *= decay;
+    if (owns[0]) {
+      const bf16* keys_first = keys + first_key_tile * kTile * ldt;
+#pragma unroll
+      for (int k = 0; k < kC / kTile; ++k) {
+        uint32_t a_frag[4], b_frag[2][2];
+        load_a_bf16(a_frag, delta + c0 * ldt + k * kTile, ldt);
+        load_b_bf16(b_frag, keys_first + k * kTile, ldt);
+        mma_bf16_tile(owned[0], a_frag, b_frag);
+        if (owns[1]) {
+          load_b_bf16(b_frag, keys_first + 4 * kTile * ldt + k * kTile, ldt);
+          mma_bf16_tile(owned[1], a_frag, b_frag);
+        }
+      }
+    }
+    store_owned();
+  }
+  __syncthreads();
+  if (tid == 0) publish_progress(progress, unsigned(chunks));
+#pragma unroll
+  for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int key = key_of(tile, e);
+      if (owns[tile] && key < s.dk && in_slice(e)) head_state[key * dv + c0 + row_of(e)] = owned[tile].x[e];
+    }
+}
+
+// The bf16 mode's outputs: block (head, chunk, slice of 128 value columns), 256 threads, O = diag(e^γ) Q S₀ + P Δ with
+// every operand bf16 from the scratch, staged whole by cp.async (Q [C][kdp + 8], S₀ᵀ's slice [128][kdp + 8], P
+// [C][C + 8], Δᵀ's slice [128][C + 8]: 78.5 KB at the release, two blocks an SM beside a scan block). Warp w computes
+// column tile w of all four row tiles (the B fragment shared). Where the slice holds all of dv (dv ≤ 128) the gated
+// norm follows in the block (O through shared memory, z read from global memory); otherwise O goes to out and
+// gdn_gated_norm_kernel runs after.
+constexpr int kOutputBf16Columns = 128;
+constexpr int kOutputStride = kOutputBf16Columns + 4;  // O [C][132] fp32
+
+// The bytes of Q and S₀ᵀ's slice, or of O where that is larger (O takes their place).
+__host__ __device__ inline size_t output_bf16_operand_bytes(const GdnShape& s) {
+  const size_t operands = (kC + kOutputBf16Columns) * size_t(bf16_stride_of(s.dk)) * sizeof(bf16);
+  const size_t o = size_t(kC) * kOutputStride * sizeof(float);
+  return operands > o ? operands : o;
+}
+
+size_t output_bf16_shared_bytes(const GdnShape& s) {
+  return output_bf16_operand_bytes(s) + (kC + kOutputBf16Columns) * size_t(bf16_stride_of(kC)) * sizeof(bf16) +
+         kC * sizeof(float);
+}
+
+template <bool kRelease>
+__global__ void __launch_bounds__(kThreads, 2)
+    gdn_chunk_output_bf16_kernel(GdnShape shape, GdnInputs in, ChunkScratch x, float* out) {
+  const GdnShape s = fixed<kRelease>(shape);
+  allow_dependents();
+  extern __shared__ __align__(128) float4 shared4[];
+  const int kdp = padded(s.dk), vdp = padded(s.dv), ldk = bf16_stride_of(s.dk), ldt = bf16_stride_of(kC);
+  const size_t operand_bytes = output_bf16_operand_bytes(s);
+  bf16* queries = reinterpret_cast<bf16*>(shared4);  // [C][ldk]
+  bf16* s0 = queries + kC * ldk;                     // S₀ᵀ [128][ldk]
+  float* o = reinterpret_cast<float*>(shared4);      // [C][132], once the products are done
+  bf16* p = reinterpret_cast<bf16*>(reinterpret_cast<char*>(shared4) + operand_bytes);  // [C][ldt]
+  bf16* delta = p + kC * ldt;                                                           // Δᵀ [128][ldt]
+  float* factors = reinterpret_cast<float*>(delta + kOutputBf16Columns * ldt);          // e^{γ_t} [C]
+  const int h = blockIdx.x, chunk = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int j0 = blockIdx.z * kOutputBf16Columns, slice_rows = min(kOutputBf16Columns, vdp - j0);
+  const int t0 = chunk * kC, n = min(kC, in.rows - t0), key_head = h / (s.heads / s.key_heads);
+  const size_t block = size_t(chunk) * s.heads + h, row_stride = size_t(s.heads) * s.dv;
+  // Prepare's (complete before the scan began), then the scan's.
+  stage_bf16_rows(queries, ldk, queries_bf16(x, s, chunk, key_head), kC, kdp);
+  stage_bf16_rows(p, ldt, p_bf16(x, block), kC, kC);
+  if (tid < kC / 4) __pipeline_memcpy_async(factors + 4 * tid, x.q_factor + block * kC + 4 * tid, 4 * sizeof(float));
+  wait_for_scan(x, h, chunk);
+  stage_bf16_rows(s0, ldk, s0_bf16(x, s, block) + size_t(j0) * kdp, slice_rows, kdp);
+  stage_bf16_rows(delta, ldt, delta_bf16(x, s, block) + size_t(j0) * kC, slice_rows, kC);
+  wait_copies();
+  __syncthreads();
+
+  const bool computes = warp * kTile < slice_rows;
+  const int c0 = warp * kTile;
+  Accumulator acc[kC / kTile];
+#pragma unroll
+  for (int r = 0; r < kC / kTile; ++r) fill(acc[r], 0.0f);
+  if (computes) {
+#pragma unroll 2
+    for (int k = 0; k < kdp / kTile; ++k) {
+      uint32_t b_frag[2][2];
+      load_b_bf16(b_frag, s0 + c0 * ldk + k * kTile, ldk);
+#pragma unroll
+      for (int r = 0; r < kC / kTile; ++r) {
+        uint32_t a_frag[4];
+        load_a_bf16(a_frag, queries + r * kTile * ldk + k * kTile, ldk);
+        mma_bf16_tile(acc[r], a_frag, b_frag);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kC / kTile; ++r) scale_rows(acc[r], factors + r * kTile);
+#pragma unroll
+    for (int k = 0; k < kC / kTile; ++k) {
+      uint32_t b_frag[2][2];
+      load_b_bf16(b_frag, delta + c0 * ldt + k * kTile, ldt);
+#pragma unroll
+      for (int r = 0; r < kC / kTile; ++r) {
+        uint32_t a_frag[4];
+        load_a_bf16(a_frag, p + r * kTile * ldt + k * kTile, ldt);
+        mma_bf16_tile(acc[r], a_frag, b_frag);
+      }
+    }
+  }
+  __syncthreads();  // every warp is done with Q and S₀ᵀ
+  if (computes)
+#pragma unroll
+    for (int r = 0; r < kC / kTile; ++r) store_tile(o + r * kTile * kOutputStride + c0, acc[r], kOutputStride);
+  __syncthreads();
+
+  const int columns = min(kOutputBf16Columns, s.dv - j0);
+  if (gridDim.z > 1) {  // O alone; the norm runs after
+    for (int e = tid; e < n * columns; e += kThreads) {
+      const int t = e / columns, c = e % columns;
+      out[size_t(t0 + t) * row_stride + size_t(h) * s.dv + j0 + c] = o[t * kOutputStride + c];
+    }
+    return;
+  }
+  for (int t = warp; t < n; t += kWarps) {
+    const float* row = o + t * kOutputStride;
+    float sum = 0.0f;
+    for (int j = lane; j < s.dv; j += 32) sum += row[j] * row[j];
+    const float scale = 1.0f / sqrtf(warp_sum(sum) / float(s.dv) + in.eps);
+    const size_t at = size_t(t0 + t) * row_stride + size_t(h) * s.dv;
+    for (int j = lane; j < s.dv; j += 32)
+      out[at + j] = in.norm[j] * (row[j] * scale) * output_gate(in.z[at + j], in.sigmoid_gate);
+  }
+}
+
 // o = w ⊙ rmsnorm(o) ⊙ gate(z) per head of dv values, in place; one warp per (row, head), kWarps a block.
 __global__ void __launch_bounds__(kThreads) gdn_gated_norm_kernel(float* core, const float* z, const float* weight,
                                                                   int groups, int dv, float eps, bool sigmoid_gate) {
@@ -1112,7 +1604,15 @@ size_t gdn_chunk_scratch_floats(const GdnShape& s, int rows) {
 }
 
 GdnProducts gdn_prefill_products() {
-  return gemm_precision() == GemmPrecision::Fp32 ? GdnProducts::Tf32x3 : GdnProducts::Tf32;
+  switch (gemm_precision()) {
+    case GemmPrecision::Fp32:
+      return GdnProducts::Tf32x3;
+    case GemmPrecision::Tf32:
+      return GdnProducts::Tf32;
+    case GemmPrecision::Bf16:
+      return GdnProducts::Bf16;
+  }
+  return GdnProducts::Tf32x3;
 }
 
 namespace {
@@ -1168,13 +1668,44 @@ void launch_prefill(const GdnShape& s, const GdnInputs& in, const ChunkScratch& 
                                                                              in.sigmoid_gate);
 }
 
+// The bf16 mode's launches: prepare (its bf16 instantiation), the bf16 scan, its outputs as a dependent launch in
+// slices of 128 value columns (the gated norm fused where one slice holds dv, else a separate norm launch).
+void launch_prefill_bf16(const GdnShape& s, const GdnInputs& in, const ChunkScratch& x, float* recurrent, float* out,
+                         cudaStream_t stream, GdnPrepareBlocks blocks) {
+  const unsigned chunks = unsigned((in.rows + kC - 1) / kC), heads = unsigned(s.heads);
+  const bool release = is_release(s);
+  const auto prepare =
+      release ? gdn_chunk_prepare_kernel<true, false, true> : gdn_chunk_prepare_kernel<false, false, true>;
+  cudaFuncSetAttribute(prepare, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       int(prepare_shared_bytes(s, value_heads_per_key_head(s))));
+  const int group =
+      prepare_group(s, int(chunks), blocks, reinterpret_cast<const void*>(prepare), prepare_shared_bytes(s, 1));
+  prepare<<<dim3(heads / unsigned(group), chunks), kPrepareThreads, prepare_shared_bytes(s, group), stream>>>(s, in, x,
+                                                                                                              group);
+  const size_t scan_bytes = scan_bf16_shared_bytes(s);
+  const auto scan = release ? gdn_chunk_scan_bf16_kernel<true> : gdn_chunk_scan_bf16_kernel<false>;
+  cudaFuncSetAttribute(scan, cudaFuncAttributeMaxDynamicSharedMemorySize, int(scan_bytes));
+  scan<<<dim3(heads, unsigned(x.scan_slices)), kScanThreads, scan_bytes, stream>>>(s, in.rows, x, recurrent);
+  const unsigned slices = unsigned((padded(s.dv) + kOutputBf16Columns - 1) / kOutputBf16Columns);
+  const size_t bytes = output_bf16_shared_bytes(s);
+  const auto output = release ? gdn_chunk_output_bf16_kernel<true> : gdn_chunk_output_bf16_kernel<false>;
+  cudaFuncSetAttribute(output, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  launch_dependent(output, dim3(heads, chunks, slices), dim3(kThreads), bytes, stream, s, in, x, out);
+  if (slices == 1) return;
+  const int groups = in.rows * s.heads;
+  gdn_gated_norm_kernel<<<blocks_for(groups, kWarps), kThreads, 0, stream>>>(out, in.z, in.norm, groups, s.dv, in.eps,
+                                                                             in.sigmoid_gate);
+}
+
 }  // namespace
 
 void gdn_prefill(const GdnShape& s, const GdnInputs& in, float* recurrent, float* scratch, float* out,
                  cudaStream_t stream, GdnProducts products, GdnPrepareBlocks prepare_blocks) {
   if (in.rows <= 0) return;
   const ChunkScratch x = chunk_scratch(s, in.rows, scratch, nullptr);
-  if (products == GdnProducts::Tf32)
+  if (products == GdnProducts::Bf16)
+    launch_prefill_bf16(s, in, x, recurrent, out, stream, prepare_blocks);
+  else if (products == GdnProducts::Tf32)
     launch_prefill<true>(s, in, x, recurrent, out, stream, prepare_blocks);
   else
     launch_prefill<false>(s, in, x, recurrent, out, stream, prepare_blocks);
