@@ -1315,8 +1315,11 @@ __host__ __device__ inline size_t scan_bf16_stage_bytes(const GdnShape& s) {
          kC * sizeof(float);
 }
 
+// Stages in flight: chunk c + 2's operands load while chunk c computes.
+constexpr int kScanBf16Stages = 3;
+
 size_t scan_bf16_shared_bytes(const GdnShape& s) {
-  return 2 * scan_bf16_stage_bytes(s) +
+  return kScanBf16Stages * scan_bf16_stage_bytes(s) +
          size_t(kScanColumns) * (bf16_stride_of(kC) + bf16_stride_of(s.dk)) * sizeof(bf16);
 }
 
@@ -1331,22 +1334,23 @@ __device__ inline void stage_bf16_rows(bf16* tile, int ld, const bf16* source, i
 }
 
 template <bool kRelease>
-__global__ void __maxnreg__(80) gdn_chunk_scan_bf16_kernel(GdnShape shape, int rows, ChunkScratch x, float* recurrent) {
+__global__ void __launch_bounds__(kScanThreads, 1)
+    gdn_chunk_scan_bf16_kernel(GdnShape shape, int rows, ChunkScratch x, float* recurrent) {
   const GdnShape s = fixed<kRelease>(shape);
   allow_dependents();
   extern __shared__ __align__(128) float4 shared4[];
   const int kdp = padded(s.dk), vdp = padded(s.dv), ldw = bf16_stride_of(s.dk), ldt = bf16_stride_of(kC);
   const size_t stage_bytes = scan_bf16_stage_bytes(s);
-  char* stages = reinterpret_cast<char*>(shared4);  // 2 × {W [C][ldw], Kᵀ [kdp][ldt], e^{γ_C−γ} [C]}
-  bf16* delta = reinterpret_cast<bf16*>(stages + 2 * stage_bytes);  // Δᵀ diag(e^{γ_C−γ}) [64][ldt]
-  bf16* state = delta + kScanColumns * ldt;                         // Sᵀ [64][ldw]
+  char* stages = reinterpret_cast<char*>(shared4);  // kScanBf16Stages × {W [C][ldw], Kᵀ [kdp][ldt], e^{γ_C−γ} [C]}
+  bf16* delta = reinterpret_cast<bf16*>(stages + kScanBf16Stages * stage_bytes);  // Δᵀ diag(e^{γ_C−γ}) [64][ldt]
+  bf16* state = delta + kScanColumns * ldt;                                       // Sᵀ [64][ldw]
   const int h = blockIdx.x, key_head = h / (s.heads / s.key_heads), tid = threadIdx.x, warp = tid / 32;
   const int j0 = blockIdx.y * kScanColumns, columns = min(kScanColumns, s.dv - j0);
   const int chunks = (rows + kC - 1) / kC;
   const size_t dv = size_t(s.dv);
   float* head_state = recurrent + size_t(h) * s.dk * dv + j0;
   unsigned* progress = x.progress + h * x.scan_slices + blockIdx.y;
-  auto stage_w = [&](int chunk) { return reinterpret_cast<bf16*>(stages + (chunk % 2) * stage_bytes); };
+  auto stage_w = [&](int chunk) { return reinterpret_cast<bf16*>(stages + (chunk % kScanBf16Stages) * stage_bytes); };
   auto stage_keys = [&](bf16* w) { return w + kC * ldw; };
   auto stage_decays = [&](bf16* w) { return reinterpret_cast<float*>(stage_keys(w) + kdp * ldt); };
   auto stage_chunk = [&](int chunk) {
@@ -1357,7 +1361,12 @@ __global__ void __maxnreg__(80) gdn_chunk_scan_bf16_kernel(GdnShape shape, int r
     if (tid < kC / 4)
       __pipeline_memcpy_async(stage_decays(w) + 4 * tid, x.key_decay + block * kC + 4 * tid, 4 * sizeof(float));
   };
-  stage_chunk(0);
+  // One cp.async group a chunk (empty past the last), so that waiting for all but the newest kScanBf16Stages − 2
+  // groups waits for exactly the current chunk's stage.
+  for (int chunk = 0; chunk < kScanBf16Stages - 1; ++chunk) {
+    if (chunk < chunks) stage_chunk(chunk);
+    __pipeline_commit();
+  }
 
   const int c0 = warp % 4 * kTile, d0 = warp / 4 * kTile, first_key_tile = warp / 4;
   const int key_tiles = kdp / kTile;  // ≤ 8: a warp owns at most two
@@ -1403,17 +1412,20 @@ __global__ void __maxnreg__(80) gdn_chunk_scan_bf16_kernel(GdnShape shape, int r
 #pragma unroll
     for (int i = 0; i < 4; ++i) u[i] = u_next[i];
     if (chunk + 1 < chunks) load_u(u_next, chunk + 1);
-    bf16* s0 = s0_bf16(x, s, block) + size_t(j0 + c0) * kdp;  // S₀ᵀ, for the outputs
-#pragma unroll
-    for (int tile = 0; tile < 2; ++tile)
-#pragma unroll
-      for (int e = 0; e < 8; e += 2)
-        if (owns[tile] && in_scratch(e))
-          *reinterpret_cast<uint32_t*>(s0 + row_of(e) * kdp + key_of(tile, e)) =
-              pack_bf16(owned[tile].x[e], owned[tile].x[e + 1]);
-    wait_copies();
-    __syncthreads();
-    if (chunk + 1 < chunks) stage_chunk(chunk + 1);
+    __pipeline_wait_prior(kScanBf16Stages - 2);  // this chunk's stage
+    __syncthreads();  // ... for every thread, and Sᵀ; the previous chunk is done with its stage and Δᵀ
+    if (chunk + kScanBf16Stages - 1 < chunks) stage_chunk(chunk + kScanBf16Stages - 1);
+    __pipeline_commit();
+    // S₀ᵀ (Sᵀ as the products read it, bf16) to the scratch for the outputs, 16 bytes a copy from shared memory:
+    // the slice's rows that the scratch holds.
+    {
+      const int vectors = kdp / 8, scratch_rows = min(kScanColumns, vdp - j0);
+      bf16* s0 = s0_bf16(x, s, block) + size_t(j0) * kdp;
+      for (int e = tid; e < scratch_rows * vectors; e += kScanThreads) {
+        const int r = e / vectors, c = e % vectors * 8;
+        *reinterpret_cast<uint4*>(s0 + r * kdp + c) = *reinterpret_cast<const uint4*>(state + r * ldw + c);
+      }
+    }
     const bf16* w = stage_w(chunk);
     const bf16* keys = stage_keys(stage_w(chunk));
     const float* key_decay = stage_decays(stage_w(chunk));
@@ -1478,9 +1490,9 @@ __global__ void __maxnreg__(80) gdn_chunk_scan_bf16_kernel(GdnShape shape, int r
 
 // The bf16 mode's outputs: block (head, chunk, slice of 128 value columns), 256 threads, O = diag(e^γ) Q S₀ + P Δ with
 // every operand bf16 from the scratch, staged whole by cp.async (Q [C][kdp + 8], S₀ᵀ's slice [128][kdp + 8], P
-// [C][C + 8], Δᵀ's slice [128][C + 8]: 78.5 KB at the release, two blocks an SM beside a scan block). Warp w computes
-// column tile w of all four row tiles (the B fragment shared). Where the slice holds all of dv (dv ≤ 128) the gated
-// norm follows in the block (O through shared memory, z read from global memory); otherwise O goes to out and
+// [C][C + 8], Δᵀ's slice [128][C + 8]) and, where the slice holds all of dv (dv ≤ 128), the gate inputs z [C][132]
+// (111 KB at the release: two blocks an SM). Warp w computes column tile w of all four row tiles (the B fragment
+// shared). With one slice the gated norm follows in the block (O through shared memory); otherwise O goes to out and
 // gdn_gated_norm_kernel runs after.
 constexpr int kOutputBf16Columns = 128;
 constexpr int kOutputStride = kOutputBf16Columns + 4;  // O [C][132] fp32
@@ -1494,7 +1506,7 @@ __host__ __device__ inline size_t output_bf16_operand_bytes(const GdnShape& s) {
 
 size_t output_bf16_shared_bytes(const GdnShape& s) {
   return output_bf16_operand_bytes(s) + (kC + kOutputBf16Columns) * size_t(bf16_stride_of(kC)) * sizeof(bf16) +
-         kC * sizeof(float);
+         kC * sizeof(float) + size_t(kC) * kOutputStride * sizeof(float);  // ... P, Δᵀ, the factors, z
 }
 
 template <bool kRelease>
@@ -1511,6 +1523,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   bf16* p = reinterpret_cast<bf16*>(reinterpret_cast<char*>(shared4) + operand_bytes);  // [C][ldt]
   bf16* delta = p + kC * ldt;                                                           // Δᵀ [128][ldt]
   float* factors = reinterpret_cast<float*>(delta + kOutputBf16Columns * ldt);          // e^{γ_t} [C]
+  float* gate = factors + kC;                                                           // z [C][132] (one slice)
   const int h = blockIdx.x, chunk = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int j0 = blockIdx.z * kOutputBf16Columns, slice_rows = min(kOutputBf16Columns, vdp - j0);
   const int t0 = chunk * kC, n = min(kC, in.rows - t0), key_head = h / (s.heads / s.key_heads);
@@ -1519,6 +1532,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   stage_bf16_rows(queries, ldk, queries_bf16(x, s, chunk, key_head), kC, kdp);
   stage_bf16_rows(p, ldt, p_bf16(x, block), kC, kC);
   if (tid < kC / 4) __pipeline_memcpy_async(factors + 4 * tid, x.q_factor + block * kC + 4 * tid, 4 * sizeof(float));
+  if (gridDim.z == 1)  // the norm's gate inputs (read from global memory in the norm, each row waited a latency)
+    stage_tile(gate, kOutputStride, kC, vdp, in.z + size_t(t0) * row_stride + size_t(h) * s.dv, row_stride, n, s.dv);
   wait_for_scan(x, h, chunk);
   stage_bf16_rows(s0, ldk, s0_bf16(x, s, block) + size_t(j0) * kdp, slice_rows, kdp);
   stage_bf16_rows(delta, ldt, delta_bf16(x, s, block) + size_t(j0) * kC, slice_rows, kC);
@@ -1577,7 +1592,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     const float scale = 1.0f / sqrtf(warp_sum(sum) / float(s.dv) + in.eps);
     const size_t at = size_t(t0 + t) * row_stride + size_t(h) * s.dv;
     for (int j = lane; j < s.dv; j += 32)
-      out[at + j] = in.norm[j] * (row[j] * scale) * output_gate(in.z[at + j], in.sigmoid_gate);
+      out[at + j] = in.norm[j] * (row[j] * scale) * output_gate(gate[t * kOutputStride + j], in.sigmoid_gate);
   }
 }
 
