@@ -39,7 +39,7 @@ constexpr int kC = kGdnChunk;  // tokens per chunk
 // one-pass mode (GdnProducts::Tf32, the kernels' kOnePass) each operand is rounded to tf32 once instead and each
 // product is one mma (a third of the tensor work, no split instructions); the error bound that gives is derived in
 // tests/gpu/test_cuda_gdn.cpp.
-// The bf16 mode (GdnProducts::Bf16, the kernels' kBf16 and the *_bf16 kernels below) rounds each operand to bf16
+// The bf16 mode (GdnProducts::Bf16, the *_bf16 kernels below) rounds each operand to bf16
 // once (unit roundoff 2⁻⁹) for mma.sync m16n8k16 bf16 with fp32 accumulators, and keeps every value that is only a
 // product operand (W, U and Δ, the keys and queries, P, S₀) as bf16 in the scratch; the state across chunks stays in
 // fp32 registers, the gates, decays, norms and exponentials in fp32 (its error bound: tests/gpu/test_cuda_gdn.cpp).
@@ -362,9 +362,8 @@ __device__ inline void mma_tile_pair_kpaired(Accumulator& first, Accumulator& se
 // A k-step is 16 wide. Lane (g, t) holds A rows g, g + 8 at k = 2t, 2t + 1 and 2t + 8, 2t + 9 (four 32-bit registers of
 // two bf16 each), B rows k = 2t, 2t + 1 and 2t + 8, 2t + 9 at column g, C as in the tf32 mma (Accumulator). Where an
 // operand lies in shared memory as bf16 with k contiguous (every operand of the scan and the outputs), a 16 × 16 tile
-// is one ldmatrix.x4; rows of such tiles are 16 mod 32 words apart (padded(width) + 8 elements), so the eight rows of
-// each 8 × 8 matrix fall on distinct banks. Prepare keeps its fp32 tiles and rounds at the load (cvt.rn.bf16x2: one
-// instruction a pair).
+// is one ldmatrix.x4 (k-major ones: the transposing ldmatrix); rows of such tiles are 16 mod 32 words apart
+// (padded(width) + 8 elements), so the eight rows of each 8 × 8 matrix fall on distinct banks.
 using bf16 = __nv_bfloat16;
 __host__ __device__ inline int bf16_stride_of(int width) { return padded(width) + 8; }
 
@@ -415,75 +414,6 @@ __device__ inline void load_b_bf16(uint32_t (&f)[2][2], const bf16* b, int ld) {
   f[0][1] = r[1];
   f[1][0] = r[2];
   f[1][1] = r[3];
-}
-
-// Prepare's operands from its fp32 tiles, rounded to bf16 at the load: the A operand (16 × 16 at a, element (m, k) as
-// Layout says) and the B operand (16 × 16 at b, element (k, n) as Layout says; f[h] for columns 8h …). Where k is
-// contiguous a pair is one 8-byte load.
-template <typename Layout>
-__device__ inline void load_a_rounding_bf16(uint32_t (&f)[4], const float* a, int ld) {
-  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const int m = g + 8 * (e % 2), k = 2 * t + 8 * (e / 2);
-    if constexpr (std::is_same_v<Layout, RowMajor>) {
-      const float2 pair = *reinterpret_cast<const float2*>(a + m * ld + k);
-      f[e] = pack_bf16(pair.x, pair.y);
-    } else {
-      f[e] = pack_bf16(a[k * ld + m], a[(k + 1) * ld + m]);
-    }
-  }
-}
-template <typename Layout>
-__device__ inline void load_b_rounding_bf16(uint32_t (&f)[2][2], const float* b, int ld) {
-  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int k = 2 * t + 8 * e, n = 8 * h + g;
-      if constexpr (std::is_same_v<Layout, RowMajor>) {
-        f[h][e] = pack_bf16(b[k * ld + n], b[(k + 1) * ld + n]);
-      } else {
-        const float2 pair = *reinterpret_cast<const float2*>(b + n * ld + k);
-        f[h][e] = pack_bf16(pair.x, pair.y);
-      }
-    }
-}
-
-// acc += A B (as mma_tile) over k = 16·steps with both operands rounded to bf16 at the load; the even and odd k-steps
-// form two chains.
-template <typename LayoutA, typename LayoutB>
-__device__ inline void mma_tile_rounding_bf16(Accumulator& acc, const float* a, int lda, const float* b, int ldb,
-                                              int steps) {
-  constexpr bool a_rows = std::is_same_v<LayoutA, RowMajor>, b_rows = std::is_same_v<LayoutB, RowMajor>;
-  auto step = [&](Accumulator& target, int k) {
-    uint32_t a_frag[4], b_frag[2][2];
-    load_a_rounding_bf16<LayoutA>(a_frag, a + (a_rows ? k * kTile : k * kTile * lda), lda);
-    load_b_rounding_bf16<LayoutB>(b_frag, b + (b_rows ? k * kTile * ldb : k * kTile), ldb);
-    mma_bf16_tile(target, a_frag, b_frag);
-  };
-  Accumulator odd;
-  zero(odd);
-  int k = 0;
-#pragma unroll 2
-  for (; k + 1 < steps; k += 2) {
-    step(acc, k);
-    step(odd, k + 1);
-  }
-  if (k < steps) step(acc, k);
-#pragma unroll
-  for (int e = 0; e < 8; ++e) acc.x[e] += odd.x[e];
-}
-
-// One of prepare's products in its mode: mma_tile's (kOnePass, kStoredA, kStoredB as there) over k = 8·steps, or with
-// bf16 operands (kBf16).
-template <bool kOnePass, bool kBf16, typename LayoutA, typename LayoutB, bool kStoredA = false, bool kStoredB = false>
-__device__ inline void prepare_product(Accumulator& acc, const float* a, int lda, const float* b, int ldb, int steps) {
-  if constexpr (kBf16)
-    mma_tile_rounding_bf16<LayoutA, LayoutB>(acc, a, lda, b, ldb, steps / 2);
-  else
-    mma_tile<kOnePass, LayoutA, LayoutB, kStoredA, kStoredB>(acc, a, lda, b, ldb, steps);
 }
 
 // tile[t][c] (row stride ld) for t < tile_rows, c < tile_width (a multiple of 4): source[t·source_stride + c]
@@ -642,8 +572,7 @@ __device__ inline void write_rows(float* target, const float* tile, int ld, int 
 // each): four float4 loads, a transpose in registers and four float4 stores. A quarter warp's loads (token quads 2m,
 // 2m + 1 and four key quads: rows 16 mod 32 banks apart) cover the 32 banks once; a warp's stores are 16 rows of 32
 // bytes.
-template <typename Out>
-__device__ inline void transpose_keys(Out* keys_out, const float* keys, int ld) {
+__device__ inline void transpose_keys(float* keys_out, const float* keys, int ld) {
   static_assert(kPrepareThreads == kC / 4 * (kReleaseDim / 4));
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int token = 4 * (warp % 8 * 2 + lane % 2), key = 4 * (warp / 8 * 16 + lane / 2);
@@ -658,30 +587,8 @@ __device__ inline void transpose_keys(Out* keys_out, const float* keys, int ld) 
   }
 #pragma unroll
   for (int c = 0; c < 4; ++c)
-    if constexpr (std::is_same_v<Out, bf16>)  // four bf16 in 8 bytes
-      *reinterpret_cast<uint2*>(keys_out + (key + c) * kC + token) =
-          make_uint2(pack_bf16(rows[0][c], rows[1][c]), pack_bf16(rows[2][c], rows[3][c]));
-    else
-      *reinterpret_cast<float4*>(keys_out + (key + c) * kC + token) =
-          make_float4(rows[0][c], rows[1][c], rows[2][c], rows[3][c]);
-}
-
-// The bf16 mode's write-outs of prepare (the block's threads; width a multiple of 16, ld of 4, tile rows 16-byte
-// aligned): target[t·width + e] = tile[t·ld + e] rounded to bf16 for t < C, e < width (four a thread: one 16-byte
-// load, one 8-byte store) ...
-__device__ inline void write_rows_bf16(bf16* target, const float* tile, int ld, int width) {
-  for (unsigned e = 4 * threadIdx.x; e < unsigned(kC * width); e += 4 * blockDim.x) {
-    const float4 x = *reinterpret_cast<const float4*>(tile + e / width * ld + e % width);
-    *reinterpret_cast<uint2*>(target + e) = make_uint2(pack_bf16(x.x, x.y), pack_bf16(x.z, x.w));
-  }
-}
-// ... and transposed, target[e·C + t] = tile[t·ld + e] (two tokens a thread: a warp writes a 128-byte row).
-__device__ inline void write_columns_bf16(bf16* target, const float* tile, int ld, int width) {
-  for (unsigned e = threadIdx.x; e < unsigned(kC / 2 * width); e += blockDim.x) {
-    const int column = int(e) / (kC / 2), t = 2 * (int(e) % (kC / 2));
-    *reinterpret_cast<uint32_t*>(target + column * kC + t) =
-        pack_bf16(tile[t * ld + column], tile[(t + 1) * ld + column]);
-  }
+    *reinterpret_cast<float4*>(keys_out + (key + c) * kC + token) =
+        make_float4(rows[0][c], rows[1][c], rows[2][c], rows[3][c]);
 }
 
 // The bf16 mode's views of the scratch regions (chunk_scratch): block = chunk · heads + value head.
@@ -710,12 +617,9 @@ __device__ inline bf16* s0_bf16(const ChunkScratch& x, const GdnShape& s, size_t
 // (from K Kᵀ), V and the keys restaged, I + A's diagonal blocks inverted, the blocked solve for W and U, both to the
 // scratch. Every value is computed by the same operations in the same order as in the earlier kernel per value head
 // (the restaged keys are normalised by the same factor before they are scaled), so the results are unchanged.
-// kBf16 (kOnePass false): the products take bf16 operands (rounded at the load) and W, U, the keys, the queries and
-// P go to the scratch as bf16 (chunk_scratch's bf16 layouts), the queries' row factors as e^{γ_t} alone.
-template <bool kRelease, bool kOnePass, bool kBf16 = false>
+template <bool kRelease, bool kOnePass>
 __global__ void __launch_bounds__(kPrepareThreads, 2)
     gdn_chunk_prepare_kernel(GdnShape shape, GdnInputs in, ChunkScratch x, int group) {
-  static_assert(!(kOnePass && kBf16));
   const GdnShape s = fixed<kRelease>(shape);
   allow_dependents();
   extern __shared__ __align__(128) float4 shared4[];
@@ -787,26 +691,15 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
     const int r0 = row * kTile, c0 = (lower - row * (row + 1) / 2) * kTile;
     Accumulator acc;
     fill(acc, 0.0f);
-    prepare_product<kOnePass, kBf16, RowMajor, ColMajor, true, true>(acc, (q_rows_tile ? queries : keys) + r0 * ldk,
-                                                                     ldk, keys + c0 * ldk, ldk, kdp / kStep);
+    mma_tile<kOnePass, RowMajor, ColMajor, true, true>(acc, (q_rows_tile ? queries : keys) + r0 * ldk, ldk,
+                                                       keys + c0 * ldk, ldk, kdp / kStep);
     store_tile((q_rows_tile ? qk : kk) + r0 * kChunkStride + c0, acc, kChunkStride);
   }
   __syncthreads();
 
   // The normalised keys transposed, [dk][C] (the scan reads them k-contiguous), once a key head, as the scan's
   // products take them (in one-pass mode the keys tile holds them rounded already).
-  if (kBf16 && first_head % value_heads_per_key_head(s) == 0) {  // bf16: Kᵀ [kdp][C] and Q [C][kdp], zero-padded
-    bf16* keys_out = keys_bf16(x, s, chunk, key_head);
-    if constexpr (kRelease)
-      transpose_keys(keys_out, keys, ldk);
-    else
-      for (int e = tid; e < kdp * kC / 2; e += kPrepareThreads) {
-        const int i = e / (kC / 2), token = 2 * (e % (kC / 2));
-        *reinterpret_cast<uint32_t*>(keys_out + i * kC + token) =
-            pack_bf16(keys[token * ldk + i], keys[(token + 1) * ldk + i]);
-      }
-    write_rows_bf16(queries_bf16(x, s, chunk, key_head), queries, ldk, kdp);
-  } else if (first_head % value_heads_per_key_head(s) == 0) {
+  if (first_head % value_heads_per_key_head(s) == 0) {
     float* keys_out = x.keys + (size_t(chunk) * s.key_heads + key_head) * kC * s.dk;
     if constexpr (kRelease)
       transpose_keys(keys_out, keys, ldk);
@@ -823,25 +716,15 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
   for (int head = 0; head < group; ++head) {
     const float* gamma = gammas + head * kC;
     const size_t block = size_t(chunk) * s.heads + first_head + head;
-    if constexpr (kBf16) {  // two columns a thread, one 4-byte store
-      bf16* p = p_bf16(x, block);
-      for (unsigned e = 2 * tid; e < kC * kC; e += 2 * kPrepareThreads) {
-        const int t = e / kC, u = e % kC;
-        const float first = u <= t ? expf(gamma[t] - gamma[u]) * qk[t * kChunkStride + u] : 0.0f;
-        const float second = u + 1 <= t ? expf(gamma[t] - gamma[u + 1]) * qk[t * kChunkStride + u + 1] : 0.0f;
-        *reinterpret_cast<uint32_t*>(p + e) = pack_bf16(first, second);
-      }
-    } else {
-      float* p = x.p + block * kC * kC;
-      for (unsigned e = tid; e < kC * kC; e += kPrepareThreads) {
-        const int t = e / kC, u = e % kC;
-        const float decay = u <= t ? expf(gamma[t] - gamma[u]) : 0.0f;
-        p[e] = u <= t ? stored_operand<kOnePass>(decay * qk[t * kChunkStride + u]) : 0.0f;
-      }
+    float* p = x.p + block * kC * kC;
+    for (unsigned e = tid; e < kC * kC; e += kPrepareThreads) {
+      const int t = e / kC, u = e % kC;
+      const float decay = u <= t ? expf(gamma[t] - gamma[u]) : 0.0f;
+      p[e] = u <= t ? stored_operand<kOnePass>(decay * qk[t * kChunkStride + u]) : 0.0f;
     }
     const float gamma_end = gamma[kC - 1];
-    if (tid < kC) {  // (bf16: the stored queries are normalised already)
-      x.q_factor[block * kC + tid] = tid < n ? (kBf16 ? 1.0f : q_factor[tid]) * expf(gamma[tid]) : 0.0f;
+    if (tid < kC) {
+      x.q_factor[block * kC + tid] = tid < n ? q_factor[tid] * expf(gamma[tid]) : 0.0f;
       x.key_decay[block * kC + tid] = expf(gamma_end - gamma[tid]);
     }
     if (tid == 0) x.decay[block] = expf(gamma_end);
@@ -895,8 +778,8 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
         if (r0 > 0) {
           Accumulator solved, rest;
           fill(solved, 0.0f);
-          prepare_product<kOnePass, kBf16, RowMajor, RowMajor, true>(solved, a + r0 * kChunkStride, kChunkStride, rhs,
-                                                                     ld, r0 / kStep);
+          mma_tile<kOnePass, RowMajor, RowMajor, true>(solved, a + r0 * kChunkStride, kChunkStride, rhs, ld,
+                                                       r0 / kStep);
           load_tile(rest, rhs + r0 * ld, ld);
 #pragma unroll
           for (int e = 0; e < 8; ++e) rest.x[e] -= solved.x[e];
@@ -905,8 +788,8 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
         }
         Accumulator solution;
         fill(solution, 0.0f);
-        prepare_product<kOnePass, kBf16, RowMajor, RowMajor, true>(solution, a + r0 * kChunkStride + r0, kChunkStride,
-                                                                   rhs + r0 * ld, ld, kTile / kStep);
+        mma_tile<kOnePass, RowMajor, RowMajor, true>(solution, a + r0 * kChunkStride + r0, kChunkStride, rhs + r0 * ld,
+                                                     ld, kTile / kStep);
         __syncwarp();  // every lane has read the block before it is overwritten
         store_tile(rhs + r0 * ld, solution, ld);
         __syncwarp();
@@ -914,14 +797,376 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
     }
     __syncthreads();
 
-    if constexpr (kBf16) {
-      write_rows_bf16(w_bf16(x, s, block), keys, ldk, kdp);
-      write_columns_bf16(delta_bf16(x, s, block), values, ldv, vdp);
-    } else {
-      write_rows(x.w + block * kC * s.dk, keys, ldk, s.dk, [](float w) { return stored_operand<kOnePass>(w); });
-      write_rows(x.u + block * kC * s.dv, values, ldv, s.dv, [](float u) { return u; });
-    }
+    write_rows(x.w + block * kC * s.dk, keys, ldk, s.dk, [](float w) { return stored_operand<kOnePass>(w); });
+    write_rows(x.u + block * kC * s.dv, values, ldv, s.dv, [](float u) { return u; });
     if (head + 1 < group) __syncthreads();  // the next value head restages the keys and values and forms its A
+  }
+}
+
+// ---- The bf16 mode's prepare: bf16 tiles, (I + A)⁻¹ once, W and U as one product each ------------------------------
+//
+// The normalised q and k rows are staged as bf16 (converted once, while staging; halves the tiles), the products read
+// them with ldmatrix. Per value head, four warps build T = (I + A)⁻¹ in fp32: the diagonal blocks' inverses D_b by
+// forward substitution, then the off-diagonal blocks by the inverse of a block lower triangular matrix,
+//   [[L₁₁, 0], [L₂₁, L₂₂]]⁻¹ = [[L₁₁⁻¹, 0], [−L₂₂⁻¹ L₂₁ L₁₁⁻¹, L₂₂⁻¹]],
+// at 32 rows (T₁₀ = −D₁ A₁₀ D₀, T₃₂ = −D₃ A₃₂ D₂) and then at 64 (the lower left 32 × 32 block), with 3×TF32 products
+// (fp32 accurate), while the other warps stage V as bf16 and write P. Then W = T diag(β e^γ) K and U = T diag(β) V are
+// one bf16 product each over T's lower tiles (every entry of T is ≤ 1 in magnitude, docs/CUDA.md): the column scales
+// go onto T (64 × 64) instead of onto K and V (64 × 128 each), the keys are staged once for the key head's value heads,
+// and the 4-step blocked substitution with its barriers is gone. U is computed transposed, Uᵀ = Vᵀ (T diag(β))ᵀ,
+// so that both results leave the registers as bf16 pairs adjacent in the scratch's layout.
+constexpr int kFactorStride = kC + 8;                // bf16 [C][C + 8]: T diag(β e^γ), T diag(β)
+constexpr int kBlockStride = kTile + 8;              // fp32 [16][24]: the inverse's intermediate blocks
+constexpr int kInverseWarps = 4;                     // the warps that build (I + A)⁻¹
+constexpr int kInverseThreads = 32 * kInverseWarps;  // named barrier 1's count
+
+// Shared memory of the bf16 prepare for groups of `group` value heads: γ and β [G][C], the column scales β e^γ [C], K
+// Kᵀ and A, then T, [C][C + 4] each (fp32), four intermediate blocks [16][24] (fp32), the normalised keys [C][ldk] and
+// queries, later V, [C][max(ldk, ldv)] (bf16), the two scaled copies of T [C][C + 8] (bf16). (At the release 93.75 KB:
+// two blocks an SM.)
+size_t prepare_bf16_shared_bytes(const GdnShape& s, int group) {
+  const size_t ldk = size_t(bf16_stride_of(s.dk)), ldx = std::max(ldk, size_t(bf16_stride_of(s.dv)));
+  const size_t floats = 2 * size_t(group) * kC + kC + 2 * size_t(kC) * kChunkStride + 4 * kTile * kBlockStride;
+  return floats * sizeof(float) + (kC * ldk + kC * ldx + 2 * size_t(kC) * kFactorStride) * sizeof(bf16);
+}
+
+__device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
+  const unsigned address = unsigned(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+// The A operand of a 16 (m) × 16 (k) tile stored k-major at a (bf16, rows k with m contiguous, row stride ld), by the
+// transposing ldmatrix: lane i addresses row k = i % 8 + 8·(i / 16) at m 8·(i / 8 % 2).
+__device__ inline void load_a_bf16_trans(uint32_t (&f)[4], const bf16* a, int ld) {
+  const int lane = threadIdx.x % 32;
+  ldmatrix_x4_trans(f, a + (lane % 8 + 8 * (lane / 16)) * ld + 8 * (lane / 8 % 2));
+}
+
+// The B operand of a 16 (k) × 16 (n) tile stored k-major at b (bf16, rows k with n contiguous, row stride ld): lane i
+// addresses row k = i % 8 + 8·(i / 8 % 2) at n 8·(i / 16).
+__device__ inline void load_b_bf16_trans(uint32_t (&f)[2][2], const bf16* b, int ld) {
+  const int lane = threadIdx.x % 32;
+  uint32_t r[4];
+  ldmatrix_x4_trans(r, b + (lane % 8 + 8 * (lane / 8 % 2)) * ld + 8 * (lane / 16));
+  f[0][0] = r[0];
+  f[0][1] = r[1];
+  f[1][0] = r[2];
+  f[1][1] = r[3];
+}
+
+// acc += A Bᵀ over k = 16·steps, A's rows at a and B's rows (the n side) at b, both bf16 with k contiguous (row stride
+// ld); the even and odd k-steps form two chains.
+__device__ inline void mma_rows_bf16(Accumulator& acc, const bf16* a, const bf16* b, int ld, int steps) {
+  Accumulator odd;
+  zero(odd);
+#pragma unroll 2
+  for (int k = 0; k < steps; ++k) {
+    uint32_t a_frag[4], b_frag[2][2];
+    load_a_bf16(a_frag, a + kTile * k, ld);
+    load_b_bf16(b_frag, b + kTile * k, ld);
+    mma_bf16_tile(k % 2 ? odd : acc, a_frag, b_frag);
+  }
+#pragma unroll
+  for (int e = 0; e < 8; ++e) acc.x[e] += odd.x[e];
+}
+
+// Elements i … i + 3 of a row of `width` floats (zero past it, and all zero where row is null): one 16-byte load where
+// `vectors` says the rows are 16-byte aligned.
+__device__ inline float4 row_quad(const float* row, int i, int width, bool vectors) {
+  if (!row || i >= width) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (vectors && i + 4 <= width) return *reinterpret_cast<const float4*>(row + i);
+  return make_float4(row[i], i + 1 < width ? row[i + 1] : 0.0f, i + 2 < width ? row[i + 2] : 0.0f,
+                     i + 3 < width ? row[i + 3] : 0.0f);
+}
+__device__ inline float squares(float4 v) { return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w; }
+__device__ inline void store_quad_bf16(bf16* target, float4 v, float scale) {
+  *reinterpret_cast<uint2*>(target) =
+      make_uint2(pack_bf16(v.x * scale, v.y * scale), pack_bf16(v.z * scale, v.w * scale));
+}
+
+// Row t of the queries and of the keys (null past the input), l2-normalised (the queries also scaled by q_scale) as
+// bf16 into the tiles (kdp wide, zero past dk), by one warp. The same factors as the TF32 prepare's.
+template <bool kRelease>
+__device__ inline void stage_normalised_rows(bf16* queries, bf16* keys, const float* q, const float* k, int dk, int kdp,
+                                             float q_scale, bool vectors, int lane) {
+  if constexpr (kRelease) {  // dk = 128: one quad a lane, loaded once
+    const float4 qv = row_quad(q, 4 * lane, dk, vectors), kv = row_quad(k, 4 * lane, dk, vectors);
+    const float q_norm = 1.0f / sqrtf(warp_sum(squares(qv)) + 1e-6f) * q_scale;
+    const float k_norm = 1.0f / sqrtf(warp_sum(squares(kv)) + 1e-6f);
+    store_quad_bf16(queries + 4 * lane, qv, q_norm);
+    store_quad_bf16(keys + 4 * lane, kv, k_norm);
+    return;
+  }
+  float q_sum = 0.0f, k_sum = 0.0f;
+  for (int i = 4 * lane; i < kdp; i += 128) {
+    q_sum += squares(row_quad(q, i, dk, vectors));
+    k_sum += squares(row_quad(k, i, dk, vectors));
+  }
+  const float q_norm = 1.0f / sqrtf(warp_sum(q_sum) + 1e-6f) * q_scale;
+  const float k_norm = 1.0f / sqrtf(warp_sum(k_sum) + 1e-6f);
+  for (int i = 4 * lane; i < kdp; i += 128) {
+    store_quad_bf16(queries + i, row_quad(q, i, dk, vectors), q_norm);
+    store_quad_bf16(keys + i, row_quad(k, i, dk, vectors), k_norm);
+  }
+}
+
+// Lower tile l (0 … 9, row by row) of a 4 × 4 grid of 16 × 16 tiles: its first row and column.
+__device__ inline int lower_tile_row(int l) { return kTile * (l >= 6 ? 3 : l >= 3 ? 2 : l >= 1 ? 1 : 0); }
+__device__ inline int lower_tile_column(int l) {
+  const int row = lower_tile_row(l) / kTile;
+  return kTile * (l - row * (row + 1) / 2);
+}
+
+// The 3×TF32 product of two 16 × 16 fp32 tiles (row-major), negated where `negate`: into target (row stride ld).
+__device__ inline void block_product(float* target, int ld, const float* a, int lda, const float* b, int ldb,
+                                     bool negate, const float* a2 = nullptr, const float* b2 = nullptr, int ldb2 = 0) {
+  Accumulator acc;
+  zero(acc);
+  mma_tile<false, RowMajor, RowMajor>(acc, a, lda, b, ldb, kTile / kStep);
+  if (a2) mma_tile<false, RowMajor, RowMajor>(acc, a2, lda, b2, ldb2, kTile / kStep);
+  if (negate)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc.x[e] = -acc.x[e];
+  __syncwarp();
+  store_tile(target, acc, ld);
+}
+
+__device__ inline void sync_inverse_warps() { asm volatile("bar.sync 1, %0;" ::"n"(kInverseThreads) : "memory"); }
+
+// T = (I + A)⁻¹ in place of A (the strictly lower fp32 [C][C + 4] tile at a; its diagonal blocks' upper parts zero),
+// by kInverseWarps warps (q = 0 … 3); blocks: four [16][kBlockStride] intermediate tiles. Named barrier 1 only.
+__device__ inline void invert_unit_lower(float* a, float* blocks, int q, int lane) {
+  auto block = [&](int row, int column) { return a + kTile * row * kChunkStride + kTile * column; };
+  float* mine = blocks + q * kTile * kBlockStride;
+  // D_q; the warp reconverges before the named barrier, which takes whole warps.
+  if (lane < kTile) invert_diagonal_block<false>(a, a, q * kTile, lane);
+  __syncwarp();
+  sync_inverse_warps();
+  if (q < 2) {  // T₁₀ = −D₁ (A₁₀ D₀), T₃₂ = −D₃ (A₃₂ D₂) in place of A₁₀, A₃₂
+    const int r = 2 * q + 1;
+    block_product(mine, kBlockStride, block(r, r - 1), kChunkStride, block(r - 1, r - 1), kChunkStride, false);
+    __syncwarp();
+    block_product(block(r, r - 1), kChunkStride, block(r, r), kChunkStride, mine, kBlockStride, true);
+  }
+  sync_inverse_warps();
+  // The lower left 32 × 32 block: X = A_[23][01] T_[01][01] (block (i, j) by warp 2(i − 2) + j), then
+  // −T_[23][23] X in its place.
+  const int i = 2 + q / 2, j = q % 2;
+  if (j == 0)  // X_i0 = A_i0 D₀ + A_i1 T₁₀
+    block_product(mine, kBlockStride, block(i, 0), kChunkStride, block(0, 0), kChunkStride, false, block(i, 1),
+                  block(1, 0), kChunkStride);
+  else  // X_i1 = A_i1 D₁
+    block_product(mine, kBlockStride, block(i, 1), kChunkStride, block(1, 1), kChunkStride, false);
+  sync_inverse_warps();
+  const float* x2 = blocks + j * kTile * kBlockStride;  // X_2j
+  if (i == 2) {                                         // T_2j = −D₂ X_2j
+    block_product(block(2, j), kChunkStride, block(2, 2), kChunkStride, x2, kBlockStride, true);
+  } else {  // T_3j = −(T₃₂ X_2j + D₃ X_3j)
+    block_product(block(3, j), kChunkStride, block(3, 2), kChunkStride, x2, kBlockStride, true, block(3, 3), mine,
+                  kBlockStride);
+  }
+}
+
+// Block (group of value heads, chunk) as the TF32 prepare's (value_heads_per_key_head, prepare_group), 512 threads,
+// two blocks an SM. Writes chunk_scratch's bf16 layouts: W, Uᵀ, Kᵀ and Q, P (bf16), the
+// queries' row factors e^{γ_t}, the keys' factors e^{γ_C−γ_t} and the chunk's decay.
+template <bool kRelease>
+__global__ void __launch_bounds__(kPrepareThreads, 2)
+    gdn_chunk_prepare_bf16_kernel(GdnShape shape, GdnInputs in, ChunkScratch x, int group) {
+  const GdnShape s = fixed<kRelease>(shape);
+  allow_dependents();
+  extern __shared__ __align__(128) float4 shared4[];
+  const int kdp = padded(s.dk), vdp = padded(s.dv);
+  const int ldk = bf16_stride_of(s.dk), ldv = bf16_stride_of(s.dv), ldx = max(ldk, ldv);
+  float* gammas = reinterpret_cast<float*>(shared4);  // [G][C] inclusive cumulative log decays
+  float* betas = gammas + group * kC;                 // [G][C]
+  float* w_scale = betas + group * kC;                // [C]: β e^γ of the value head at hand
+  float* kk = w_scale + kC;                           // [C][C + 4]: K Kᵀ (lower tiles)
+  float* a = kk + kC * kChunkStride;                  // [C][C + 4]: A, then T = (I + A)⁻¹ (lower tiles)
+  float* blocks = a + kC * kChunkStride;              // [4][16][kBlockStride]
+  bf16* keys = reinterpret_cast<bf16*>(blocks + 4 * kTile * kBlockStride);  // [C][ldk]: normalised K
+  bf16* queries = keys + kC * ldk;                                          // [C][ldk]: normalised Q / √dk
+  bf16* values = queries;                                                   // [C][ldv]: V (once Q is written)
+  bf16* w_factors = queries + kC * ldx;                                     // [C][C + 8]: T diag(β e^γ)
+  bf16* u_factors = w_factors + kC * kFactorStride;                         // [C][C + 8]: T diag(β)
+  const int first_head = blockIdx.x * group, key_head = first_head / value_heads_per_key_head(s);
+  const int chunk = blockIdx.y, tid = threadIdx.x;
+  const int lane = tid % 32, warp = tid / 32, g = lane / 4, t4 = lane % 4;
+  const int t0 = chunk * kC, n = min(kC, in.rows - t0);
+  if (chunk == 0)  // the scan starts after this grid; the group's counters are adjacent
+    for (int e = tid; e < group * x.scan_slices; e += kPrepareThreads) x.progress[first_head * x.scan_slices + e] = 0;
+  const bool vectors =
+      reinterpret_cast<uintptr_t>(in.qkv) % 16 == 0 && s.conv_dim % 4 == 0 && s.dk % 4 == 0 && s.dv % 4 == 0;
+
+  const float* q_rows = in.qkv + size_t(t0) * s.conv_dim + key_head * s.dk;
+  const float* k_rows = q_rows + s.key_dim;
+  for (int e = tid; e < group * kC; e += kPrepareThreads) {  // rows past the input: β = 0, g = 0 (they change nothing)
+    const int h = first_head + e / kC, t = e % kC;
+    float gate = 0.0f, b = 0.0f;
+    if (t < n) {
+      const size_t at = size_t(t0 + t) * s.heads + h;
+      gate = log_decay(in, h, at);
+      b = sigmoid(in.b[at]);
+    }
+    gammas[e] = gate;
+    betas[e] = b;
+  }
+  const float q_scale = 1.0f / sqrtf(float(s.dk));
+  for (int t = warp; t < kC; t += kPrepareWarps) {
+    const bool row = t < n;
+    stage_normalised_rows<kRelease>(queries + t * ldk, keys + t * ldk, row ? q_rows + size_t(t) * s.conv_dim : nullptr,
+                                    row ? k_rows + size_t(t) * s.conv_dim : nullptr, s.dk, kdp, q_scale, vectors, lane);
+  }
+  __syncthreads();
+  for (int head = warp; head < group; head += kPrepareWarps) cumulative_decays(gammas + head * kC, lane);
+
+  // Q Kᵀ's lower tile `warp` (warps 0 … 9), kept in registers (each value head's P is formed from it), and K Kᵀ's
+  // lower tile warp − 6 (warps 6 … 15), to shared memory (each value head's A).
+  Accumulator qk;
+  zero(qk);
+  if (warp < 10)
+    mma_rows_bf16(qk, queries + lower_tile_row(warp) * ldk, keys + lower_tile_column(warp) * ldk, ldk, kdp / kTile);
+  if (warp >= 6) {
+    const int r0 = lower_tile_row(warp - 6), c0 = lower_tile_column(warp - 6);
+    Accumulator product;
+    zero(product);
+    mma_rows_bf16(product, keys + r0 * ldk, keys + c0 * ldk, ldk, kdp / kTile);
+    store_tile(kk + r0 * kChunkStride + c0, product, kChunkStride);
+  }
+  if (first_head % value_heads_per_key_head(s) == 0) {  // Kᵀ [kdp][C] and Q [C][kdp], once a key head
+    bf16* keys_out = keys_bf16(x, s, chunk, key_head);
+    for (int e = tid; e < kdp * kC / 8; e += kPrepareThreads) {  // eight tokens of one key a thread
+      const int i = e % kdp, token = 8 * (e / kdp);
+      uint32_t words[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const bf16 lo = keys[(token + 2 * c) * ldk + i], hi = keys[(token + 2 * c + 1) * ldk + i];
+        words[c] = uint32_t(__bfloat16_as_ushort(lo)) | uint32_t(__bfloat16_as_ushort(hi)) << 16;
+      }
+      *reinterpret_cast<uint4*>(keys_out + i * kC + token) = make_uint4(words[0], words[1], words[2], words[3]);
+    }
+    bf16* queries_out = queries_bf16(x, s, chunk, key_head);
+    for (int e = tid; e < kC * kdp / 8; e += kPrepareThreads) {
+      const int t = e / (kdp / 8), i = 8 * (e % (kdp / 8));
+      *reinterpret_cast<uint4*>(queries_out + t * kdp + i) = *reinterpret_cast<const uint4*>(queries + t * ldk + i);
+    }
+  }
+  __syncthreads();  // the queries are used up (V takes their place); γ is summed
+
+  for (int head = 0; head < group; ++head) {
+    const int h = first_head + head;
+    const float *gamma = gammas + head * kC, *beta = betas + head * kC;
+    const size_t block = size_t(chunk) * s.heads + h;
+    // A over K Kᵀ's lower tiles (strictly lower: the diagonal tiles' upper parts zero), the column scales and factors.
+    for (int e = tid; e < 10 * kTile * kTile; e += kPrepareThreads) {
+      const int l = e / (kTile * kTile), t = lower_tile_row(l) + e % (kTile * kTile) / kTile;
+      const int u = lower_tile_column(l) + e % kTile;
+      a[t * kChunkStride + u] = u < t ? beta[t] * expf(gamma[t] - gamma[u]) * kk[t * kChunkStride + u] : 0.0f;
+    }
+    const float gamma_end = gamma[kC - 1];
+    if (tid < kC) {
+      w_scale[tid] = beta[tid] * expf(gamma[tid]);
+      x.q_factor[block * kC + tid] = tid < n ? expf(gamma[tid]) : 0.0f;  // (the stored queries are normalised)
+      x.key_decay[block * kC + tid] = expf(gamma_end - gamma[tid]);
+    }
+    if (tid == 0) x.decay[block] = expf(gamma_end);
+    __syncthreads();
+
+    if (warp >= kPrepareWarps - kInverseWarps) {
+      invert_unit_lower(a, blocks, warp - (kPrepareWarps - kInverseWarps), lane);
+    } else {
+      // V as bf16 (zero past the input and past dv), then P (decayed, masked) from Q Kᵀ's tiles; warps 10, 11 write
+      // its zero tiles above the diagonal.
+      const float* v_rows = in.qkv + size_t(t0) * s.conv_dim + 2 * s.key_dim + h * s.dv;
+      const int quads = vdp / 4;
+      for (int e = tid; e < kC * quads; e += kPrepareThreads - kInverseThreads) {
+        const int t = e / quads, i = 4 * (e % quads);
+        store_quad_bf16(values + t * ldv + i,
+                        row_quad(t < n ? v_rows + size_t(t) * s.conv_dim : nullptr, i, s.dv, vectors), 1.0f);
+      }
+      bf16* p = p_bf16(x, block);
+      if (warp < 10) {
+        const int r0 = lower_tile_row(warp), c0 = lower_tile_column(warp);
+#pragma unroll
+        for (int e = 0; e < 8; e += 2) {
+          const int t = r0 + g + 8 * (e / 2 % 2), u = c0 + 8 * (e / 4) + 2 * t4;
+          const float first = u <= t ? expf(gamma[t] - gamma[u]) * qk.x[e] : 0.0f;
+          const float second = u + 1 <= t ? expf(gamma[t] - gamma[u + 1]) * qk.x[e + 1] : 0.0f;
+          *reinterpret_cast<uint32_t*>(p + t * kC + u) = pack_bf16(first, second);
+        }
+      } else {
+        for (int l = warp - 10; l < 6; l += 2) {  // upper tile l: (0,1) (0,2) (0,3) (1,2) (1,3) (2,3)
+          const int r0 = kTile * (l < 3 ? 0 : l < 5 ? 1 : 2), c0 = kTile * (l < 3 ? l + 1 : l < 5 ? l - 1 : 3);
+          *reinterpret_cast<uint4*>(p + (r0 + lane / 2) * kC + c0 + 8 * (lane % 2)) = make_uint4(0, 0, 0, 0);
+        }
+      }
+    }
+    __syncthreads();
+
+    // T diag(β e^γ) and T diag(β) as bf16 over T's lower tiles (two columns a thread).
+    for (int e = 2 * tid; e < 10 * kTile * kTile; e += 2 * kPrepareThreads) {
+      const int l = e / (kTile * kTile), r = e % (kTile * kTile) / kTile, c = e % kTile;
+      const int t = lower_tile_row(l) + r, u = lower_tile_column(l) + c;
+      const float first = u <= t ? a[t * kChunkStride + u] : 0.0f;
+      const float second = u + 1 <= t ? a[t * kChunkStride + u + 1] : 0.0f;
+      *reinterpret_cast<uint32_t*>(w_factors + t * kFactorStride + u) =
+          pack_bf16(first * w_scale[u], second * w_scale[u + 1]);
+      *reinterpret_cast<uint32_t*>(u_factors + t * kFactorStride + u) =
+          pack_bf16(first * beta[u], second * beta[u + 1]);
+    }
+    __syncthreads();
+
+    // W = T diag(β e^γ) K (a warp per 16 key columns: row block i over k blocks j ≤ i) and Uᵀ = Vᵀ (T diag(β))ᵀ (a
+    // warp per 16 value columns: token block i over j ≤ i), straight from the registers to the scratch.
+    const int key_tiles = kdp / kTile, tiles = key_tiles + vdp / kTile;
+    for (int tile = warp; tile < tiles; tile += kPrepareWarps) {
+      if (tile < key_tiles) {
+        const int c0 = kTile * tile;
+        uint32_t b_frag[kC / kTile][2][2];
+#pragma unroll
+        for (int j = 0; j < kC / kTile; ++j) load_b_bf16_trans(b_frag[j], keys + kTile * j * ldk + c0, ldk);
+        bf16* w_out = w_bf16(x, s, block);
+#pragma unroll
+        for (int i = 0; i < kC / kTile; ++i) {
+          Accumulator acc;
+          zero(acc);
+#pragma unroll
+          for (int j = 0; j <= i; ++j) {
+            uint32_t a_frag[4];
+            load_a_bf16(a_frag, w_factors + kTile * i * kFactorStride + kTile * j, kFactorStride);
+            mma_bf16_tile(acc, a_frag, b_frag[j]);
+          }
+#pragma unroll
+          for (int e = 0; e < 8; e += 2)
+            *reinterpret_cast<uint32_t*>(w_out + (kTile * i + g + 8 * (e / 2 % 2)) * kdp + c0 + 8 * (e / 4) + 2 * t4) =
+                pack_bf16(acc.x[e], acc.x[e + 1]);
+        }
+      } else {
+        const int c0 = kTile * (tile - key_tiles);
+        uint32_t v_frag[kC / kTile][4];
+#pragma unroll
+        for (int j = 0; j < kC / kTile; ++j) load_a_bf16_trans(v_frag[j], values + kTile * j * ldv + c0, ldv);
+        bf16* u_out = delta_bf16(x, s, block);
+#pragma unroll
+        for (int i = 0; i < kC / kTile; ++i) {
+          Accumulator acc;
+          zero(acc);
+#pragma unroll
+          for (int j = 0; j <= i; ++j) {
+            uint32_t b_frag[2][2];
+            load_b_bf16(b_frag, u_factors + kTile * i * kFactorStride + kTile * j, kFactorStride);
+            mma_bf16_tile(acc, v_frag[j], b_frag);
+          }
+#pragma unroll
+          for (int e = 0; e < 8; e += 2)
+            *reinterpret_cast<uint32_t*>(u_out + (c0 + g + 8 * (e / 2 % 2)) * kC + kTile * i + 8 * (e / 4) + 2 * t4) =
+                pack_bf16(acc.x[e], acc.x[e + 1]);
+        }
+      }
+    }
+    if (head + 1 < group) __syncthreads();  // the next value head restages V and forms its A and T
   }
 }
 
@@ -1689,14 +1934,13 @@ void launch_prefill_bf16(const GdnShape& s, const GdnInputs& in, const ChunkScra
                          cudaStream_t stream, GdnPrepareBlocks blocks) {
   const unsigned chunks = unsigned((in.rows + kC - 1) / kC), heads = unsigned(s.heads);
   const bool release = is_release(s);
-  const auto prepare =
-      release ? gdn_chunk_prepare_kernel<true, false, true> : gdn_chunk_prepare_kernel<false, false, true>;
+  const auto prepare = release ? gdn_chunk_prepare_bf16_kernel<true> : gdn_chunk_prepare_bf16_kernel<false>;
   cudaFuncSetAttribute(prepare, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                       int(prepare_shared_bytes(s, value_heads_per_key_head(s))));
+                       int(prepare_bf16_shared_bytes(s, value_heads_per_key_head(s))));
   const int group =
-      prepare_group(s, int(chunks), blocks, reinterpret_cast<const void*>(prepare), prepare_shared_bytes(s, 1));
-  prepare<<<dim3(heads / unsigned(group), chunks), kPrepareThreads, prepare_shared_bytes(s, group), stream>>>(s, in, x,
-                                                                                                              group);
+      prepare_group(s, int(chunks), blocks, reinterpret_cast<const void*>(prepare), prepare_bf16_shared_bytes(s, 1));
+  prepare<<<dim3(heads / unsigned(group), chunks), kPrepareThreads, prepare_bf16_shared_bytes(s, group), stream>>>(
+      s, in, x, group);
   const size_t scan_bytes = scan_bf16_shared_bytes(s);
   const auto scan = release ? gdn_chunk_scan_bf16_kernel<true> : gdn_chunk_scan_bf16_kernel<false>;
   cudaFuncSetAttribute(scan, cudaFuncAttributeMaxDynamicSharedMemorySize, int(scan_bytes));
