@@ -815,10 +815,10 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
 // go onto T (64 × 64) instead of onto K and V (64 × 128 each), the keys are staged once for the key head's value heads,
 // and the 4-step blocked substitution with its barriers is gone. U is computed transposed, Uᵀ = Vᵀ (T diag(β))ᵀ,
 // so that both results leave the registers as bf16 pairs adjacent in the scratch's layout.
-constexpr int kFactorStride = kC + 8;                // bf16 [C][C + 8]: T diag(β e^γ), T diag(β)
-constexpr int kBlockStride = kTile + 8;              // fp32 [16][24]: the inverse's intermediate blocks
-constexpr int kInverseWarps = 4;                     // the warps that build (I + A)⁻¹
-constexpr int kInverseThreads = 32 * kInverseWarps;  // named barrier 1's count
+constexpr int kFactorStride = kC + 8;    // bf16 [C][C + 8]: T diag(β e^γ), T diag(β)
+constexpr int kBlockStride = kTile + 8;  // fp32 [16][24]: the inverse's intermediate blocks
+constexpr int kInverseWarps = 4;         // the warps that build (I + A)⁻¹
+constexpr int kInverseThreads = 32 * kInverseWarps;
 
 // Shared memory of the bf16 prepare for groups of `group` value heads: γ and β [G][C], the column scales β e^γ [C], K
 // Kᵀ and A, then T, [C][C + 4] each (fp32), four intermediate blocks [16][24] (fp32), the normalised keys [C][ldk] and
@@ -933,39 +933,46 @@ __device__ inline void block_product(float* target, int ld, const float* a, int 
   store_tile(target, acc, ld);
 }
 
-__device__ inline void sync_inverse_warps() { asm volatile("bar.sync 1, %0;" ::"n"(kInverseThreads) : "memory"); }
-
 // T = (I + A)⁻¹ in place of A (the strictly lower fp32 [C][C + 4] tile at a; its diagonal blocks' upper parts zero),
-// by kInverseWarps warps (q = 0 … 3); blocks: four [16][kBlockStride] intermediate tiles. Named barrier 1 only.
-__device__ inline void invert_unit_lower(float* a, float* blocks, int q, int lane) {
-  auto block = [&](int row, int column) { return a + kTile * row * kChunkStride + kTile * column; };
-  float* mine = blocks + q * kTile * kBlockStride;
-  // D_q; the warp reconverges before the named barrier, which takes whole warps.
+// by kInverseWarps warps (q = 0 … 3) in four stages, each followed by a block barrier (the other warps do other work
+// between them); blocks: four [16][kBlockStride] intermediate tiles. Stage 1: D_q.
+__device__ inline float* inverse_block(float* a, int row, int column) {
+  return a + kTile * row * kChunkStride + kTile * column;
+}
+__device__ inline void invert_diagonal_blocks(float* a, int q, int lane) {
   if (lane < kTile) invert_diagonal_block<false>(a, a, q * kTile, lane);
+}
+// Stage 2: T₁₀ = −D₁ (A₁₀ D₀), T₃₂ = −D₃ (A₃₂ D₂) in place of A₁₀, A₃₂ (warps q < 2).
+__device__ inline void invert_at_32_rows(float* a, float* blocks, int q) {
+  if (q >= 2) return;
+  float* mine = blocks + q * kTile * kBlockStride;
+  const int r = 2 * q + 1;
+  block_product(mine, kBlockStride, inverse_block(a, r, r - 1), kChunkStride, inverse_block(a, r - 1, r - 1),
+                kChunkStride, false);
   __syncwarp();
-  sync_inverse_warps();
-  if (q < 2) {  // T₁₀ = −D₁ (A₁₀ D₀), T₃₂ = −D₃ (A₃₂ D₂) in place of A₁₀, A₃₂
-    const int r = 2 * q + 1;
-    block_product(mine, kBlockStride, block(r, r - 1), kChunkStride, block(r - 1, r - 1), kChunkStride, false);
-    __syncwarp();
-    block_product(block(r, r - 1), kChunkStride, block(r, r), kChunkStride, mine, kBlockStride, true);
-  }
-  sync_inverse_warps();
-  // The lower left 32 × 32 block: X = A_[23][01] T_[01][01] (block (i, j) by warp 2(i − 2) + j), then
-  // −T_[23][23] X in its place.
+  block_product(inverse_block(a, r, r - 1), kChunkStride, inverse_block(a, r, r), kChunkStride, mine, kBlockStride,
+                true);
+}
+// Stages 3 and 4, the lower left 32 × 32 block: X = A_[23][01] T_[01][01] (block (i, j) by warp q = 2(i − 2) + j),
+// then −T_[23][23] X in its place.
+__device__ inline void invert_at_64_rows_first(float* a, float* blocks, int q) {
+  float* mine = blocks + q * kTile * kBlockStride;
   const int i = 2 + q / 2, j = q % 2;
   if (j == 0)  // X_i0 = A_i0 D₀ + A_i1 T₁₀
-    block_product(mine, kBlockStride, block(i, 0), kChunkStride, block(0, 0), kChunkStride, false, block(i, 1),
-                  block(1, 0), kChunkStride);
+    block_product(mine, kBlockStride, inverse_block(a, i, 0), kChunkStride, inverse_block(a, 0, 0), kChunkStride, false,
+                  inverse_block(a, i, 1), inverse_block(a, 1, 0), kChunkStride);
   else  // X_i1 = A_i1 D₁
-    block_product(mine, kBlockStride, block(i, 1), kChunkStride, block(1, 1), kChunkStride, false);
-  sync_inverse_warps();
+    block_product(mine, kBlockStride, inverse_block(a, i, 1), kChunkStride, inverse_block(a, 1, 1), kChunkStride,
+                  false);
+}
+__device__ inline void invert_at_64_rows_second(float* a, const float* blocks, int q) {
+  const int i = 2 + q / 2, j = q % 2;
   const float* x2 = blocks + j * kTile * kBlockStride;  // X_2j
   if (i == 2) {                                         // T_2j = −D₂ X_2j
-    block_product(block(2, j), kChunkStride, block(2, 2), kChunkStride, x2, kBlockStride, true);
+    block_product(inverse_block(a, 2, j), kChunkStride, inverse_block(a, 2, 2), kChunkStride, x2, kBlockStride, true);
   } else {  // T_3j = −(T₃₂ X_2j + D₃ X_3j)
-    block_product(block(3, j), kChunkStride, block(3, 2), kChunkStride, x2, kBlockStride, true, block(3, 3), mine,
-                  kBlockStride);
+    block_product(inverse_block(a, 3, j), kChunkStride, inverse_block(a, 3, 2), kChunkStride, x2, kBlockStride, true,
+                  inverse_block(a, 3, 3), blocks + q * kTile * kBlockStride, kBlockStride);
   }
 }
 
@@ -1074,11 +1081,14 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
     if (tid == 0) x.decay[block] = expf(gamma_end);
     __syncthreads();
 
-    if (warp >= kPrepareWarps - kInverseWarps) {
-      invert_unit_lower(a, blocks, warp - (kPrepareWarps - kInverseWarps), lane);
+    // T = (I + A)⁻¹ by the last four warps in four stages between block barriers; meanwhile the others load V as bf16
+    // (zero past the input and past dv), then write P (decayed, masked) from Q Kᵀ's tiles (warps 10, 11: its zero
+    // tiles above the diagonal).
+    const bool inverts = warp >= kPrepareWarps - kInverseWarps;
+    const int q = warp - (kPrepareWarps - kInverseWarps);
+    if (inverts) {
+      invert_diagonal_blocks(a, q, lane);
     } else {
-      // V as bf16 (zero past the input and past dv), then P (decayed, masked) from Q Kᵀ's tiles; warps 10, 11 write
-      // its zero tiles above the diagonal.
       const float* v_rows = in.qkv + size_t(t0) * s.conv_dim + 2 * s.key_dim + h * s.dv;
       const int quads = vdp / 4;
       for (int e = tid; e < kC * quads; e += kPrepareThreads - kInverseThreads) {
@@ -1086,6 +1096,11 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
         store_quad_bf16(values + t * ldv + i,
                         row_quad(t < n ? v_rows + size_t(t) * s.conv_dim : nullptr, i, s.dv, vectors), 1.0f);
       }
+    }
+    __syncthreads();
+    if (inverts) {
+      invert_at_32_rows(a, blocks, q);
+    } else {
       bf16* p = p_bf16(x, block);
       if (warp < 10) {
         const int r0 = lower_tile_row(warp), c0 = lower_tile_column(warp);
@@ -1103,6 +1118,10 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
         }
       }
     }
+    __syncthreads();
+    if (inverts) invert_at_64_rows_first(a, blocks, q);
+    __syncthreads();
+    if (inverts) invert_at_64_rows_second(a, blocks, q);
     __syncthreads();
 
     // T diag(β e^γ) and T diag(β) as bf16 over T's lower tiles (two columns a thread).
