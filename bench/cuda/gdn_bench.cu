@@ -1,6 +1,7 @@
 // Gated DeltaNet kernels (cuda/gated_deltanet.cuh) at Qwen3.8-Flash-Next's shape: 48 value heads on 16 key heads,
-// dk = dv = 128, fp32 data (the prefill's products on tensor cores as 3×TF32, or as one TF32 pass where
-// VAVILOV_GEMM_PRECISION=tf32 or bf16: cuda::gdn_prefill_products(); the JSON's "prefill_products" says which).
+// dk = dv = 128, fp32 inputs and outputs (the prefill's products on tensor cores as 3×TF32, as one TF32 pass where
+// VAVILOV_GEMM_PRECISION=tf32, or with bf16 operands and a bf16 scratch where it is bf16:
+// cuda::gdn_prefill_products(); the JSON's "prefill_products" says which).
 //
 //   gdn_bench time OUT.json
 //     Decode with the conv folded in (1, 2, 4 rows; 1–4 rows recording every row's states) and, for comparison, the
@@ -202,9 +203,12 @@ std::string prefill_json(float* states, float* out) {
     json += "    {\"T\": " + std::to_string(rows) + ", \"us\": " + std::to_string(us) + "}" +
             (n + 1 < lengths.size() ? ",\n" : "\n");
   }
-  const bool one_pass = vavilov::cuda::gdn_prefill_products() == vavilov::cuda::GdnProducts::Tf32;
-  std::printf("prefill products: %s\n", one_pass ? "tf32 (one pass)" : "3xtf32");
-  return json + "  ],\n  \"prefill_products\": \"" + (one_pass ? "tf32" : "3xtf32") +
+  const vavilov::cuda::GdnProducts products = vavilov::cuda::gdn_prefill_products();
+  const char* name = products == vavilov::cuda::GdnProducts::Tf32   ? "tf32"
+                     : products == vavilov::cuda::GdnProducts::Bf16 ? "bf16"
+                                                                    : "3xtf32";
+  std::printf("prefill products: %s\n", name);
+  return json + "  ],\n  \"prefill_products\": \"" + name +
          "\",\n  \"prefill_note\": \"gdn_prefill: l2 norms, gates, chunk prepare, state scan, outputs and the gated "
          "RMS norm; each timing includes a 3.1 MB memset of the state\"\n";
 }

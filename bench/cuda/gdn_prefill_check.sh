@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# On the device machine, in one call, building nothing: checks GDN prefill changes against a base build in both
-# product precisions (3×TF32, the default, and one-pass TF32, VAVILOV_GEMM_PRECISION=tf32). In order, so that the
-# measurements come back even if a sanitizer runs long:
-#   1. NEW/vavilov_gpu_tests --gtest_filter='CudaGdn.*' (the prefill tests run both precisions and both prepare
+# On the device machine, in one call, building nothing: checks GDN prefill changes against a base build in the TF32
+# product precisions (3×TF32, the default, and one-pass TF32, VAVILOV_GEMM_PRECISION=tf32) and times NEW's bf16 mode
+# (VAVILOV_GEMM_PRECISION=bf16) beside them. In order, so that the measurements come back even if a sanitizer runs
+# long:
+#   1. NEW/vavilov_gpu_tests --gtest_filter='CudaGdn.*' (the prefill tests run every product mode and both prepare
 #      blockings themselves)
 #   2. bit identity: SAME/vavilov_gdn_bench check (a build whose change keeps every operation and its order) against
 #      BASE on the same random inputs (T = 1000, 16 chunks, the release shape), SAME's prepare blocks left to its rule
 #      and forced to one value head and to a key head a block (GDN_BENCH_PREPARE); byte for byte
 #   3. vavilov_gdn_bench prefill (T = 64 … 8192, each a median of 20 calls) of BASE and NEW interleaved twice, then
-#      each build of OTHER once, in both precisions; then SAME with its prepare blocks forced either way (the rule's
-#      measurement)
+#      each build of OTHER once, in both TF32 precisions; then SAME with its prepare blocks forced either way (the
+#      rule's measurement); then NEW's bf16 mode twice (BASE, older than the mode, would run one-pass TF32 there)
 #   4. where ncu is installed: NEW's three prefill kernels at T = 8192 (the first such call of `gdn_bench profile`),
-#      both precisions (time, warp instructions, tensor pipe, DRAM bytes read and written)
+#      all three modes (time, warp instructions, tensor pipe, DRAM bytes read and written)
 #   5. compute-sanitizer memcheck over NEW's CudaGdn.ChunkedPrefill*:CudaGdn.PrefillPrepareBlocks* (at most
 #      MEMCHECK_S seconds, default 25; 0 skips it)
 # and prints one summary (also OUTDIR/summary.txt). Files under OUTDIR: summary.txt, tests.txt, identity.txt,
@@ -33,11 +34,11 @@ export VAVILOV_SOURCE_DIR=${VAVILOV_SOURCE_DIR:-$PWD}
 summary="$out/summary.txt"
 : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
-# with_precision PRECISION COMMAND…: COMMAND with VAVILOV_GEMM_PRECISION=tf32 (tf32) or without it (3xtf32).
+# with_precision PRECISION COMMAND…: COMMAND with VAVILOV_GEMM_PRECISION=tf32 or bf16 (those) or without it (3xtf32).
 with_precision() {
   local precision=$1
   shift
-  if [ "$precision" = tf32 ]; then VAVILOV_GEMM_PRECISION=tf32 "$@"; else env -u VAVILOV_GEMM_PRECISION "$@"; fi
+  if [ "$precision" = 3xtf32 ]; then env -u VAVILOV_GEMM_PRECISION "$@"; else VAVILOV_GEMM_PRECISION=$precision "$@"; fi
 }
 start=$SECONDS
 
@@ -46,7 +47,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee -a 
 # 1. Tests.
 "$new/vavilov_gpu_tests" --gtest_filter='CudaGdn.*' > "$out/tests.txt" 2>&1
 note "tests CudaGdn.*: exit $? ($(grep -E '^\[  (PASSED|FAILED)' "$out/tests.txt" | tr '\n' ' '))"
-grep -E '^\[  FAILED|Failure|one-pass TF32 prefill' "$out/tests.txt" | head -40 | tee -a "$summary"
+grep -E '^\[  FAILED|Failure|one-pass TF32 prefill|bf16 prefill' "$out/tests.txt" | head -80 | tee -a "$summary"
 
 # 2. Bit identity of SAME with BASE on the same inputs.
 work=$(mktemp -d)
@@ -110,6 +111,7 @@ for precision in 3xtf32 tf32; do
   time_run $precision same-value "$same" value
   time_run $precision same-key "$same" key
 done
+for round in 1 2; do time_run bf16 new "$new" ""; done
 note "prefill (us, median of 20 calls; each run of a label):"
 awk '/^== / {p = $2; label = $3; if (!((p, label) in seen)) {seen[p, label] = 1; order[p] = order[p] " " label}}
      /^prefill T/ {t = $3 + 0; v = $4 + 0; runs[p, label, t] = runs[p, label, t] " " v; ts[t] = 1; ps[p] = 1}
@@ -120,14 +122,14 @@ awk '/^== / {p = $2; label = $3; if (!((p, label) in seen)) {seen[p, label] = 1;
 # 4. ncu: the first T = 8192 call's three kernels (the profile runs T = 512 twice first: 6 launches skipped).
 : > "$out/ncu.txt"
 if command -v ncu > /dev/null; then
-  for precision in 3xtf32 tf32; do
+  for precision in 3xtf32 tf32 bf16; do
     echo "== $precision new" >> "$out/ncu.txt"
     with_precision $precision ncu --clock-control none --csv --print-units base -k regex:gdn_chunk --launch-skip 6 \
       --launch-count 3 --metrics gpu__time_duration.sum,smsp__inst_executed.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,dram__bytes_read.sum,dram__bytes_write.sum \
       "$new/vavilov_gdn_bench" profile >> "$out/ncu.txt" 2>&1 || note "ncu $precision: FAILED"
   done
   note "ncu at T = 8192 (ns, warp instructions, tensor pipe %, DRAM bytes read / written):"
-  awk -F'","' '/^== / {split($0, w, " "); which = w[2] " " w[3]} /gdn_chunk/ {match($0, /gdn_chunk_[a-z_]+/);
+  awk -F'","' '/^== / {split($0, w, " "); which = w[2] " " w[3]} /gdn_chunk/ {match($0, /gdn_chunk_[a-z0-9_]+/);
          k = substr($0, RSTART, RLENGTH); id = $1; gsub(/"/, "", id); v = $NF; gsub(/"/, "", v);
          m = $(NF - 2); m = m ~ /duration/ ? "ns" : m ~ /inst/ ? "inst" : m ~ /tensor/ ? "tensor%" : m ~ /read/ ? "rd" : "wr";
          key = which " " id " " k; if (!(key in line)) order[++count] = key; line[key] = line[key] " " m "=" v}

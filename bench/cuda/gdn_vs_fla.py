@@ -4,8 +4,9 @@
 Shape of Qwen3.8-Flash-Next: batch 1, 48 value heads on 16 key heads (fla's GVA), dk = dv = 128, T = 512 and 8192.
 
 - Timing: ours through `vavilov_gdn_bench prefill` (l2 norms, gates, the chunk kernels and the gated RMS norm) at
-  each of --precisions: fp32 (3×TF32 tensor cores, fp32 accuracy) and tf32 (one TF32 pass a product), the bench run
-  with VAVILOV_GEMM_PRECISION set to it; fla in float32 (Triton's tl.dot on fp32 inputs: TF32 tensor cores) and bfloat16 inputs, with
+  each of --precisions: fp32 (3×TF32 tensor cores, fp32 accuracy), tf32 (one TF32 pass a product) and bf16 (bf16
+  operands and a bf16 scratch, fp32 state: fla's arithmetic class), the bench run with VAVILOV_GEMM_PRECISION set to
+  it; fla in float32 (Triton's tl.dot on fp32 inputs: TF32 tensor cores) and bfloat16 inputs, with
   use_qk_l2norm_in_kernel and precomputed g, beta (their computation is left out of fla's time). Median of CUDA-event
   timings after warm-up (Triton compiles and autotunes in the warm-up). fla's Python wrapper launches several Triton
   kernels a call, so an eager call's time can be the host's, not the GPU's: --fla-timers adds the mean of calls
@@ -20,7 +21,7 @@ import). The GPU machine has no internet: fetch the wheels elsewhere with
 DIR on PYTHONPATH. fla compiles and autotunes each dtype on first use (over a minute on the H200).
 
 Usage: gdn_vs_fla.py --bench BUILD/vavilov_gdn_bench --out RESULT.json [--commit C] [--budget-s S] [--bf16-only]
-                     [--precisions fp32 tf32] [--fla-timers eager back_to_back graph] [--rounds N]
+                     [--precisions fp32 tf32 bf16] [--fla-timers eager back_to_back graph] [--rounds N]
 (--bf16-only: fla with bf16 inputs only, its agreement check included; fp32 inputs compile and autotune for minutes)
 """
 import argparse
@@ -167,8 +168,9 @@ def main():
     parser.add_argument("--commit", default="unknown")
     parser.add_argument("--budget-s", type=float, default=110.0, help="skip what is left after this many seconds")
     parser.add_argument("--bf16-only", action="store_true", help="run fla with bf16 inputs only")
-    parser.add_argument("--precisions", nargs="+", default=["fp32"], choices=["fp32", "tf32"],
-                        help="our prefill's products: fp32 (3×TF32, the default) and/or tf32 (one pass)")
+    parser.add_argument("--precisions", nargs="+", default=["fp32"], choices=["fp32", "tf32", "bf16"],
+                        help="our prefill's products: fp32 (3×TF32, the default), tf32 (one pass), bf16 (bf16 "
+                             "operands and scratch)")
     parser.add_argument("--fla-timers", nargs="+", default=["eager"], choices=sorted(FLA_TIMERS),
                         help="how fla is timed: eager (median of single calls between events, the host's Python "
                              "launch overhead included), back_to_back (mean of calls enqueued together), graph "
@@ -184,7 +186,8 @@ def main():
         "commit": args.commit,
         "torch": torch.__version__,
         "shape": {"batch": 1, "value_heads": HV, "key_heads": H, "dk": D, "dv": D},
-        "ours": "vavilov_gdn_bench: ours_fp32 3×TF32 tensor cores (fp32 accuracy), ours_tf32 one TF32 pass a product; "
+        "ours": "vavilov_gdn_bench: ours_fp32 3×TF32 tensor cores (fp32 accuracy), ours_tf32 one TF32 pass a product, "
+                "ours_bf16 bf16 operands (m16n8k16) and a bf16 scratch with the state in fp32; "
                 "gates and l2 norms in the kernels, gated RMS norm included",
         "fla": "chunk_gated_delta_rule(use_qk_l2norm_in_kernel=True, output_final_state=True), g and beta precomputed; "
                "no gated norm",

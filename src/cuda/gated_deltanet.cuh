@@ -2,8 +2,8 @@
 // Gated DeltaNet on the GPU (spec §7, CPU mirror: src/cpu/gated_deltanet.cpp): the causal conv, the decode step
 // (conv, gates, delta rule and gated output norm in one launch, a block per value head) and the
 // chunk-parallel prefill (64-token chunks in the WY form, the state passed from chunk to chunk). All data fp32; the
-// prefill's matrix products run on tensor cores as 3×TF32 (fp32 accuracy) or, where asked, as one TF32 pass
-// (GdnProducts). No kernel allocates or waits for the host, so a captured CUDA graph can hold them.
+// prefill's matrix products run on tensor cores as 3×TF32 (fp32 accuracy) or, where asked, as one TF32 pass or
+// with bf16 operands (GdnProducts). No kernel allocates or waits for the host, so a captured CUDA graph can hold them.
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -75,11 +75,15 @@ bool gdn_conv_decode_fused(const GdnShape& shape, int conv_kernel);
 // where it is not fused at a conv width of 4, −1 on a CUDA error): for the benchmark.
 int gdn_conv_decode_resident_clusters(const GdnShape& shape);
 
-// The arithmetic of the prefill's matrix products (tensor cores, fp32 accumulators, data fp32 either way).
+// The arithmetic of the prefill's matrix products (tensor cores, fp32 accumulators).
 // Tf32x3: every fp32 operand split into a tf32 hi and lo, three mma a product (fp32 accuracy: ~3e-5 of the float64
 // recurrence at the release shape). Tf32: each operand rounded to tf32 once (unit roundoff 2⁻¹¹), one mma a product.
-// gdn_prefill_products(): Tf32x3 unless VAVILOV_GEMM_PRECISION (cuda/gemm.cuh) is tf32 or bf16.
-enum class GdnProducts { Tf32x3, Tf32 };
+// Both keep the scratch in fp32. Bf16: each operand rounded to bf16 once (unit roundoff 2⁻⁹, fla's arithmetic
+// class), m16n8k16 bf16 mma; the values that are only product operands (W, U and Δ, the normalised keys and queries,
+// P, S₀) are stored in the scratch as bf16, while the state across chunks, the gates, decays, norms and
+// exponentials stay fp32. gdn_prefill_products(): VAVILOV_GEMM_PRECISION (cuda/gemm.cuh) fp32 → Tf32x3, tf32 →
+// Tf32, bf16 → Bf16.
+enum class GdnProducts { Tf32x3, Tf32, Bf16 };
 GdnProducts gdn_prefill_products();
 
 // The prefill's prepare blocks (same results either way): each takes all value heads of a key head (their q and k
@@ -89,7 +93,7 @@ GdnProducts gdn_prefill_products();
 enum class GdnPrepareBlocks { Auto, PerValueHead, PerKeyHead };
 
 // Prefill: any number of rows, 64-token chunks in parallel (no per-row states). scratch holds
-// gdn_chunk_scratch_floats(shape, rows) floats; out as for gdn_decode.
+// gdn_chunk_scratch_floats(shape, rows) floats (enough for every GdnProducts); out as for gdn_decode.
 constexpr int kGdnChunk = 64;
 size_t gdn_chunk_scratch_floats(const GdnShape& shape, int rows);
 void gdn_prefill(const GdnShape& shape, const GdnInputs& in, float* recurrent, float* scratch, float* out,

@@ -1,3 +1,5 @@
+#include <cuda_bf16.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -37,6 +39,10 @@ constexpr int kC = kGdnChunk;  // tokens per chunk
 // one-pass mode (GdnProducts::Tf32, the kernels' kOnePass) each operand is rounded to tf32 once instead and each
 // product is one mma (a third of the tensor work, no split instructions); the error bound that gives is derived in
 // tests/gpu/test_cuda_gdn.cpp.
+// The bf16 mode (GdnProducts::Bf16, the *_bf16 kernels below) rounds each operand to bf16
+// once (unit roundoff 2⁻⁹) for mma.sync m16n8k16 bf16 with fp32 accumulators, and keeps every value that is only a
+// product operand (W, U and Δ, the keys and queries, P, S₀) as bf16 in the scratch; the state across chunks stays in
+// fp32 registers, the gates, decays, norms and exponentials in fp32 (its error bound: tests/gpu/test_cuda_gdn.cpp).
 // Tiles are 16 × 16 (k-steps of 8); shared-memory tiles are zero-padded to multiples of 16 and their row strides are
 // a multiple of 16 plus 4 floats, so the fragment loads (one 32-bit word a lane, rows 4 banks apart) are free of bank
 // conflicts.
@@ -351,6 +357,65 @@ __device__ inline void mma_tile_pair_kpaired(Accumulator& first, Accumulator& se
   add_chains<kOnePass>(second, lo_hi1, hi_lo1);
 }
 
+// ---- bf16 operands (GdnProducts::Bf16): mma.sync m16n8k16 bf16, fp32 accumulators ----------------------------
+//
+// A k-step is 16 wide. Lane (g, t) holds A rows g, g + 8 at k = 2t, 2t + 1 and 2t + 8, 2t + 9 (four 32-bit registers of
+// two bf16 each), B rows k = 2t, 2t + 1 and 2t + 8, 2t + 9 at column g, C as in the tf32 mma (Accumulator). Where an
+// operand lies in shared memory as bf16 with k contiguous (every operand of the scan and the outputs), a 16 × 16 tile
+// is one ldmatrix.x4 (k-major ones: the transposing ldmatrix); rows of such tiles are 16 mod 32 words apart
+// (padded(width) + 8 elements), so the eight rows of each 8 × 8 matrix fall on distinct banks.
+using bf16 = __nv_bfloat16;
+__host__ __device__ inline int bf16_stride_of(int width) { return padded(width) + 8; }
+
+// lo and hi rounded to bf16 (to nearest even) in one word, lo in the low half (the lower k or column).
+__device__ inline uint32_t pack_bf16(float lo, float hi) {
+  uint32_t word;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(word) : "f"(hi), "f"(lo));
+  return word;
+}
+__device__ inline float low_bf16(uint32_t word) { return __uint_as_float(word << 16); }
+__device__ inline float high_bf16(uint32_t word) { return __uint_as_float(word & 0xffff0000u); }
+
+// d[0 … 3] += A B for one m16n8k16 bf16 step.
+__device__ inline void mma_bf16(float* d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Both column halves of a 16 × 16 tile: acc += A B.
+__device__ inline void mma_bf16_tile(Accumulator& acc, const uint32_t (&a)[4], const uint32_t (&b)[2][2]) {
+  mma_bf16(acc.x, a, b[0][0], b[0][1]);
+  mma_bf16(acc.x + 4, a, b[1][0], b[1][1]);
+}
+
+__device__ inline void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
+  const unsigned address = unsigned(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+// The A operand of a 16 × 16 tile at a (bf16, rows m with k contiguous, row stride ld): lane i addresses row i % 16
+// at k 8·(i / 16), so the four matrices are rows 0–7 / 8–15 at k 0–7, then at k 8–15 (a[0 … 3]).
+__device__ inline void load_a_bf16(uint32_t (&f)[4], const bf16* a, int ld) {
+  const int lane = threadIdx.x % 32;
+  ldmatrix_x4(f, a + (lane % 16) * ld + 8 * (lane / 16));
+}
+
+// The B operand of a 16 (k) × 16 (n) tile stored n-major at b (bf16, rows n with k contiguous, row stride ld): f[h]
+// for columns 8h …; lane i addresses row n = i % 8 + 8·(i / 16) at k 8·(i / 8 % 2).
+__device__ inline void load_b_bf16(uint32_t (&f)[2][2], const bf16* b, int ld) {
+  const int lane = threadIdx.x % 32;
+  uint32_t r[4];
+  ldmatrix_x4(r, b + (lane % 8 + 8 * (lane / 16)) * ld + 8 * (lane / 8 % 2));
+  f[0][0] = r[0];
+  f[0][1] = r[1];
+  f[1][0] = r[2];
+  f[1][1] = r[3];
+}
+
 // tile[t][c] (row stride ld) for t < tile_rows, c < tile_width (a multiple of 4): source[t·source_stride + c]
 // (asynchronously) where t < rows and c < width, zero elsewhere. Whole float4s when the source rows allow it. Each
 // element has one owner thread, so restaging the same tile shape needs no barrier between the zero stores and the
@@ -398,9 +463,14 @@ struct ChunkScratch {
 constexpr int kScanColumns = 64;
 __host__ __device__ inline int scan_slices_of(const GdnShape& s) { return (s.dv + kScanColumns - 1) / kScanColumns; }
 
+// In bf16 mode (GdnProducts::Bf16) the operand regions hold bf16 at padded widths (kdp = padded(dk), vdp =
+// padded(dv); zero past dk and dv), so that every tile is staged in whole 16-byte copies: W [C][kdp], Uᵀ and then Δᵀ
+// [vdp][C] (the scan reads and writes them a value column's tokens at a time), the keys transposed [kdp][C] followed
+// by the normalised queries [C][kdp] (a key head's, for the outputs), P [C][C], S₀ᵀ [vdp][kdp]. Each region is sized
+// for the larger of the two layouts (at the release both take the same bytes).
 ChunkScratch chunk_scratch(const GdnShape& s, int rows, float* base, size_t* total) {
   const size_t chunks = size_t((rows + kC - 1) / kC), blocks = chunks * size_t(s.heads);
-  const size_t dk = size_t(s.dk), dv = size_t(s.dv);
+  const size_t dk = size_t(s.dk), dv = size_t(s.dv), kdp = size_t(padded(s.dk)), vdp = size_t(padded(s.dv));
   size_t offset = 0;
   auto take = [&](size_t per_block, size_t count) {
     float* at = base ? base + offset : nullptr;
@@ -408,13 +478,13 @@ ChunkScratch chunk_scratch(const GdnShape& s, int rows, float* base, size_t* tot
     return at;
   };
   ChunkScratch x;
-  x.w = take(kC * dk, blocks);
-  x.u = take(kC * dv, blocks);
+  x.w = take(std::max(kC * dk, kC * kdp / 2), blocks);
+  x.u = take(std::max(kC * dv, vdp * kC / 2), blocks);
   x.q_factor = take(kC, blocks);
-  x.keys = take(kC * dk, chunks * size_t(s.key_heads));
+  x.keys = take(kC * kdp, chunks * size_t(s.key_heads));  // ≥ C·dk floats; bf16 mode: Kᵀ and Q
   x.key_decay = take(kC, blocks);
   x.p = take(kC * kC, blocks);
-  x.s0 = take(dk * dv, blocks);
+  x.s0 = take(std::max(dk * dv, vdp * kdp / 2), blocks);
   x.decay = take(1, blocks);
   x.scan_slices = scan_slices_of(s);
   x.progress = reinterpret_cast<unsigned*>(base ? base + offset : nullptr);
@@ -519,6 +589,26 @@ __device__ inline void transpose_keys(float* keys_out, const float* keys, int ld
   for (int c = 0; c < 4; ++c)
     *reinterpret_cast<float4*>(keys_out + (key + c) * kC + token) =
         make_float4(rows[0][c], rows[1][c], rows[2][c], rows[3][c]);
+}
+
+// The bf16 mode's views of the scratch regions (chunk_scratch): block = chunk · heads + value head.
+__device__ inline bf16* w_bf16(const ChunkScratch& x, const GdnShape& s, size_t block) {
+  return reinterpret_cast<bf16*>(x.w) + block * kC * padded(s.dk);
+}
+__device__ inline bf16* delta_bf16(const ChunkScratch& x, const GdnShape& s, size_t block) {  // Uᵀ, then Δᵀ
+  return reinterpret_cast<bf16*>(x.u) + block * size_t(padded(s.dv)) * kC;
+}
+__device__ inline bf16* keys_bf16(const ChunkScratch& x, const GdnShape& s, int chunk, int key_head) {
+  return reinterpret_cast<bf16*>(x.keys) + (size_t(chunk) * s.key_heads + key_head) * 2 * kC * padded(s.dk);
+}
+__device__ inline bf16* queries_bf16(const ChunkScratch& x, const GdnShape& s, int chunk, int key_head) {
+  return keys_bf16(x, s, chunk, key_head) + kC * padded(s.dk);
+}
+__device__ inline bf16* p_bf16(const ChunkScratch& x, size_t block) {
+  return reinterpret_cast<bf16*>(x.p) + block * kC * kC;
+}
+__device__ inline bf16* s0_bf16(const ChunkScratch& x, const GdnShape& s, size_t block) {  // S₀ᵀ
+  return reinterpret_cast<bf16*>(x.s0) + block * size_t(padded(s.dv)) * padded(s.dk);
 }
 
 // Phase 1, once a group: q and k rows staged and l2-normalised, every value head's γ and β, K Kᵀ and Q Kᵀ, the
@@ -710,6 +800,392 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
     write_rows(x.w + block * kC * s.dk, keys, ldk, s.dk, [](float w) { return stored_operand<kOnePass>(w); });
     write_rows(x.u + block * kC * s.dv, values, ldv, s.dv, [](float u) { return u; });
     if (head + 1 < group) __syncthreads();  // the next value head restages the keys and values and forms its A
+  }
+}
+
+// ---- The bf16 mode's prepare: bf16 tiles, (I + A)⁻¹ once, W and U as one product each ------------------------------
+//
+// The normalised q and k rows are staged as bf16 (converted once, while staging; halves the tiles), the products read
+// them with ldmatrix. Per value head, four warps build T = (I + A)⁻¹ in fp32: the diagonal blocks' inverses D_b by
+// forward substitution, then the off-diagonal blocks by the inverse of a block lower triangular matrix,
+//   [[L₁₁, 0], [L₂₁, L₂₂]]⁻¹ = [[L₁₁⁻¹, 0], [−L₂₂⁻¹ L₂₁ L₁₁⁻¹, L₂₂⁻¹]],
+// at 32 rows (T₁₀ = −D₁ A₁₀ D₀, T₃₂ = −D₃ A₃₂ D₂) and then at 64 (the lower left 32 × 32 block), with 3×TF32 products
+// (fp32 accurate), while the other warps stage V as bf16 and write P. Then W = T diag(β e^γ) K and U = T diag(β) V are
+// one bf16 product each over T's lower tiles (every entry of T is ≤ 1 in magnitude, docs/CUDA.md): the column scales
+// go onto T (64 × 64) instead of onto K and V (64 × 128 each), the keys are staged once for the key head's value heads,
+// and the 4-step blocked substitution with its barriers is gone. U is computed transposed, Uᵀ = Vᵀ (T diag(β))ᵀ,
+// so that both results leave the registers as bf16 pairs adjacent in the scratch's layout.
+constexpr int kFactorStride = kC + 8;    // bf16 [C][C + 8]: T diag(β e^γ), T diag(β)
+constexpr int kBlockStride = kTile + 8;  // fp32 [16][24]: the inverse's intermediate blocks
+constexpr int kInverseWarps = 4;         // the warps that build (I + A)⁻¹
+constexpr int kInverseThreads = 32 * kInverseWarps;
+
+// Shared memory of the bf16 prepare for groups of `group` value heads: γ and β [G][C], the column scales β e^γ [C], K
+// Kᵀ and A, then T, [C][C + 4] each (fp32), four intermediate blocks [16][24] (fp32), the normalised keys [C][ldk] and
+// queries, later V, [C][max(ldk, ldv)] (bf16), the two scaled copies of T [C][C + 8] (bf16). (At the release 93.75 KB:
+// two blocks an SM.)
+size_t prepare_bf16_shared_bytes(const GdnShape& s, int group) {
+  const size_t ldk = size_t(bf16_stride_of(s.dk)), ldx = std::max(ldk, size_t(bf16_stride_of(s.dv)));
+  const size_t floats = 2 * size_t(group) * kC + kC + 2 * size_t(kC) * kChunkStride + 4 * kTile * kBlockStride;
+  return floats * sizeof(float) + (kC * ldk + kC * ldx + 2 * size_t(kC) * kFactorStride) * sizeof(bf16);
+}
+
+__device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
+  const unsigned address = unsigned(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+// The A operand of a 16 (m) × 16 (k) tile stored k-major at a (bf16, rows k with m contiguous, row stride ld), by the
+// transposing ldmatrix: lane i addresses row k = i % 8 + 8·(i / 16) at m 8·(i / 8 % 2).
+__device__ inline void load_a_bf16_trans(uint32_t (&f)[4], const bf16* a, int ld) {
+  const int lane = threadIdx.x % 32;
+  ldmatrix_x4_trans(f, a + (lane % 8 + 8 * (lane / 16)) * ld + 8 * (lane / 8 % 2));
+}
+
+// The B operand of a 16 (k) × 16 (n) tile stored k-major at b (bf16, rows k with n contiguous, row stride ld): lane i
+// addresses row k = i % 8 + 8·(i / 8 % 2) at n 8·(i / 16).
+__device__ inline void load_b_bf16_trans(uint32_t (&f)[2][2], const bf16* b, int ld) {
+  const int lane = threadIdx.x % 32;
+  uint32_t r[4];
+  ldmatrix_x4_trans(r, b + (lane % 8 + 8 * (lane / 8 % 2)) * ld + 8 * (lane / 16));
+  f[0][0] = r[0];
+  f[0][1] = r[1];
+  f[1][0] = r[2];
+  f[1][1] = r[3];
+}
+
+// acc += A Bᵀ over k = 16·steps, A's rows at a and B's rows (the n side) at b, both bf16 with k contiguous (row stride
+// ld); the even and odd k-steps form two chains.
+__device__ inline void mma_rows_bf16(Accumulator& acc, const bf16* a, const bf16* b, int ld, int steps) {
+  Accumulator odd;
+  zero(odd);
+#pragma unroll 2
+  for (int k = 0; k < steps; ++k) {
+    uint32_t a_frag[4], b_frag[2][2];
+    load_a_bf16(a_frag, a + kTile * k, ld);
+    load_b_bf16(b_frag, b + kTile * k, ld);
+    mma_bf16_tile(k % 2 ? odd : acc, a_frag, b_frag);
+  }
+#pragma unroll
+  for (int e = 0; e < 8; ++e) acc.x[e] += odd.x[e];
+}
+
+// Elements i … i + 3 of a row of `width` floats (zero past it, and all zero where row is null): one 16-byte load where
+// `vectors` says the rows are 16-byte aligned.
+__device__ inline float4 row_quad(const float* row, int i, int width, bool vectors) {
+  if (!row || i >= width) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (vectors && i + 4 <= width) return *reinterpret_cast<const float4*>(row + i);
+  return make_float4(row[i], i + 1 < width ? row[i + 1] : 0.0f, i + 2 < width ? row[i + 2] : 0.0f,
+                     i + 3 < width ? row[i + 3] : 0.0f);
+}
+__device__ inline float squares(float4 v) { return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w; }
+__device__ inline void store_quad_bf16(bf16* target, float4 v, float scale) {
+  *reinterpret_cast<uint2*>(target) =
+      make_uint2(pack_bf16(v.x * scale, v.y * scale), pack_bf16(v.z * scale, v.w * scale));
+}
+
+// Row t of the queries and of the keys (null past the input), l2-normalised (the queries also scaled by q_scale) as
+// bf16 into the tiles (kdp wide, zero past dk), by one warp. The same factors as the TF32 prepare's.
+template <bool kRelease>
+__device__ inline void stage_normalised_rows(bf16* queries, bf16* keys, const float* q, const float* k, int dk, int kdp,
+                                             float q_scale, bool vectors, int lane) {
+  if constexpr (kRelease) {  // dk = 128: one quad a lane, loaded once
+    const float4 qv = row_quad(q, 4 * lane, dk, vectors), kv = row_quad(k, 4 * lane, dk, vectors);
+    const float q_norm = 1.0f / sqrtf(warp_sum(squares(qv)) + 1e-6f) * q_scale;
+    const float k_norm = 1.0f / sqrtf(warp_sum(squares(kv)) + 1e-6f);
+    store_quad_bf16(queries + 4 * lane, qv, q_norm);
+    store_quad_bf16(keys + 4 * lane, kv, k_norm);
+    return;
+  }
+  float q_sum = 0.0f, k_sum = 0.0f;
+  for (int i = 4 * lane; i < kdp; i += 128) {
+    q_sum += squares(row_quad(q, i, dk, vectors));
+    k_sum += squares(row_quad(k, i, dk, vectors));
+  }
+  const float q_norm = 1.0f / sqrtf(warp_sum(q_sum) + 1e-6f) * q_scale;
+  const float k_norm = 1.0f / sqrtf(warp_sum(k_sum) + 1e-6f);
+  for (int i = 4 * lane; i < kdp; i += 128) {
+    store_quad_bf16(queries + i, row_quad(q, i, dk, vectors), q_norm);
+    store_quad_bf16(keys + i, row_quad(k, i, dk, vectors), k_norm);
+  }
+}
+
+// Lower tile l (0 … 9, row by row) of a 4 × 4 grid of 16 × 16 tiles: its first row and column.
+__device__ inline int lower_tile_row(int l) { return kTile * (l >= 6 ? 3 : l >= 3 ? 2 : l >= 1 ? 1 : 0); }
+__device__ inline int lower_tile_column(int l) {
+  const int row = lower_tile_row(l) / kTile;
+  return kTile * (l - row * (row + 1) / 2);
+}
+
+// The 3×TF32 product of two 16 × 16 fp32 tiles (row-major), negated where `negate`: into target (row stride ld).
+__device__ inline void block_product(float* target, int ld, const float* a, int lda, const float* b, int ldb,
+                                     bool negate, const float* a2 = nullptr, const float* b2 = nullptr, int ldb2 = 0) {
+  Accumulator acc;
+  zero(acc);
+  mma_tile<false, RowMajor, RowMajor>(acc, a, lda, b, ldb, kTile / kStep);
+  if (a2) mma_tile<false, RowMajor, RowMajor>(acc, a2, lda, b2, ldb2, kTile / kStep);
+  if (negate)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc.x[e] = -acc.x[e];
+  __syncwarp();
+  store_tile(target, acc, ld);
+}
+
+// T = (I + A)⁻¹ in place of A (the strictly lower fp32 [C][C + 4] tile at a; its diagonal blocks' upper parts zero),
+// by kInverseWarps warps (q = 0 … 3) in four stages, each followed by a block barrier (the other warps do other work
+// between them); blocks: four [16][kBlockStride] intermediate tiles. Stage 1: D_q.
+__device__ inline float* inverse_block(float* a, int row, int column) {
+  return a + kTile * row * kChunkStride + kTile * column;
+}
+__device__ inline void invert_diagonal_blocks(float* a, int q, int lane) {
+  if (lane < kTile) invert_diagonal_block<false>(a, a, q * kTile, lane);
+}
+// Stage 2: T₁₀ = −D₁ (A₁₀ D₀), T₃₂ = −D₃ (A₃₂ D₂) in place of A₁₀, A₃₂ (warps q < 2).
+__device__ inline void invert_at_32_rows(float* a, float* blocks, int q) {
+  if (q >= 2) return;
+  float* mine = blocks + q * kTile * kBlockStride;
+  const int r = 2 * q + 1;
+  block_product(mine, kBlockStride, inverse_block(a, r, r - 1), kChunkStride, inverse_block(a, r - 1, r - 1),
+                kChunkStride, false);
+  __syncwarp();
+  block_product(inverse_block(a, r, r - 1), kChunkStride, inverse_block(a, r, r), kChunkStride, mine, kBlockStride,
+                true);
+}
+// Stages 3 and 4, the lower left 32 × 32 block: X = A_[23][01] T_[01][01] (block (i, j) by warp q = 2(i − 2) + j),
+// then −T_[23][23] X in its place.
+__device__ inline void invert_at_64_rows_first(float* a, float* blocks, int q) {
+  float* mine = blocks + q * kTile * kBlockStride;
+  const int i = 2 + q / 2, j = q % 2;
+  if (j == 0)  // X_i0 = A_i0 D₀ + A_i1 T₁₀
+    block_product(mine, kBlockStride, inverse_block(a, i, 0), kChunkStride, inverse_block(a, 0, 0), kChunkStride, false,
+                  inverse_block(a, i, 1), inverse_block(a, 1, 0), kChunkStride);
+  else  // X_i1 = A_i1 D₁
+    block_product(mine, kBlockStride, inverse_block(a, i, 1), kChunkStride, inverse_block(a, 1, 1), kChunkStride,
+                  false);
+}
+__device__ inline void invert_at_64_rows_second(float* a, const float* blocks, int q) {
+  const int i = 2 + q / 2, j = q % 2;
+  const float* x2 = blocks + j * kTile * kBlockStride;  // X_2j
+  if (i == 2) {                                         // T_2j = −D₂ X_2j
+    block_product(inverse_block(a, 2, j), kChunkStride, inverse_block(a, 2, 2), kChunkStride, x2, kBlockStride, true);
+  } else {  // T_3j = −(T₃₂ X_2j + D₃ X_3j)
+    block_product(inverse_block(a, 3, j), kChunkStride, inverse_block(a, 3, 2), kChunkStride, x2, kBlockStride, true,
+                  inverse_block(a, 3, 3), blocks + q * kTile * kBlockStride, kBlockStride);
+  }
+}
+
+// Block (group of value heads, chunk) as the TF32 prepare's (value_heads_per_key_head, prepare_group), 512 threads,
+// two blocks an SM. Writes chunk_scratch's bf16 layouts: W, Uᵀ, Kᵀ and Q, P (bf16), the
+// queries' row factors e^{γ_t}, the keys' factors e^{γ_C−γ_t} and the chunk's decay.
+template <bool kRelease>
+__global__ void __launch_bounds__(kPrepareThreads, 2)
+    gdn_chunk_prepare_bf16_kernel(GdnShape shape, GdnInputs in, ChunkScratch x, int group) {
+  const GdnShape s = fixed<kRelease>(shape);
+  allow_dependents();
+  extern __shared__ __align__(128) float4 shared4[];
+  const int kdp = padded(s.dk), vdp = padded(s.dv);
+  const int ldk = bf16_stride_of(s.dk), ldv = bf16_stride_of(s.dv), ldx = max(ldk, ldv);
+  float* gammas = reinterpret_cast<float*>(shared4);  // [G][C] inclusive cumulative log decays
+  float* betas = gammas + group * kC;                 // [G][C]
+  float* w_scale = betas + group * kC;                // [C]: β e^γ of the value head at hand
+  float* kk = w_scale + kC;                           // [C][C + 4]: K Kᵀ (lower tiles)
+  float* a = kk + kC * kChunkStride;                  // [C][C + 4]: A, then T = (I + A)⁻¹ (lower tiles)
+  float* blocks = a + kC * kChunkStride;              // [4][16][kBlockStride]
+  bf16* keys = reinterpret_cast<bf16*>(blocks + 4 * kTile * kBlockStride);  // [C][ldk]: normalised K
+  bf16* queries = keys + kC * ldk;                                          // [C][ldk]: normalised Q / √dk
+  bf16* values = queries;                                                   // [C][ldv]: V (once Q is written)
+  bf16* w_factors = queries + kC * ldx;                                     // [C][C + 8]: T diag(β e^γ)
+  bf16* u_factors = w_factors + kC * kFactorStride;                         // [C][C + 8]: T diag(β)
+  const int first_head = blockIdx.x * group, key_head = first_head / value_heads_per_key_head(s);
+  const int chunk = blockIdx.y, tid = threadIdx.x;
+  const int lane = tid % 32, warp = tid / 32, g = lane / 4, t4 = lane % 4;
+  const int t0 = chunk * kC, n = min(kC, in.rows - t0);
+  if (chunk == 0)  // the scan starts after this grid; the group's counters are adjacent
+    for (int e = tid; e < group * x.scan_slices; e += kPrepareThreads) x.progress[first_head * x.scan_slices + e] = 0;
+  const bool vectors =
+      reinterpret_cast<uintptr_t>(in.qkv) % 16 == 0 && s.conv_dim % 4 == 0 && s.dk % 4 == 0 && s.dv % 4 == 0;
+
+  const float* q_rows = in.qkv + size_t(t0) * s.conv_dim + key_head * s.dk;
+  const float* k_rows = q_rows + s.key_dim;
+  for (int e = tid; e < group * kC; e += kPrepareThreads) {  // rows past the input: β = 0, g = 0 (they change nothing)
+    const int h = first_head + e / kC, t = e % kC;
+    float gate = 0.0f, b = 0.0f;
+    if (t < n) {
+      const size_t at = size_t(t0 + t) * s.heads + h;
+      gate = log_decay(in, h, at);
+      b = sigmoid(in.b[at]);
+    }
+    gammas[e] = gate;
+    betas[e] = b;
+  }
+  const float q_scale = 1.0f / sqrtf(float(s.dk));
+  for (int t = warp; t < kC; t += kPrepareWarps) {
+    const bool row = t < n;
+    stage_normalised_rows<kRelease>(queries + t * ldk, keys + t * ldk, row ? q_rows + size_t(t) * s.conv_dim : nullptr,
+                                    row ? k_rows + size_t(t) * s.conv_dim : nullptr, s.dk, kdp, q_scale, vectors, lane);
+  }
+  __syncthreads();
+  for (int head = warp; head < group; head += kPrepareWarps) cumulative_decays(gammas + head * kC, lane);
+
+  // Q Kᵀ's lower tile `warp` (warps 0 … 9), kept in registers (each value head's P is formed from it), and K Kᵀ's
+  // lower tile warp − 6 (warps 6 … 15), to shared memory (each value head's A).
+  Accumulator qk;
+  zero(qk);
+  if (warp < 10)
+    mma_rows_bf16(qk, queries + lower_tile_row(warp) * ldk, keys + lower_tile_column(warp) * ldk, ldk, kdp / kTile);
+  if (warp >= 6) {
+    const int r0 = lower_tile_row(warp - 6), c0 = lower_tile_column(warp - 6);
+    Accumulator product;
+    zero(product);
+    mma_rows_bf16(product, keys + r0 * ldk, keys + c0 * ldk, ldk, kdp / kTile);
+    store_tile(kk + r0 * kChunkStride + c0, product, kChunkStride);
+  }
+  if (first_head % value_heads_per_key_head(s) == 0) {  // Kᵀ [kdp][C] and Q [C][kdp], once a key head
+    bf16* keys_out = keys_bf16(x, s, chunk, key_head);
+    for (int e = tid; e < kdp * kC / 8; e += kPrepareThreads) {  // eight tokens of one key a thread
+      const int i = e % kdp, token = 8 * (e / kdp);
+      uint32_t words[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const bf16 lo = keys[(token + 2 * c) * ldk + i], hi = keys[(token + 2 * c + 1) * ldk + i];
+        words[c] = uint32_t(__bfloat16_as_ushort(lo)) | uint32_t(__bfloat16_as_ushort(hi)) << 16;
+      }
+      *reinterpret_cast<uint4*>(keys_out + i * kC + token) = make_uint4(words[0], words[1], words[2], words[3]);
+    }
+    bf16* queries_out = queries_bf16(x, s, chunk, key_head);
+    for (int e = tid; e < kC * kdp / 8; e += kPrepareThreads) {
+      const int t = e / (kdp / 8), i = 8 * (e % (kdp / 8));
+      *reinterpret_cast<uint4*>(queries_out + t * kdp + i) = *reinterpret_cast<const uint4*>(queries + t * ldk + i);
+    }
+  }
+  __syncthreads();  // the queries are used up (V takes their place); γ is summed
+
+  for (int head = 0; head < group; ++head) {
+    const int h = first_head + head;
+    const float *gamma = gammas + head * kC, *beta = betas + head * kC;
+    const size_t block = size_t(chunk) * s.heads + h;
+    // A over K Kᵀ's lower tiles (strictly lower: the diagonal tiles' upper parts zero), the column scales and factors.
+    for (int e = tid; e < 10 * kTile * kTile; e += kPrepareThreads) {
+      const int l = e / (kTile * kTile), t = lower_tile_row(l) + e % (kTile * kTile) / kTile;
+      const int u = lower_tile_column(l) + e % kTile;
+      a[t * kChunkStride + u] = u < t ? beta[t] * expf(gamma[t] - gamma[u]) * kk[t * kChunkStride + u] : 0.0f;
+    }
+    const float gamma_end = gamma[kC - 1];
+    if (tid < kC) {
+      w_scale[tid] = beta[tid] * expf(gamma[tid]);
+      x.q_factor[block * kC + tid] = tid < n ? expf(gamma[tid]) : 0.0f;  // (the stored queries are normalised)
+      x.key_decay[block * kC + tid] = expf(gamma_end - gamma[tid]);
+    }
+    if (tid == 0) x.decay[block] = expf(gamma_end);
+    __syncthreads();
+
+    // T = (I + A)⁻¹ by the last four warps in four stages between block barriers; meanwhile the others load V as bf16
+    // (zero past the input and past dv), then write P (decayed, masked) from Q Kᵀ's tiles (warps 10, 11: its zero
+    // tiles above the diagonal).
+    const bool inverts = warp >= kPrepareWarps - kInverseWarps;
+    const int q = warp - (kPrepareWarps - kInverseWarps);
+    if (inverts) {
+      invert_diagonal_blocks(a, q, lane);
+    } else {
+      const float* v_rows = in.qkv + size_t(t0) * s.conv_dim + 2 * s.key_dim + h * s.dv;
+      const int quads = vdp / 4;
+      for (int e = tid; e < kC * quads; e += kPrepareThreads - kInverseThreads) {
+        const int t = e / quads, i = 4 * (e % quads);
+        store_quad_bf16(values + t * ldv + i,
+                        row_quad(t < n ? v_rows + size_t(t) * s.conv_dim : nullptr, i, s.dv, vectors), 1.0f);
+      }
+    }
+    __syncthreads();
+    if (inverts) {
+      invert_at_32_rows(a, blocks, q);
+    } else {
+      bf16* p = p_bf16(x, block);
+      if (warp < 10) {
+        const int r0 = lower_tile_row(warp), c0 = lower_tile_column(warp);
+#pragma unroll
+        for (int e = 0; e < 8; e += 2) {
+          const int t = r0 + g + 8 * (e / 2 % 2), u = c0 + 8 * (e / 4) + 2 * t4;
+          const float first = u <= t ? expf(gamma[t] - gamma[u]) * qk.x[e] : 0.0f;
+          const float second = u + 1 <= t ? expf(gamma[t] - gamma[u + 1]) * qk.x[e + 1] : 0.0f;
+          *reinterpret_cast<uint32_t*>(p + t * kC + u) = pack_bf16(first, second);
+        }
+      } else {
+        for (int l = warp - 10; l < 6; l += 2) {  // upper tile l: (0,1) (0,2) (0,3) (1,2) (1,3) (2,3)
+          const int r0 = kTile * (l < 3 ? 0 : l < 5 ? 1 : 2), c0 = kTile * (l < 3 ? l + 1 : l < 5 ? l - 1 : 3);
+          *reinterpret_cast<uint4*>(p + (r0 + lane / 2) * kC + c0 + 8 * (lane % 2)) = make_uint4(0, 0, 0, 0);
+        }
+      }
+    }
+    __syncthreads();
+    if (inverts) invert_at_64_rows_first(a, blocks, q);
+    __syncthreads();
+    if (inverts) invert_at_64_rows_second(a, blocks, q);
+    __syncthreads();
+
+    // T diag(β e^γ) and T diag(β) as bf16 over T's lower tiles (two columns a thread).
+    for (int e = 2 * tid; e < 10 * kTile * kTile; e += 2 * kPrepareThreads) {
+      const int l = e / (kTile * kTile), r = e % (kTile * kTile) / kTile, c = e % kTile;
+      const int t = lower_tile_row(l) + r, u = lower_tile_column(l) + c;
+      const float first = u <= t ? a[t * kChunkStride + u] : 0.0f;
+      const float second = u + 1 <= t ? a[t * kChunkStride + u + 1] : 0.0f;
+      *reinterpret_cast<uint32_t*>(w_factors + t * kFactorStride + u) =
+          pack_bf16(first * w_scale[u], second * w_scale[u + 1]);
+      *reinterpret_cast<uint32_t*>(u_factors + t * kFactorStride + u) =
+          pack_bf16(first * beta[u], second * beta[u + 1]);
+    }
+    __syncthreads();
+
+    // W = T diag(β e^γ) K (a warp per 16 key columns: row block i over k blocks j ≤ i) and Uᵀ = Vᵀ (T diag(β))ᵀ (a
+    // warp per 16 value columns: token block i over j ≤ i), straight from the registers to the scratch.
+    const int key_tiles = kdp / kTile, tiles = key_tiles + vdp / kTile;
+    for (int tile = warp; tile < tiles; tile += kPrepareWarps) {
+      if (tile < key_tiles) {
+        const int c0 = kTile * tile;
+        uint32_t b_frag[kC / kTile][2][2];
+#pragma unroll
+        for (int j = 0; j < kC / kTile; ++j) load_b_bf16_trans(b_frag[j], keys + kTile * j * ldk + c0, ldk);
+        bf16* w_out = w_bf16(x, s, block);
+#pragma unroll
+        for (int i = 0; i < kC / kTile; ++i) {
+          Accumulator acc;
+          zero(acc);
+#pragma unroll
+          for (int j = 0; j <= i; ++j) {
+            uint32_t a_frag[4];
+            load_a_bf16(a_frag, w_factors + kTile * i * kFactorStride + kTile * j, kFactorStride);
+            mma_bf16_tile(acc, a_frag, b_frag[j]);
+          }
+#pragma unroll
+          for (int e = 0; e < 8; e += 2)
+            *reinterpret_cast<uint32_t*>(w_out + (kTile * i + g + 8 * (e / 2 % 2)) * kdp + c0 + 8 * (e / 4) + 2 * t4) =
+                pack_bf16(acc.x[e], acc.x[e + 1]);
+        }
+      } else {
+        const int c0 = kTile * (tile - key_tiles);
+        uint32_t v_frag[kC / kTile][4];
+#pragma unroll
+        for (int j = 0; j < kC / kTile; ++j) load_a_bf16_trans(v_frag[j], values + kTile * j * ldv + c0, ldv);
+        bf16* u_out = delta_bf16(x, s, block);
+#pragma unroll
+        for (int i = 0; i < kC / kTile; ++i) {
+          Accumulator acc;
+          zero(acc);
+#pragma unroll
+          for (int j = 0; j <= i; ++j) {
+            uint32_t b_frag[2][2];
+            load_b_bf16(b_frag, u_factors + kTile * i * kFactorStride + kTile * j, kFactorStride);
+            mma_bf16_tile(acc, v_frag[j], b_frag);
+          }
+#pragma unroll
+          for (int e = 0; e < 8; e += 2)
+            *reinterpret_cast<uint32_t*>(u_out + (c0 + g + 8 * (e / 2 % 2)) * kC + kTile * i + 8 * (e / 4) + 2 * t4) =
+                pack_bf16(acc.x[e], acc.x[e + 1]);
+        }
+      }
+    }
+    if (head + 1 < group) __syncthreads();  // the next value head restages V and forms its A and T
   }
 }
 
@@ -1089,6 +1565,301 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
+// ---- The bf16 mode's scan and outputs (GdnProducts::Bf16) ---------------------------------------------------------
+//
+// The scan as gdn_chunk_scan_kernel (block (head, slice of 64 value columns), 512 threads, warp w owning the state
+// tiles at value columns 16·(w%4) and keys 16·(w/4), 16·(w/4 + 4) in fp32 registers across the chunks), with every
+// operand bf16 and k-contiguous in shared memory, each 16 × 16 fragment one ldmatrix.x4: a stage is {W [C][kdp + 8],
+// Kᵀ [kdp][C + 8], e^{γ_C−γ} [C] fp32}, beside Δᵀ diag(e^{γ_C−γ}) [64][C + 8] and Sᵀ [64][kdp + 8] (96.5 KB at
+// dk = 128: an outputs block fits beside it on its multiprocessor). Uᵀ comes from the scratch a chunk ahead (two bf16
+// a word: the pairs of an accumulator row are adjacent tokens) and Δᵀ goes back over it; S₀ᵀ goes to the scratch as
+// bf16 pairs of adjacent keys.
+__host__ __device__ inline size_t scan_bf16_stage_bytes(const GdnShape& s) {
+  return (size_t(kC) * bf16_stride_of(s.dk) + size_t(padded(s.dk)) * bf16_stride_of(kC)) * sizeof(bf16) +
+         kC * sizeof(float);
+}
+
+// Stages in flight: chunk c + 2's operands load while chunk c computes.
+constexpr int kScanBf16Stages = 3;
+
+size_t scan_bf16_shared_bytes(const GdnShape& s) {
+  return kScanBf16Stages * scan_bf16_stage_bytes(s) +
+         size_t(kScanColumns) * (bf16_stride_of(kC) + bf16_stride_of(s.dk)) * sizeof(bf16);
+}
+
+// rows × width bf16 (width a multiple of 8; source rows width apart, 16-byte aligned) into tile (row stride ld) by
+// cp.async, 16 bytes a copy, by the block's threads.
+__device__ inline void stage_bf16_rows(bf16* tile, int ld, const bf16* source, int rows, int width) {
+  const int vectors = width / 8;
+  for (int e = threadIdx.x; e < rows * vectors; e += blockDim.x) {
+    const int r = e / vectors, c = e % vectors * 8;
+    __pipeline_memcpy_async(tile + r * ld + c, source + r * width + c, 16);
+  }
+}
+
+template <bool kRelease>
+__global__ void __launch_bounds__(kScanThreads, 1)
+    gdn_chunk_scan_bf16_kernel(GdnShape shape, int rows, ChunkScratch x, float* recurrent) {
+  const GdnShape s = fixed<kRelease>(shape);
+  allow_dependents();
+  extern __shared__ __align__(128) float4 shared4[];
+  const int kdp = padded(s.dk), vdp = padded(s.dv), ldw = bf16_stride_of(s.dk), ldt = bf16_stride_of(kC);
+  const size_t stage_bytes = scan_bf16_stage_bytes(s);
+  char* stages = reinterpret_cast<char*>(shared4);  // kScanBf16Stages × {W [C][ldw], Kᵀ [kdp][ldt], e^{γ_C−γ} [C]}
+  bf16* delta = reinterpret_cast<bf16*>(stages + kScanBf16Stages * stage_bytes);  // Δᵀ diag(e^{γ_C−γ}) [64][ldt]
+  bf16* state = delta + kScanColumns * ldt;                                       // Sᵀ [64][ldw]
+  const int h = blockIdx.x, key_head = h / (s.heads / s.key_heads), tid = threadIdx.x, warp = tid / 32;
+  const int j0 = blockIdx.y * kScanColumns, columns = min(kScanColumns, s.dv - j0);
+  const int chunks = (rows + kC - 1) / kC;
+  const size_t dv = size_t(s.dv);
+  float* head_state = recurrent + size_t(h) * s.dk * dv + j0;
+  unsigned* progress = x.progress + h * x.scan_slices + blockIdx.y;
+  auto stage_w = [&](int chunk) { return reinterpret_cast<bf16*>(stages + (chunk % kScanBf16Stages) * stage_bytes); };
+  auto stage_keys = [&](bf16* w) { return w + kC * ldw; };
+  auto stage_decays = [&](bf16* w) { return reinterpret_cast<float*>(stage_keys(w) + kdp * ldt); };
+  auto stage_chunk = [&](int chunk) {
+    bf16* w = stage_w(chunk);
+    const size_t block = size_t(chunk) * s.heads + h;
+    stage_bf16_rows(w, ldw, w_bf16(x, s, block), kC, kdp);
+    stage_bf16_rows(stage_keys(w), ldt, keys_bf16(x, s, chunk, key_head), kdp, kC);
+    if (tid < kC / 4)
+      __pipeline_memcpy_async(stage_decays(w) + 4 * tid, x.key_decay + block * kC + 4 * tid, 4 * sizeof(float));
+  };
+  // One cp.async group a chunk (empty past the last), so that waiting for all but the newest kScanBf16Stages − 2
+  // groups waits for exactly the current chunk's stage.
+  for (int chunk = 0; chunk < kScanBf16Stages - 1; ++chunk) {
+    if (chunk < chunks) stage_chunk(chunk);
+    __pipeline_commit();
+  }
+
+  const int c0 = warp % 4 * kTile, d0 = warp / 4 * kTile, first_key_tile = warp / 4;
+  const int key_tiles = kdp / kTile;  // ≤ 8: a warp owns at most two
+  const bool owns[2] = {first_key_tile < key_tiles, first_key_tile + 4 < key_tiles};
+  auto in_slice = [&](int e) { return c0 + row_of(e) < columns; };
+  auto in_scratch = [&](int e) { return j0 + c0 + row_of(e) < vdp; };  // a row of Uᵀ, Δᵀ and S₀ᵀ
+  auto key_of = [&](int tile, int e) { return (first_key_tile + 4 * tile) * kTile + column_of(e); };
+  Accumulator owned[2];  // Sᵀ at the owned key tiles; zero past dk and past the slice's columns
+#pragma unroll
+  for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int key = key_of(tile, e);
+      owned[tile].x[e] = owns[tile] && key < s.dk && in_slice(e) ? head_state[key * dv + c0 + row_of(e)] : 0.0f;
+    }
+  // Pairs (e, e + 1) of an accumulator are adjacent columns: one bf16 word.
+  auto store_owned = [&] {
+#pragma unroll
+    for (int tile = 0; tile < 2; ++tile)
+      if (owns[tile])
+#pragma unroll
+        for (int e = 0; e < 8; e += 2)
+          *reinterpret_cast<uint32_t*>(state + (c0 + row_of(e)) * ldw + key_of(tile, e)) =
+              pack_bf16(owned[tile].x[e], owned[tile].x[e + 1]);
+  };
+  store_owned();
+
+  // Uᵀ of this warp's Δᵀ tile (word e/2: value column c0 + row_of(e), tokens d0 + column_of(e), + 1), a chunk ahead.
+  auto delta_at = [&](int chunk) { return delta_bf16(x, s, size_t(chunk) * s.heads + h) + size_t(j0 + c0) * kC + d0; };
+  auto load_u = [&](uint32_t(&u)[4], int chunk) {
+    const bf16* source = delta_at(chunk);
+#pragma unroll
+    for (int e = 0; e < 8; e += 2)
+      u[e / 2] = in_scratch(e) ? *reinterpret_cast<const uint32_t*>(source + row_of(e) * kC + column_of(e)) : 0u;
+  };
+  uint32_t u_next[4];
+  load_u(u_next, 0);
+
+  for (int chunk = 0; chunk < chunks; ++chunk) {
+    const size_t block = size_t(chunk) * s.heads + h;
+    const float decay = x.decay[block];
+    uint32_t u[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) u[i] = u_next[i];
+    if (chunk + 1 < chunks) load_u(u_next, chunk + 1);
+    __pipeline_wait_prior(kScanBf16Stages - 2);  // this chunk's stage
+    __syncthreads();  // ... for every thread, and Sᵀ; the previous chunk is done with its stage and Δᵀ
+    if (chunk + kScanBf16Stages - 1 < chunks) stage_chunk(chunk + kScanBf16Stages - 1);
+    __pipeline_commit();
+    // S₀ᵀ (Sᵀ as the products read it, bf16) to the scratch for the outputs, 16 bytes a copy from shared memory:
+    // the slice's rows that the scratch holds.
+    {
+      const int vectors = kdp / 8, scratch_rows = min(kScanColumns, vdp - j0);
+      bf16* s0 = s0_bf16(x, s, block) + size_t(j0) * kdp;
+      for (int e = tid; e < scratch_rows * vectors; e += kScanThreads) {
+        const int r = e / vectors, c = e % vectors * 8;
+        *reinterpret_cast<uint4*>(s0 + r * kdp + c) = *reinterpret_cast<const uint4*>(state + r * ldw + c);
+      }
+    }
+    const bf16* w = stage_w(chunk);
+    const bf16* keys = stage_keys(stage_w(chunk));
+    const float* key_decay = stage_decays(stage_w(chunk));
+
+    {  // Δᵀ = Uᵀ − Sᵀ Wᵀ (two chains: even and odd k-steps)
+      Accumulator product, odd;
+      zero(product, odd);
+      const bf16 *a = state + c0 * ldw, *b = w + d0 * ldw;
+#pragma unroll 4
+      for (int k = 0; k < key_tiles; ++k) {
+        uint32_t a_frag[4], b_frag[2][2];
+        load_a_bf16(a_frag, a + k * kTile, ldw);
+        load_b_bf16(b_frag, b + k * kTile, ldw);
+        mma_bf16_tile(k % 2 ? odd : product, a_frag, b_frag);
+      }
+      bf16* target = delta_at(chunk);  // Δᵀ replaces Uᵀ
+#pragma unroll
+      for (int e = 0; e < 8; e += 2) {
+        const float first = low_bf16(u[e / 2]) - (product.x[e] + odd.x[e]);
+        const float second = high_bf16(u[e / 2]) - (product.x[e + 1] + odd.x[e + 1]);
+        if (in_scratch(e))
+          *reinterpret_cast<uint32_t*>(target + row_of(e) * kC + column_of(e)) = pack_bf16(first, second);
+        const int token = d0 + column_of(e);
+        *reinterpret_cast<uint32_t*>(delta + (c0 + row_of(e)) * ldt + token) =
+            pack_bf16(first * key_decay[token], second * key_decay[token + 1]);
+      }
+    }
+    __syncthreads();
+    if (tid == 0 && chunk > 0) publish_progress(progress, unsigned(chunk));
+
+      // Sᵀ ← e^{γ_C} Sᵀ + (Δᵀ diag(e^{γ_C−γ})) K on the owned tiles, the Δᵀ fragment shared by both.
+#pragma unroll
+    for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) owned[tile].x[e] *= decay;
+    if (owns[0]) {
+      const bf16* keys_first = keys + first_key_tile * kTile * ldt;
+#pragma unroll
+      for (int k = 0; k < kC / kTile; ++k) {
+        uint32_t a_frag[4], b_frag[2][2];
+        load_a_bf16(a_frag, delta + c0 * ldt + k * kTile, ldt);
+        load_b_bf16(b_frag, keys_first + k * kTile, ldt);
+        mma_bf16_tile(owned[0], a_frag, b_frag);
+        if (owns[1]) {
+          load_b_bf16(b_frag, keys_first + 4 * kTile * ldt + k * kTile, ldt);
+          mma_bf16_tile(owned[1], a_frag, b_frag);
+        }
+      }
+    }
+    store_owned();
+  }
+  __syncthreads();
+  if (tid == 0) publish_progress(progress, unsigned(chunks));
+#pragma unroll
+  for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int key = key_of(tile, e);
+      if (owns[tile] && key < s.dk && in_slice(e)) head_state[key * dv + c0 + row_of(e)] = owned[tile].x[e];
+    }
+}
+
+// The bf16 mode's outputs: block (head, chunk, slice of 128 value columns), 256 threads, O = diag(e^γ) Q S₀ + P Δ with
+// every operand bf16 from the scratch, staged whole by cp.async (Q [C][kdp + 8], S₀ᵀ's slice [128][kdp + 8], P
+// [C][C + 8], Δᵀ's slice [128][C + 8]) and, where the slice holds all of dv (dv ≤ 128), the gate inputs z [C][132]
+// (111 KB at the release: two blocks an SM). Warp w computes column tile w of all four row tiles (the B fragment
+// shared). With one slice the gated norm follows in the block (O through shared memory); otherwise O goes to out and
+// gdn_gated_norm_kernel runs after.
+constexpr int kOutputBf16Columns = 128;
+constexpr int kOutputStride = kOutputBf16Columns + 4;  // O [C][132] fp32
+
+// The bytes of Q and S₀ᵀ's slice, or of O where that is larger (O takes their place).
+__host__ __device__ inline size_t output_bf16_operand_bytes(const GdnShape& s) {
+  const size_t operands = (kC + kOutputBf16Columns) * size_t(bf16_stride_of(s.dk)) * sizeof(bf16);
+  const size_t o = size_t(kC) * kOutputStride * sizeof(float);
+  return operands > o ? operands : o;
+}
+
+size_t output_bf16_shared_bytes(const GdnShape& s) {
+  return output_bf16_operand_bytes(s) + (kC + kOutputBf16Columns) * size_t(bf16_stride_of(kC)) * sizeof(bf16) +
+         kC * sizeof(float) + size_t(kC) * kOutputStride * sizeof(float);  // ... P, Δᵀ, the factors, z
+}
+
+template <bool kRelease>
+__global__ void __launch_bounds__(kThreads, 2)
+    gdn_chunk_output_bf16_kernel(GdnShape shape, GdnInputs in, ChunkScratch x, float* out) {
+  const GdnShape s = fixed<kRelease>(shape);
+  allow_dependents();
+  extern __shared__ __align__(128) float4 shared4[];
+  const int kdp = padded(s.dk), vdp = padded(s.dv), ldk = bf16_stride_of(s.dk), ldt = bf16_stride_of(kC);
+  const size_t operand_bytes = output_bf16_operand_bytes(s);
+  bf16* queries = reinterpret_cast<bf16*>(shared4);  // [C][ldk]
+  bf16* s0 = queries + kC * ldk;                     // S₀ᵀ [128][ldk]
+  float* o = reinterpret_cast<float*>(shared4);      // [C][132], once the products are done
+  bf16* p = reinterpret_cast<bf16*>(reinterpret_cast<char*>(shared4) + operand_bytes);  // [C][ldt]
+  bf16* delta = p + kC * ldt;                                                           // Δᵀ [128][ldt]
+  float* factors = reinterpret_cast<float*>(delta + kOutputBf16Columns * ldt);          // e^{γ_t} [C]
+  float* gate = factors + kC;                                                           // z [C][132] (one slice)
+  const int h = blockIdx.x, chunk = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int j0 = blockIdx.z * kOutputBf16Columns, slice_rows = min(kOutputBf16Columns, vdp - j0);
+  const int t0 = chunk * kC, n = min(kC, in.rows - t0), key_head = h / (s.heads / s.key_heads);
+  const size_t block = size_t(chunk) * s.heads + h, row_stride = size_t(s.heads) * s.dv;
+  // Prepare's (complete before the scan began), then the scan's.
+  stage_bf16_rows(queries, ldk, queries_bf16(x, s, chunk, key_head), kC, kdp);
+  stage_bf16_rows(p, ldt, p_bf16(x, block), kC, kC);
+  if (tid < kC / 4) __pipeline_memcpy_async(factors + 4 * tid, x.q_factor + block * kC + 4 * tid, 4 * sizeof(float));
+  if (gridDim.z == 1)  // the norm's gate inputs (read from global memory in the norm, each row waited a latency)
+    stage_tile(gate, kOutputStride, kC, vdp, in.z + size_t(t0) * row_stride + size_t(h) * s.dv, row_stride, n, s.dv);
+  wait_for_scan(x, h, chunk);
+  stage_bf16_rows(s0, ldk, s0_bf16(x, s, block) + size_t(j0) * kdp, slice_rows, kdp);
+  stage_bf16_rows(delta, ldt, delta_bf16(x, s, block) + size_t(j0) * kC, slice_rows, kC);
+  wait_copies();
+  __syncthreads();
+
+  const bool computes = warp * kTile < slice_rows;
+  const int c0 = warp * kTile;
+  Accumulator acc[kC / kTile];
+#pragma unroll
+  for (int r = 0; r < kC / kTile; ++r) fill(acc[r], 0.0f);
+  if (computes) {
+#pragma unroll 2
+    for (int k = 0; k < kdp / kTile; ++k) {
+      uint32_t b_frag[2][2];
+      load_b_bf16(b_frag, s0 + c0 * ldk + k * kTile, ldk);
+#pragma unroll
+      for (int r = 0; r < kC / kTile; ++r) {
+        uint32_t a_frag[4];
+        load_a_bf16(a_frag, queries + r * kTile * ldk + k * kTile, ldk);
+        mma_bf16_tile(acc[r], a_frag, b_frag);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kC / kTile; ++r) scale_rows(acc[r], factors + r * kTile);
+#pragma unroll
+    for (int k = 0; k < kC / kTile; ++k) {
+      uint32_t b_frag[2][2];
+      load_b_bf16(b_frag, delta + c0 * ldt + k * kTile, ldt);
+#pragma unroll
+      for (int r = 0; r < kC / kTile; ++r) {
+        uint32_t a_frag[4];
+        load_a_bf16(a_frag, p + r * kTile * ldt + k * kTile, ldt);
+        mma_bf16_tile(acc[r], a_frag, b_frag);
+      }
+    }
+  }
+  __syncthreads();  // every warp is done with Q and S₀ᵀ
+  if (computes)
+#pragma unroll
+    for (int r = 0; r < kC / kTile; ++r) store_tile(o + r * kTile * kOutputStride + c0, acc[r], kOutputStride);
+  __syncthreads();
+
+  const int columns = min(kOutputBf16Columns, s.dv - j0);
+  if (gridDim.z > 1) {  // O alone; the norm runs after
+    for (int e = tid; e < n * columns; e += kThreads) {
+      const int t = e / columns, c = e % columns;
+      out[size_t(t0 + t) * row_stride + size_t(h) * s.dv + j0 + c] = o[t * kOutputStride + c];
+    }
+    return;
+  }
+  for (int t = warp; t < n; t += kWarps) {
+    const float* row = o + t * kOutputStride;
+    float sum = 0.0f;
+    for (int j = lane; j < s.dv; j += 32) sum += row[j] * row[j];
+    const float scale = 1.0f / sqrtf(warp_sum(sum) / float(s.dv) + in.eps);
+    const size_t at = size_t(t0 + t) * row_stride + size_t(h) * s.dv;
+    for (int j = lane; j < s.dv; j += 32)
+      out[at + j] = in.norm[j] * (row[j] * scale) * output_gate(gate[t * kOutputStride + j], in.sigmoid_gate);
+  }
+}
+
 // o = w ⊙ rmsnorm(o) ⊙ gate(z) per head of dv values, in place; one warp per (row, head), kWarps a block.
 __global__ void __launch_bounds__(kThreads) gdn_gated_norm_kernel(float* core, const float* z, const float* weight,
                                                                   int groups, int dv, float eps, bool sigmoid_gate) {
@@ -1112,7 +1883,15 @@ size_t gdn_chunk_scratch_floats(const GdnShape& s, int rows) {
 }
 
 GdnProducts gdn_prefill_products() {
-  return gemm_precision() == GemmPrecision::Fp32 ? GdnProducts::Tf32x3 : GdnProducts::Tf32;
+  switch (gemm_precision()) {
+    case GemmPrecision::Fp32:
+      return GdnProducts::Tf32x3;
+    case GemmPrecision::Tf32:
+      return GdnProducts::Tf32;
+    case GemmPrecision::Bf16:
+      return GdnProducts::Bf16;
+  }
+  return GdnProducts::Tf32x3;
 }
 
 namespace {
@@ -1168,13 +1947,43 @@ void launch_prefill(const GdnShape& s, const GdnInputs& in, const ChunkScratch& 
                                                                              in.sigmoid_gate);
 }
 
+// The bf16 mode's launches: prepare (its bf16 instantiation), the bf16 scan, its outputs as a dependent launch in
+// slices of 128 value columns (the gated norm fused where one slice holds dv, else a separate norm launch).
+void launch_prefill_bf16(const GdnShape& s, const GdnInputs& in, const ChunkScratch& x, float* recurrent, float* out,
+                         cudaStream_t stream, GdnPrepareBlocks blocks) {
+  const unsigned chunks = unsigned((in.rows + kC - 1) / kC), heads = unsigned(s.heads);
+  const bool release = is_release(s);
+  const auto prepare = release ? gdn_chunk_prepare_bf16_kernel<true> : gdn_chunk_prepare_bf16_kernel<false>;
+  cudaFuncSetAttribute(prepare, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       int(prepare_bf16_shared_bytes(s, value_heads_per_key_head(s))));
+  const int group =
+      prepare_group(s, int(chunks), blocks, reinterpret_cast<const void*>(prepare), prepare_bf16_shared_bytes(s, 1));
+  prepare<<<dim3(heads / unsigned(group), chunks), kPrepareThreads, prepare_bf16_shared_bytes(s, group), stream>>>(
+      s, in, x, group);
+  const size_t scan_bytes = scan_bf16_shared_bytes(s);
+  const auto scan = release ? gdn_chunk_scan_bf16_kernel<true> : gdn_chunk_scan_bf16_kernel<false>;
+  cudaFuncSetAttribute(scan, cudaFuncAttributeMaxDynamicSharedMemorySize, int(scan_bytes));
+  scan<<<dim3(heads, unsigned(x.scan_slices)), kScanThreads, scan_bytes, stream>>>(s, in.rows, x, recurrent);
+  const unsigned slices = unsigned((padded(s.dv) + kOutputBf16Columns - 1) / kOutputBf16Columns);
+  const size_t bytes = output_bf16_shared_bytes(s);
+  const auto output = release ? gdn_chunk_output_bf16_kernel<true> : gdn_chunk_output_bf16_kernel<false>;
+  cudaFuncSetAttribute(output, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  launch_dependent(output, dim3(heads, chunks, slices), dim3(kThreads), bytes, stream, s, in, x, out);
+  if (slices == 1) return;
+  const int groups = in.rows * s.heads;
+  gdn_gated_norm_kernel<<<blocks_for(groups, kWarps), kThreads, 0, stream>>>(out, in.z, in.norm, groups, s.dv, in.eps,
+                                                                             in.sigmoid_gate);
+}
+
 }  // namespace
 
 void gdn_prefill(const GdnShape& s, const GdnInputs& in, float* recurrent, float* scratch, float* out,
                  cudaStream_t stream, GdnProducts products, GdnPrepareBlocks prepare_blocks) {
   if (in.rows <= 0) return;
   const ChunkScratch x = chunk_scratch(s, in.rows, scratch, nullptr);
-  if (products == GdnProducts::Tf32)
+  if (products == GdnProducts::Bf16)
+    launch_prefill_bf16(s, in, x, recurrent, out, stream, prepare_blocks);
+  else if (products == GdnProducts::Tf32)
     launch_prefill<true>(s, in, x, recurrent, out, stream, prepare_blocks);
   else
     launch_prefill<false>(s, in, x, recurrent, out, stream, prepare_blocks);

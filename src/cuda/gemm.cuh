@@ -16,7 +16,8 @@ namespace vavilov::cuda {
 // rounded to bf16, fp32 accumulation (adds ≤ 2·2⁻⁸·Σ|w·x|; dense products only, routed experts stay fp32 under
 // Bf16: cuBLAS's grouped GEMM refuses bf16 inputs with fp32 outputs). Tf32/Bf16 exist to be measured
 // (VAVILOV_GEMM_PRECISION=fp32|tf32|bf16, read once; anything else is an error naming the variable). Tf32 and Bf16 also
-// switch the chunked GDN prefill to one-pass TF32 products (gdn_prefill_products(), cuda/gated_deltanet.cuh).
+// switch the chunked GDN prefill to one-pass TF32 and to bf16 products (gdn_prefill_products(),
+// cuda/gated_deltanet.cuh).
 enum class GemmPrecision { Fp32, Tf32, Bf16 };
 GemmPrecision gemm_precision();
 void set_gemm_precision(GemmPrecision precision);

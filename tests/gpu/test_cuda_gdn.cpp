@@ -1,9 +1,10 @@
 // The Gated DeltaNet kernels (cuda/gated_deltanet.cuh) against a double-precision host recurrence (spec §7: gates,
 // l2-normalised q and k, S ← e^g S; δ = β(v − Sᵀk); S ← S + kδᵀ; o = Sᵀq; gated RMS norm), everything random (inputs,
 // gate weights, norm weight, the starting state): the decode kernel for 1–4 rows with per-row states, the
-// chunk-parallel prefill for T = 1, 63, 64, 65, 200, at the release's shape and at small odd ones (3×TF32 products and
-// one-pass TF32 products, each within its bound); the decode with the causal conv folded in (1–8 rows) against a
-// double-precision conv feeding the same recurrence; and the 1-row decode body against the general one, bit for bit.
+// chunk-parallel prefill for T = 1, 63, 64, 65, 200, at the release's shape and at small odd ones (3×TF32 products,
+// one-pass TF32 products and bf16 products, each within its bound); the decode with the causal conv folded in (1–8
+// rows) against a double-precision conv feeding the same recurrence; and the 1-row decode body against the general one,
+// bit for bit.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -243,6 +244,39 @@ struct PrefillCheck {
 };
 const PrefillCheck kOnePass{cuda::GdnProducts::Tf32, kOnePassOutputTolerance, kOnePassStateTolerance};
 
+// The bf16 prefill (GdnProducts::Bf16): each product operand is rounded to bf16 once, unit roundoff u = 2⁻⁹ (7
+// explicit mantissa bits), with fp32 accumulators, the state across chunks kept in fp32 registers, and the gates,
+// decays, norms and exponentials in fp32. A product carries ≤ (2u + u²)|a·b|, an fp32 sum over ≤ 128 terms adds
+// ≤ 128·2⁻²⁴ ≈ 0.004u, so ≤ 2.01u·Σ|a_i b_i| a product. Its prepare does not solve by blocks: it forms T = (I + A)⁻¹
+// in fp32 (the diagonal blocks by forward substitution, the others by 3×TF32 products, ~2⁻²⁰ relative: negligible
+// here) and W = (T diag(β e^γ)) K, U = (T diag(β)) V as one bf16 product each (the scaled T rounded to bf16 as their
+// operand; |T| ≤ 1, docs/CUDA.md). The longest chain of dependent bf16 products in a chunk is then four: K Kᵀ (→ A →
+// T), T·[K | V], Δ = U − W S₀, the state update or P Δ; one rounding more lies on it: U is stored as bf16 (it is only
+// an operand of Δ = U − W S₀, which in the TF32 modes read it in fp32), adding ≤ u|U|. So a chunk's relative error is
+// ≤ 4 · 2u + u = 9u, to first order (the blocked solve of the earlier bf16 prepare made it 10 · 2u + u = 21u): the
+// state bound is 9u ≈ 1.8e-2 (not amplified from chunk to chunk, as above). The outputs pass through the RMS norm's
+// division by rms(o), taken above as ≥ ~1/4 of the terms' magnitude; that factor is an observation on these inputs,
+// not a derived bound, and at dk 8, dv 10 (200 rows) both bf16 prepares measured outputs of 0.072 = 4.1 · 9u on the
+// H200, so the outputs keep the earlier prepare's 84u (4 · 21u) rather than 4 · 9u = 36u. (Measured with this prepare:
+// state ≤ 7.0e-3 = 3.6u, outputs ≤ 7.2e-2, printed by the tests; a lost chain, a wrong index, decay, row, slice or
+// padding gives errors of order one.)
+constexpr double kBf16Unit = 1.0 / 512.0;
+constexpr double kBf16StateTolerance = 9 * kBf16Unit;
+constexpr double kBf16OutputTolerance = 84 * kBf16Unit;  // see above: not 4 · 9u
+const PrefillCheck kBf16{cuda::GdnProducts::Bf16, kBf16OutputTolerance, kBf16StateTolerance};
+
+const char* name_of(cuda::GdnProducts products) {
+  switch (products) {
+    case cuda::GdnProducts::Tf32x3:
+      return "3xTF32";
+    case cuda::GdnProducts::Tf32:
+      return "one-pass TF32";
+    case cuda::GdnProducts::Bf16:
+      return "bf16";
+  }
+  return "?";
+}
+
 // The chunked prefill of `rows` rows against the recurrence: outputs and final state.
 void expect_prefill_matches_reference(const GdnShape& s, const Inputs& in, int rows, const PrefillCheck& check = {}) {
   const Expected want = reference(s, in, rows);
@@ -258,9 +292,9 @@ void expect_prefill_matches_reference(const GdnShape& s, const Inputs& in, int r
   const double state_error = error_of(host_copy(state, in.state.size()), want.state);
   EXPECT_LE(out_error, check.output_tolerance);
   EXPECT_LE(state_error, check.state_tolerance);
-  if (check.products == cuda::GdnProducts::Tf32)  // the measured error, for the docs (bounds: above)
-    std::printf("one-pass TF32 prefill, heads %d dk %d dv %d rows %d: out %.2e, state %.2e\n", s.heads, s.dk, s.dv,
-                rows, out_error, state_error);
+  if (check.products != cuda::GdnProducts::Tf32x3)  // the measured error, for the docs (bounds: above)
+    std::printf("%s prefill, heads %d dk %d dv %d rows %d: out %.2e, state %.2e\n", name_of(check.products), s.heads,
+                s.dk, s.dv, rows, out_error, state_error);
 }
 
 void expect_prefill_matches_reference_at_test_lengths(const PrefillCheck& check) {
@@ -279,7 +313,11 @@ TEST(CudaGdn, ChunkedPrefillOnePassTf32MatchesRecurrence) {
   expect_prefill_matches_reference_at_test_lengths(kOnePass);
 }
 
-// The precision knob picks the products: fp32 keeps 3×TF32, tf32 and bf16 take the one-pass path.
+// The bf16 products at the same shapes (the release's and dk, dv of 8–40: padded to 16 in the bf16 scratch), lengths
+// (1 row, 63, 64, 65, 200: partial and several chunks) and inputs (a non-zero starting state), within their bound.
+TEST(CudaGdn, ChunkedPrefillBf16MatchesRecurrence) { expect_prefill_matches_reference_at_test_lengths(kBf16); }
+
+// The precision knob picks the products: fp32 keeps 3×TF32, tf32 takes the one-pass TF32 path, bf16 the bf16 one.
 TEST(CudaGdn, PrefillProductsFollowThePrecisionKnob) {
   const cuda::GemmPrecision before = cuda::gemm_precision();
   cuda::set_gemm_precision(cuda::GemmPrecision::Fp32);
@@ -287,7 +325,7 @@ TEST(CudaGdn, PrefillProductsFollowThePrecisionKnob) {
   cuda::set_gemm_precision(cuda::GemmPrecision::Tf32);
   EXPECT_EQ(cuda::gdn_prefill_products(), cuda::GdnProducts::Tf32);
   cuda::set_gemm_precision(cuda::GemmPrecision::Bf16);
-  EXPECT_EQ(cuda::gdn_prefill_products(), cuda::GdnProducts::Tf32);
+  EXPECT_EQ(cuda::gdn_prefill_products(), cuda::GdnProducts::Bf16);
   cuda::set_gemm_precision(before);
 }
 
@@ -527,17 +565,24 @@ TEST(CudaGdn, ChunkedPrefillOnePassTf32OfManyChunksMatchesRecurrence) {
   expect_prefill_matches_reference(s, random_inputs(s, rows, rng, true), rows, kOnePass);
 }
 
+// The same 16 chunks (same inputs) through the bf16 products, within their derived bound.
+TEST(CudaGdn, ChunkedPrefillBf16OfManyChunksMatchesRecurrence) {
+  std::mt19937 rng(10);
+  const GdnShape s = shape_of(3, 1, 128, 128);
+  const int rows = 1000;
+  expect_prefill_matches_reference(s, random_inputs(s, rows, rng, true), rows, kBf16);
+}
+
 // The outputs with the gated norm fused at head dimensions other than the release's (dk and dv multiples of 16, dv ≤
 // 128: the fused kernel's any-shape instantiation, which the shapes above do not reach: the small ones take the
 // 32-column outputs and a separate norm): two chunks and four (both ending in a partial chunk; both output gates),
-// both precisions.
+// all three product modes.
 TEST(CudaGdn, ChunkedPrefillOfFusedOutputsAtOtherWidthsMatchesRecurrence) {
   std::mt19937 rng(14);
   const GdnShape s = shape_of(4, 2, 32, 64);
-  for (PrefillCheck check : {PrefillCheck{}, kOnePass})
+  for (PrefillCheck check : {PrefillCheck{}, kOnePass, kBf16})
     for (int rows : {100, 255}) {
-      SCOPED_TRACE(testing::Message() << "rows " << rows << " one pass "
-                                      << (check.products == cuda::GdnProducts::Tf32));
+      SCOPED_TRACE(testing::Message() << "rows " << rows << " products " << name_of(check.products));
       expect_prefill_matches_reference(s, random_inputs(s, rows, rng, rows % 2 == 0), rows, check);
     }
 }
@@ -545,18 +590,19 @@ TEST(CudaGdn, ChunkedPrefillOfFusedOutputsAtOtherWidthsMatchesRecurrence) {
 // The prepare kernel's blocks take a key head's value heads together (looping over them: their β, decays and V
 // differ, q and k are shared) or one value head each; both, forced, with key heads of 6 value heads at the release's
 // head dimensions (two chunks, the second partial) and of 12 at a small shape (the outputs' unfused path), against
-// the recurrence in both precisions. A value head that took another's β, decays or V, or a counter left unzeroed,
-// gives errors of order one. (The other prefill tests take the automatic choice, which at their sizes is one value
-// head a block: their blocks all fit on the GPU at once.)
+// the recurrence in all three product modes (bf16: dv = 136 takes two 128-column output slices and the separate norm).
+// A value head that took another's β, decays or V, or a counter left unzeroed, gives errors of order one. (The other
+// prefill tests take the automatic choice, which at their sizes is one value head a block: their blocks all fit on the
+// GPU at once.)
 TEST(CudaGdn, ChunkedPrefillOfKeyHeadsWithManyValueHeadsMatchesRecurrence) {
   std::mt19937 rng(12);
   for (const GdnShape& s : {shape_of(6, 1, 128, 128), shape_of(12, 1, 16, 136)})
     for (const cuda::GdnPrepareBlocks blocks :
          {cuda::GdnPrepareBlocks::PerKeyHead, cuda::GdnPrepareBlocks::PerValueHead})
-      for (PrefillCheck check : {PrefillCheck{}, kOnePass}) {
+      for (PrefillCheck check : {PrefillCheck{}, kOnePass, kBf16}) {
         check.prepare_blocks = blocks;
-        SCOPED_TRACE(testing::Message() << "heads " << s.heads << " dk " << s.dk << " dv " << s.dv << " one pass "
-                                        << (check.products == cuda::GdnProducts::Tf32) << " per value head "
+        SCOPED_TRACE(testing::Message() << "heads " << s.heads << " dk " << s.dk << " dv " << s.dv << " products "
+                                        << name_of(check.products) << " per value head "
                                         << (blocks == cuda::GdnPrepareBlocks::PerValueHead));
         const int rows = 100;
         expect_prefill_matches_reference(s, random_inputs(s, rows, rng, true), rows, check);
@@ -565,13 +611,14 @@ TEST(CudaGdn, ChunkedPrefillOfKeyHeadsWithManyValueHeadsMatchesRecurrence) {
 
 // The two ways of blocking the prepare kernel compute every value by the same operations in the same order: at the
 // release shape (48 value heads on 16 key heads, 200 rows) their outputs and final states are bit for bit the same,
-// in both precisions.
+// in all three product modes.
 TEST(CudaGdn, PrefillPrepareBlocksGiveBitIdenticalResults) {
   std::mt19937 rng(13);
   const GdnShape s = shape_of(48, 16, 128, 128);
   const int rows = 200;
   const Inputs in = random_inputs(s, rows, rng, true);
-  for (const cuda::GdnProducts products : {cuda::GdnProducts::Tf32x3, cuda::GdnProducts::Tf32}) {
+  for (const cuda::GdnProducts products :
+       {cuda::GdnProducts::Tf32x3, cuda::GdnProducts::Tf32, cuda::GdnProducts::Bf16}) {
     auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
       return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
     };
