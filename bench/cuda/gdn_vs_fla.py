@@ -22,6 +22,7 @@ DIR on PYTHONPATH. fla compiles and autotunes each dtype on first use (over a mi
 
 Usage: gdn_vs_fla.py --bench BUILD/vavilov_gdn_bench --out RESULT.json [--commit C] [--budget-s S] [--bf16-only]
                      [--precisions fp32 tf32 bf16] [--fla-timers eager back_to_back graph] [--rounds N]
+                     [--fla-kernels]
 (--bf16-only: fla with bf16 inputs only, its agreement check included; fp32 inputs compile and autotune for minutes)
 """
 import argparse
@@ -156,6 +157,27 @@ def graph_us(fn, warmup, repeats):
 FLA_TIMERS = {"eager": median_us, "back_to_back": back_to_back_us, "graph": graph_us}
 
 
+def kernel_times_us(fn, calls):
+    """GPU time per kernel name of one call (torch.profiler's CUDA activity over `calls` calls, averaged): which of
+    fla's kernels its time goes to."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as trace:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    times = {}
+    for event in trace.key_averages():
+        total = getattr(event, "device_time_total", None)
+        if total is None:
+            total = event.cuda_time_total
+        if total > 0:
+            times[event.key] = total / calls
+    return dict(sorted(times.items(), key=lambda item: -item[1]))
+
+
 def relative_error(got, want):
     got, want = got.double().to(want.device), want
     return float((got - want).abs().max() / max(1.0, float(want.abs().max())))
@@ -175,6 +197,8 @@ def main():
                         help="how fla is timed: eager (median of single calls between events, the host's Python "
                              "launch overhead included), back_to_back (mean of calls enqueued together), graph "
                              "(median of CUDA-graph replays)")
+    parser.add_argument("--fla-kernels", action="store_true",
+                        help="fla's GPU time per kernel at T = 8192 (torch.profiler), after the timings")
     parser.add_argument("--rounds", type=int, default=0,
                         help="time ours and fla this many times, alternating, at T = 8192 (drift between runs)")
     args = parser.parse_args()
@@ -312,6 +336,13 @@ def main():
             save()
     rounds(dtypes[0])
     save()
+    if args.fla_kernels and chunk_gated_delta_rule is not None and time.time() - begin < args.budget_s:
+        dtype, name = dtypes[0]
+        kernels = kernel_times_us(fla_call(chunk_gated_delta_rule, random_inputs(8192, 1), dtype, device), 5)
+        result[f"{name}_kernels_8192_us"] = kernels
+        for kernel, us in kernels.items():
+            print("fla kernel", f"{us:9.1f} us", kernel[:100], flush=True)
+        save()
     agreement(512, with_fla=True)
     save()
     agreement(8192, with_fla=True)
