@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "cuda/device_math.cuh"
@@ -385,6 +386,25 @@ __device__ __forceinline__ void copy_chunk(ExpertStage<Cut::kChunkGroups>& stage
   asm volatile("cp.async.commit_group;" ::: "memory");
 }
 
+// pass(std::integral_constant<int, Tiles>{}) for a pass of `tiles` 4-row tiles: 1–3 or the full kRowTiles, each its
+// own instantiation, so that a short pass stages and multiplies only the rows it has (4 · Tiles).
+template <typename Pass>
+__device__ __forceinline__ void with_row_tiles(int tiles, const Pass& pass) {
+  switch (tiles) {
+    case 1:
+      pass(std::integral_constant<int, 1>{});
+      break;
+    case 2:
+      pass(std::integral_constant<int, 2>{});
+      break;
+    case 3:
+      pass(std::integral_constant<int, 3>{});
+      break;
+    default:
+      pass(std::integral_constant<int, kRowTiles>{});
+  }
+}
+
 // One pass of an expert's rows: chunk after chunk, the next chunk's copies in flight during the current one's
 // products. Every thread of the block calls it (copies and barriers); warps without matrix rows only copy.
 template <int Bits, int Tiles, int Staged, typename Cut>
@@ -595,19 +615,10 @@ __global__ void __launch_bounds__(Cut::kThreads, kMinBlocks* Cut::kWarpMTiles)
       if (has_rows) load_group_block<Bits>(current, tile.codes, tile.affine, 0, groups, tile.width, t);
       find_rows(first_row, rows);
       float acc[kRowTiles][2] = {};
-      switch (tiles) {
-        case 1:
-          expert_pass<Bits, 1, 4, Cut>(current, tile, has_rows, split, pass_rows, stages, acc);
-          break;
-        case 2:
-          expert_pass<Bits, 2, 8, Cut>(current, tile, has_rows, split, pass_rows, stages, acc);
-          break;
-        case 3:
-          expert_pass<Bits, 3, 12, Cut>(current, tile, has_rows, split, pass_rows, stages, acc);
-          break;
-        default:
-          expert_pass<Bits, kRowTiles, kRows, Cut>(current, tile, has_rows, split, pass_rows, stages, acc);
-      }
+      with_row_tiles(tiles, [&](auto row_tiles) {
+        constexpr int Tiles = decltype(row_tiles)::value;
+        expert_pass<Bits, Tiles, 4 * Tiles, Cut>(current, tile, has_rows, split, pass_rows, stages, acc);
+      });
       if (has_rows) store_pass(acc, y, rows_out, tile_row, offset + first_row, rows, experts.map.y_rows);
     }
   } else {
@@ -618,19 +629,10 @@ __global__ void __launch_bounds__(Cut::kThreads, kMinBlocks* Cut::kWarpMTiles)
       if (has_rows) load_pair_unit<Bits>(current, tile, 0, t);
       find_rows(first_row, rows);
       float acc[2][kRowTiles][2] = {};
-      switch (tiles) {
-        case 1:
-          pair_pass<Bits, 1, 4, Cut>(current, tile, has_rows, split, pass_rows, stages, acc);
-          break;
-        case 2:
-          pair_pass<Bits, 2, 8, Cut>(current, tile, has_rows, split, pass_rows, stages, acc);
-          break;
-        case 3:
-          pair_pass<Bits, 3, 12, Cut>(current, tile, has_rows, split, pass_rows, stages, acc);
-          break;
-        default:
-          pair_pass<Bits, kRowTiles, kRows, Cut>(current, tile, has_rows, split, pass_rows, stages, acc);
-      }
+      with_row_tiles(tiles, [&](auto row_tiles) {
+        constexpr int Tiles = decltype(row_tiles)::value;
+        pair_pass<Bits, Tiles, 4 * Tiles, Cut>(current, tile, has_rows, split, pass_rows, stages, acc);
+      });
       if (!has_rows) continue;
 #pragma unroll
       for (int i = 0; i < 2; ++i)
