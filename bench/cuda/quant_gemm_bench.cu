@@ -67,26 +67,6 @@ DeviceMatrix random_q4(std::mt19937& rng, int rows, int cols) {
   return m;
 }
 
-double time_us(const DeviceMatrix& w, const float* x, int x_rows, float* y, QuantGemmTiles tiles, cudaStream_t stream) {
-  for (int i = 0; i < 3; ++i) CHECK(vavilov::cuda::quant_gemm(w, x, x_rows, y, stream, tiles));
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
-  float best = 1e30f;
-  for (int r = 0; r < kRepeats; ++r) {
-    CHECK(cudaEventRecord(start, stream));
-    for (int i = 0; i < kLaunches; ++i) CHECK(vavilov::cuda::quant_gemm(w, x, x_rows, y, stream, tiles));
-    CHECK(cudaEventRecord(stop, stream));
-    CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, start, stop));
-    best = std::min(best, ms);
-  }
-  CHECK(cudaEventDestroy(start));
-  CHECK(cudaEventDestroy(stop));
-  return 1000.0 * best / kLaunches;
-}
-
 // The tensor cores' ceiling for the products' instruction: every warp runs 16 independent chains of
 // mma.sync m16n8k16 (fp16 in, fp32 sums), as the block tiles' warps do, with no memory traffic.
 __global__ void mma_ceiling_kernel(int steps, float* out) {
@@ -151,6 +131,10 @@ double time_calls_us(const Launch& launch, cudaStream_t stream) {
   CHECK(cudaEventDestroy(start));
   CHECK(cudaEventDestroy(stop));
   return 1000.0 * best / kLaunches;
+}
+
+double time_us(const DeviceMatrix& w, const float* x, int x_rows, float* y, QuantGemmTiles tiles, cudaStream_t stream) {
+  return time_calls_us([&] { return vavilov::cuda::quant_gemm(w, x, x_rows, y, stream, tiles); }, stream);
 }
 
 // Flash-Next's routed experts (512 experts of 640 × 2560 gate/up and 2560 × 640 down, 10 picks a token) for a chunk of
