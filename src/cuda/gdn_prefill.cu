@@ -1596,21 +1596,11 @@ size_t scan_bf16_shared_bytes(const GdnShape& s) {
          size_t(kScanColumns) * (bf16_stride_of(kC) + bf16_stride_of(s.dk)) * sizeof(bf16);
 }
 
-// rows × width bf16 (width a multiple of 8; source rows width apart, 16-byte aligned) into tile (row stride ld) by
-// cp.async, 16 bytes a copy, by the block's threads.
-__device__ inline void stage_bf16_rows(bf16* tile, int ld, const bf16* source, int rows, int width) {
-  const int vectors = width / 8;
-  for (int e = threadIdx.x; e < rows * vectors; e += blockDim.x) {
-    const int r = e / vectors, c = e % vectors * 8;
-    __pipeline_memcpy_async(tile + r * ld + c, source + r * width + c, 16);
-  }
-}
-
-// copy(r, c) for each 16-byte vector (row r < rows, first element c) of a tile `vectors` vectors wide, by the kCount
-// threads of a block of kCount threads: where the threads cover whole rows and the rows a whole number of times (the
-// release's tiles), each thread keeps one column and steps kCount / vectors rows, a constant number of times, so
-// that the unrolled copies differ by constant offsets (the scan's staging took ~20 instructions a copy with the
-// index arithmetic of stage_bf16_rows).
+// copy(r, c) for each 16-byte vector of 8 bf16 (row r < rows, first element c) of a tile `vectors` vectors wide, by
+// a block of kCount threads: where the threads cover whole rows and the rows a whole number of times (the release's
+// tiles), each thread keeps one column and steps kCount / vectors rows a constant number of times, so that the
+// unrolled copies differ by constant offsets (a loop over e = thread + i · threads, r = e / vectors took ~20
+// instructions a copy in the scan and the outputs).
 template <int kCount, typename Copy>
 __device__ inline void for_each_vector(int rows, int vectors, Copy copy) {
   if (kCount % vectors == 0 && rows % (kCount / vectors) == 0) {
@@ -1620,6 +1610,14 @@ __device__ inline void for_each_vector(int rows, int vectors, Copy copy) {
     return;
   }
   for (int e = threadIdx.x; e < rows * vectors; e += kCount) copy(e / vectors, e % vectors * 8);
+}
+
+// rows × width bf16 (width a multiple of 8; source rows width apart, 16-byte aligned) into tile (row stride ld) by
+// cp.async, 16 bytes a copy, by a block of kCount threads.
+template <int kCount>
+__device__ inline void stage_bf16_rows(bf16* tile, int ld, const bf16* source, int rows, int width) {
+  for_each_vector<kCount>(
+      rows, width / 8, [&](int r, int c) { __pipeline_memcpy_async(tile + r * ld + c, source + r * width + c, 16); });
 }
 
 // The scan's progress counter as a release store after the block's barrier: the barrier orders every thread's
@@ -1653,13 +1651,8 @@ __global__ void __launch_bounds__(kScanBf16Threads, 1)
   auto stage_chunk = [&](int chunk) {
     bf16* w = stage_w(chunk);
     const size_t block = size_t(chunk) * s.heads + h;
-    const bf16* w_source = w_bf16(x, s, block);
-    for_each_vector<kScanBf16Threads>(
-        kC, kdp / 8, [&](int r, int c) { __pipeline_memcpy_async(w + r * ldw + c, w_source + r * kdp + c, 16); });
-    bf16* keys = stage_keys(w);
-    const bf16* keys_source = keys_bf16(x, s, chunk, key_head);
-    for_each_vector<kScanBf16Threads>(
-        kdp, kC / 8, [&](int r, int c) { __pipeline_memcpy_async(keys + r * ldt + c, keys_source + r * kC + c, 16); });
+    stage_bf16_rows<kScanBf16Threads>(w, ldw, w_bf16(x, s, block), kC, kdp);
+    stage_bf16_rows<kScanBf16Threads>(stage_keys(w), ldt, keys_bf16(x, s, chunk, key_head), kdp, kC);
     if (tid < kC / 4)
       __pipeline_memcpy_async(stage_decays(w) + 4 * tid, x.key_decay + block * kC + 4 * tid, 4 * sizeof(float));
   };
@@ -1842,18 +1835,19 @@ __global__ void __launch_bounds__(kThreads, 2)
   float* factors = reinterpret_cast<float*>(delta + kOutputBf16Columns * ldt);          // e^{γ_t} [C]
   float* gate = factors + kC;                                                           // z [C][132] (one slice)
   const int h = blockIdx.x, chunk = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int j0 = blockIdx.z * kOutputBf16Columns, slice_rows = min(kOutputBf16Columns, vdp - j0);
+  const int j0 = blockIdx.z * kOutputBf16Columns;
+  const int slice_rows = kRelease ? kOutputBf16Columns : min(kOutputBf16Columns, vdp - j0);  // one slice: the release
   const int t0 = chunk * kC, n = min(kC, in.rows - t0), key_head = h / (s.heads / s.key_heads);
   const size_t block = size_t(chunk) * s.heads + h, row_stride = size_t(s.heads) * s.dv;
   // Prepare's (complete before the scan began), then the scan's.
-  stage_bf16_rows(queries, ldk, queries_bf16(x, s, chunk, key_head), kC, kdp);
-  stage_bf16_rows(p, ldt, p_bf16(x, block), kC, kC);
+  stage_bf16_rows<kThreads>(queries, ldk, queries_bf16(x, s, chunk, key_head), kC, kdp);
+  stage_bf16_rows<kThreads>(p, ldt, p_bf16(x, block), kC, kC);
   if (tid < kC / 4) __pipeline_memcpy_async(factors + 4 * tid, x.q_factor + block * kC + 4 * tid, 4 * sizeof(float));
   if (gridDim.z == 1)  // the norm's gate inputs (read from global memory in the norm, each row waited a latency)
     stage_tile(gate, kOutputStride, kC, vdp, in.z + size_t(t0) * row_stride + size_t(h) * s.dv, row_stride, n, s.dv);
   wait_for_scan(x, h, chunk);
-  stage_bf16_rows(s0, ldk, s0_bf16(x, s, block) + size_t(j0) * kdp, slice_rows, kdp);
-  stage_bf16_rows(delta, ldt, delta_bf16(x, s, block) + size_t(j0) * kC, slice_rows, kC);
+  stage_bf16_rows<kThreads>(s0, ldk, s0_bf16(x, s, block) + size_t(j0) * kdp, slice_rows, kdp);
+  stage_bf16_rows<kThreads>(delta, ldt, delta_bf16(x, s, block) + size_t(j0) * kC, slice_rows, kC);
   wait_copies();
   __syncthreads();
 
@@ -1902,14 +1896,25 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     return;
   }
+  // The norm (dv ≤ 128: at most 4 columns a lane, j = lane + 32 i; the norm weights loaded once).
+  constexpr int kPerLane = kOutputBf16Columns / 32;
+  float weight[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) weight[i] = lane + 32 * i < s.dv ? in.norm[lane + 32 * i] : 0.0f;
   for (int t = warp; t < n; t += kWarps) {
     const float* row = o + t * kOutputStride;
     float sum = 0.0f;
-    for (int j = lane; j < s.dv; j += 32) sum += row[j] * row[j];
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i)
+      if (lane + 32 * i < s.dv) sum += row[lane + 32 * i] * row[lane + 32 * i];
     const float scale = 1.0f / sqrtf(warp_sum(sum) / float(s.dv) + in.eps);
     const size_t at = size_t(t0 + t) * row_stride + size_t(h) * s.dv;
-    for (int j = lane; j < s.dv; j += 32)
-      out[at + j] = in.norm[j] * (row[j] * scale) * output_gate(gate[t * kOutputStride + j], in.sigmoid_gate);
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int j = lane + 32 * i;
+      if (j < s.dv)
+        out[at + j] = weight[i] * (row[j] * scale) * output_gate(gate[t * kOutputStride + j], in.sigmoid_gate);
+    }
   }
 }
 
