@@ -1596,28 +1596,29 @@ size_t scan_bf16_shared_bytes(const GdnShape& s) {
          size_t(kScanColumns) * (bf16_stride_of(kC) + bf16_stride_of(s.dk)) * sizeof(bf16);
 }
 
-// copy(r, c) for each 16-byte vector of 8 bf16 (row r < rows, first element c) of a tile `vectors` vectors wide, by
-// a block of kCount threads: where the threads cover whole rows and the rows a whole number of times (the release's
-// tiles), each thread keeps one column and steps kCount / vectors rows a constant number of times, so that the
-// unrolled copies differ by constant offsets (a loop over e = thread + i · threads, r = e / vectors took ~20
-// instructions a copy in the scan and the outputs).
+// copy(r, v) for each 16-byte vector v (< vectors) of each row r (< rows) of a tile, by a block of kCount threads:
+// where the threads cover whole rows and the rows a whole number of times (the release's tiles), each thread keeps
+// one vector and steps kCount / vectors rows a constant number of times, so that the unrolled copies differ by
+// constant offsets (a loop over e = thread + i · threads, r = e / vectors took ~20 instructions a copy in the scan
+// and the outputs).
 template <int kCount, typename Copy>
 __device__ inline void for_each_vector(int rows, int vectors, Copy copy) {
   if (kCount % vectors == 0 && rows % (kCount / vectors) == 0) {
-    const int step = kCount / vectors, first = int(threadIdx.x) / vectors, c = int(threadIdx.x) % vectors * 8;
+    const int step = kCount / vectors, first = int(threadIdx.x) / vectors, v = int(threadIdx.x) % vectors;
 #pragma unroll
-    for (int i = 0; i < rows / step; ++i) copy(first + i * step, c);
+    for (int i = 0; i < rows / step; ++i) copy(first + i * step, v);
     return;
   }
-  for (int e = threadIdx.x; e < rows * vectors; e += kCount) copy(e / vectors, e % vectors * 8);
+  for (int e = threadIdx.x; e < rows * vectors; e += kCount) copy(e / vectors, e % vectors);
 }
 
 // rows × width bf16 (width a multiple of 8; source rows width apart, 16-byte aligned) into tile (row stride ld) by
 // cp.async, 16 bytes a copy, by a block of kCount threads.
 template <int kCount>
 __device__ inline void stage_bf16_rows(bf16* tile, int ld, const bf16* source, int rows, int width) {
-  for_each_vector<kCount>(
-      rows, width / 8, [&](int r, int c) { __pipeline_memcpy_async(tile + r * ld + c, source + r * width + c, 16); });
+  for_each_vector<kCount>(rows, width / 8, [&](int r, int v) {
+    __pipeline_memcpy_async(tile + r * ld + 8 * v, source + r * width + 8 * v, 16);
+  });
 }
 
 // The scan's progress counter as a release store after the block's barrier: the barrier orders every thread's
@@ -1729,8 +1730,8 @@ __global__ void __launch_bounds__(kScanBf16Threads, 1)
        // the slice's rows that the scratch holds.
       const int scratch_rows = kRelease ? kScanColumns : min(kScanColumns, vdp - j0);
       bf16* s0 = s0_bf16(x, s, block) + size_t(j0) * kdp;
-      for_each_vector<kScanBf16Threads>(scratch_rows, kdp / 8, [&](int r, int c) {
-        *reinterpret_cast<uint4*>(s0 + r * kdp + c) = *reinterpret_cast<const uint4*>(state + r * ldw + c);
+      for_each_vector<kScanBf16Threads>(scratch_rows, kdp / 8, [&](int r, int v) {
+        *reinterpret_cast<uint4*>(s0 + r * kdp + 8 * v) = *reinterpret_cast<const uint4*>(state + r * ldw + 8 * v);
       });
     }
     const bf16* w = stage_w(chunk);
@@ -1843,8 +1844,19 @@ __global__ void __launch_bounds__(kThreads, 2)
   stage_bf16_rows<kThreads>(queries, ldk, queries_bf16(x, s, chunk, key_head), kC, kdp);
   stage_bf16_rows<kThreads>(p, ldt, p_bf16(x, block), kC, kC);
   if (tid < kC / 4) __pipeline_memcpy_async(factors + 4 * tid, x.q_factor + block * kC + 4 * tid, 4 * sizeof(float));
-  if (gridDim.z == 1)  // the norm's gate inputs (read from global memory in the norm, each row waited a latency)
-    stage_tile(gate, kOutputStride, kC, vdp, in.z + size_t(t0) * row_stride + size_t(h) * s.dv, row_stride, n, s.dv);
+  if (gridDim.z == 1) {  // the norm's gate inputs (read from global memory in the norm, each row waited a latency)
+    const float* z = in.z + size_t(t0) * row_stride + size_t(h) * s.dv;
+    if (kRelease && reinterpret_cast<uintptr_t>(z) % 16 == 0)  // stage_tile's result, at constant offsets
+      for_each_vector<kThreads>(kC, kReleaseDim / 4, [&](int t, int v) {
+        float* target = gate + t * kOutputStride + 4 * v;
+        if (t < n)
+          __pipeline_memcpy_async(target, z + t * row_stride + 4 * v, 4 * sizeof(float));
+        else
+          *reinterpret_cast<float4*>(target) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      });
+    else
+      stage_tile(gate, kOutputStride, kC, vdp, z, row_stride, n, s.dv);
+  }
   wait_for_scan(x, h, chunk);
   stage_bf16_rows<kThreads>(s0, ldk, s0_bf16(x, s, block) + size_t(j0) * kdp, slice_rows, kdp);
   stage_bf16_rows<kThreads>(delta, ldt, delta_bf16(x, s, block) + size_t(j0) * kC, slice_rows, kC);
