@@ -1570,15 +1570,15 @@ __global__ void __launch_bounds__(kThreads, 2)
 // The scan: block (head, slice of 64 value columns), 256 threads (8 warps), the state tiles owned in fp32 registers
 // across the chunks, every operand bf16 and k-contiguous in shared memory, each 16 × 16 fragment one ldmatrix.x4: a
 // stage is {W [C][kdp + 8], Kᵀ [kdp][C + 8], e^{γ_C−γ} [C] fp32}, beside Δᵀ diag(e^{γ_C−γ}) [64][C + 8] and Sᵀ
-// [64][kdp + 8]. Warp w computes the Δᵀ tiles at value columns c0 = 16·(w%4) and tokens 16·(w/4) and 16·(w/4) + 32
-// (the Sᵀ fragment shared by both) and owns the Sᵀ tiles at c0 and key tiles w/4 + 2i, i < 4 (the Δᵀ fragment shared
-// by all four). Until s11-gdn16c the block had 16 warps of one Δᵀ tile and two Sᵀ tiles each: ~480 instructions a
-// warp and chunk, of which ~60 were ldmatrix and mma (the rest addresses, staging and epilogues, paid per warp, not
-// per tile), issuing in 38 % of the cycles; fla's state pass gives each of its 4 warps two Δ tiles and four state
-// tiles of a 32-column block. Each tile's products run in the same order as before: the results are bit for bit the
-// same.
-// Uᵀ comes from the scratch a chunk ahead (two bf16 a word: the pairs of an accumulator row are adjacent tokens) and
-// Δᵀ goes back over it; S₀ᵀ goes to the scratch as bf16 pairs of adjacent keys.
+// [64][kdp + 8] (131.75 KB at dk = 128 with three stages: one block an SM, no outputs block beside it). Warp w computes
+// the Δᵀ tiles at value columns c0 = 16·(w%4) and tokens 16·(w/4) and 16·(w/4) + 32 (the Sᵀ fragment shared by both)
+// and owns the Sᵀ tiles at c0 and key tiles w/4 + 2i, i < 4 (the Δᵀ fragment shared by all four). Until s11-gdn16c the
+// block had 16 warps of one Δᵀ tile and two Sᵀ tiles each: ~480 instructions a warp and chunk, of which ~60 were
+// ldmatrix and mma (the rest addresses, staging and epilogues, paid per warp, not per tile), issuing in 38 % of the
+// cycles; fla's state pass gives each of its 4 warps two Δ tiles and four state tiles of a 32-column block. Each tile's
+// products run in the same order as before, so the results should be bit for bit the same (build-device-gdn16c/check.sh
+// compares them on the device). Uᵀ comes from the scratch a chunk ahead (two bf16 a word: the pairs of an accumulator
+// row are adjacent tokens) and Δᵀ goes back over it; S₀ᵀ goes to the scratch as bf16 pairs of adjacent keys.
 constexpr int kScanBf16Threads = 256;
 constexpr int kScanBf16TokenTiles = 2;  // Δᵀ tiles a warp, kC / 2 tokens apart
 constexpr int kScanBf16KeyTiles = 4;    // Sᵀ tiles a warp, two key tiles apart
