@@ -1567,13 +1567,22 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 // ---- The bf16 mode's scan and outputs (GdnProducts::Bf16) ---------------------------------------------------------
 //
-// The scan as gdn_chunk_scan_kernel (block (head, slice of 64 value columns), 512 threads, warp w owning the state
-// tiles at value columns 16·(w%4) and keys 16·(w/4), 16·(w/4 + 4) in fp32 registers across the chunks), with every
-// operand bf16 and k-contiguous in shared memory, each 16 × 16 fragment one ldmatrix.x4: a stage is {W [C][kdp + 8],
-// Kᵀ [kdp][C + 8], e^{γ_C−γ} [C] fp32}, beside Δᵀ diag(e^{γ_C−γ}) [64][C + 8] and Sᵀ [64][kdp + 8] (96.5 KB at
-// dk = 128: an outputs block fits beside it on its multiprocessor). Uᵀ comes from the scratch a chunk ahead (two bf16
-// a word: the pairs of an accumulator row are adjacent tokens) and Δᵀ goes back over it; S₀ᵀ goes to the scratch as
-// bf16 pairs of adjacent keys.
+// The scan: block (head, slice of 64 value columns), 256 threads (8 warps), the state tiles owned in fp32 registers
+// across the chunks, every operand bf16 and k-contiguous in shared memory, each 16 × 16 fragment one ldmatrix.x4: a
+// stage is {W [C][kdp + 8], Kᵀ [kdp][C + 8], e^{γ_C−γ} [C] fp32}, beside Δᵀ diag(e^{γ_C−γ}) [64][C + 8] and Sᵀ
+// [64][kdp + 8] (131.75 KB at dk = 128 with three stages: one block an SM, no outputs block beside it). Warp w computes
+// the Δᵀ tiles at value columns c0 = 16·(w%4) and tokens 16·(w/4) and 16·(w/4) + 32 (the Sᵀ fragment shared by both)
+// and owns the Sᵀ tiles at c0 and key tiles w/4 + 2i, i < 4 (the Δᵀ fragment shared by all four). Until s11-gdn16c the
+// block had 16 warps of one Δᵀ tile and two Sᵀ tiles each: ~480 instructions a warp and chunk, of which ~60 were
+// ldmatrix and mma (the rest addresses, staging and epilogues, paid per warp, not per tile), issuing in 38 % of the
+// cycles; fla's state pass gives each of its 4 warps two Δ tiles and four state tiles of a 32-column block. Each tile's
+// products run in the same order as before, so the results should be bit for bit the same (build-device-gdn16c/check.sh
+// compares them on the device). Uᵀ comes from the scratch a chunk ahead (two bf16 a word: the pairs of an accumulator
+// row are adjacent tokens) and Δᵀ goes back over it; S₀ᵀ goes to the scratch as bf16 pairs of adjacent keys.
+constexpr int kScanBf16Threads = 256;
+constexpr int kScanBf16TokenTiles = 2;  // Δᵀ tiles a warp, kC / 2 tokens apart
+constexpr int kScanBf16KeyTiles = 4;    // Sᵀ tiles a warp, two key tiles apart
+
 __host__ __device__ inline size_t scan_bf16_stage_bytes(const GdnShape& s) {
   return (size_t(kC) * bf16_stride_of(s.dk) + size_t(padded(s.dk)) * bf16_stride_of(kC)) * sizeof(bf16) +
          kC * sizeof(float);
@@ -1587,18 +1596,41 @@ size_t scan_bf16_shared_bytes(const GdnShape& s) {
          size_t(kScanColumns) * (bf16_stride_of(kC) + bf16_stride_of(s.dk)) * sizeof(bf16);
 }
 
-// rows × width bf16 (width a multiple of 8; source rows width apart, 16-byte aligned) into tile (row stride ld) by
-// cp.async, 16 bytes a copy, by the block's threads.
-__device__ inline void stage_bf16_rows(bf16* tile, int ld, const bf16* source, int rows, int width) {
-  const int vectors = width / 8;
-  for (int e = threadIdx.x; e < rows * vectors; e += blockDim.x) {
-    const int r = e / vectors, c = e % vectors * 8;
-    __pipeline_memcpy_async(tile + r * ld + c, source + r * width + c, 16);
+// copy(r, v) for each 16-byte vector v (< vectors) of each row r (< rows) of a tile, by a block of kCount threads:
+// where the threads cover whole rows and the rows a whole number of times (the release's tiles), each thread keeps
+// one vector and steps kCount / vectors rows a constant number of times, so that the unrolled copies differ by
+// constant offsets (a loop over e = thread + i · threads, r = e / vectors took ~20 instructions a copy in the scan
+// and the outputs).
+template <int kCount, typename Copy>
+__device__ inline void for_each_vector(int rows, int vectors, Copy copy) {
+  if (kCount % vectors == 0 && rows % (kCount / vectors) == 0) {
+    const int step = kCount / vectors, first = int(threadIdx.x) / vectors, v = int(threadIdx.x) % vectors;
+#pragma unroll
+    for (int i = 0; i < rows / step; ++i) copy(first + i * step, v);
+    return;
   }
+  for (int e = threadIdx.x; e < rows * vectors; e += kCount) copy(e / vectors, e % vectors);
+}
+
+// rows × width bf16 (width a multiple of 8; source rows width apart, 16-byte aligned) into tile (row stride ld) by
+// cp.async, 16 bytes a copy, by a block of kCount threads.
+template <int kCount>
+__device__ inline void stage_bf16_rows(bf16* tile, int ld, const bf16* source, int rows, int width) {
+  for_each_vector<kCount>(rows, width / 8, [&](int r, int v) {
+    __pipeline_memcpy_async(tile + r * ld + 8 * v, source + r * width + 8 * v, 16);
+  });
+}
+
+// The scan's progress counter as a release store after the block's barrier: the barrier orders every thread's
+// stores ahead of thread 0's store, and release is cumulative, so a reader that acquires the counter sees them.
+// (publish_progress's fence.sc — MEMBAR.SC.GPU — held warp 0, and with it the block's next barrier, until its
+// latest stores had reached the device scope.)
+__device__ inline void publish_progress_release(unsigned* counter, unsigned chunks_done) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" : : "l"(counter), "r"(chunks_done) : "memory");
 }
 
 template <bool kRelease>
-__global__ void __launch_bounds__(kScanThreads, 1)
+__global__ void __launch_bounds__(kScanBf16Threads, 1)
     gdn_chunk_scan_bf16_kernel(GdnShape shape, int rows, ChunkScratch x, float* recurrent) {
   const GdnShape s = fixed<kRelease>(shape);
   allow_dependents();
@@ -1620,8 +1652,8 @@ __global__ void __launch_bounds__(kScanThreads, 1)
   auto stage_chunk = [&](int chunk) {
     bf16* w = stage_w(chunk);
     const size_t block = size_t(chunk) * s.heads + h;
-    stage_bf16_rows(w, ldw, w_bf16(x, s, block), kC, kdp);
-    stage_bf16_rows(stage_keys(w), ldt, keys_bf16(x, s, chunk, key_head), kdp, kC);
+    stage_bf16_rows<kScanBf16Threads>(w, ldw, w_bf16(x, s, block), kC, kdp);
+    stage_bf16_rows<kScanBf16Threads>(stage_keys(w), ldt, keys_bf16(x, s, chunk, key_head), kdp, kC);
     if (tid < kC / 4)
       __pipeline_memcpy_async(stage_decays(w) + 4 * tid, x.key_decay + block * kC + 4 * tid, 4 * sizeof(float));
   };
@@ -1633,24 +1665,26 @@ __global__ void __launch_bounds__(kScanThreads, 1)
   }
 
   const int c0 = warp % 4 * kTile, d0 = warp / 4 * kTile, first_key_tile = warp / 4;
-  const int key_tiles = kdp / kTile;  // ≤ 8: a warp owns at most two
-  const bool owns[2] = {first_key_tile < key_tiles, first_key_tile + 4 < key_tiles};
-  auto in_slice = [&](int e) { return c0 + row_of(e) < columns; };
-  auto in_scratch = [&](int e) { return j0 + c0 + row_of(e) < vdp; };  // a row of Uᵀ, Δᵀ and S₀ᵀ
-  auto key_of = [&](int tile, int e) { return (first_key_tile + 4 * tile) * kTile + column_of(e); };
-  Accumulator owned[2];  // Sᵀ at the owned key tiles; zero past dk and past the slice's columns
+  const int key_tiles = kdp / kTile;  // ≤ 8: a warp owns at most four
+  // At the release (two slices, 8 warps) every warp owns four tiles and every row is in the slice and the scratch.
+  auto owns = [&](int tile) { return kRelease || first_key_tile + 2 * tile < key_tiles; };
+  auto in_slice = [&](int e) { return kRelease || c0 + row_of(e) < columns; };
+  auto in_scratch = [&](int e) { return kRelease || j0 + c0 + row_of(e) < vdp; };  // a row of Uᵀ, Δᵀ and S₀ᵀ
+  auto key_of = [&](int tile, int e) { return (first_key_tile + 2 * tile) * kTile + column_of(e); };
+  auto token_of = [&](int tile, int e) { return d0 + tile * (kC / 2) + column_of(e); };
+  Accumulator owned[kScanBf16KeyTiles];  // Sᵀ at the owned key tiles; zero past dk and past the slice's columns
 #pragma unroll
-  for (int tile = 0; tile < 2; ++tile)
+  for (int tile = 0; tile < kScanBf16KeyTiles; ++tile)
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       const int key = key_of(tile, e);
-      owned[tile].x[e] = owns[tile] && key < s.dk && in_slice(e) ? head_state[key * dv + c0 + row_of(e)] : 0.0f;
+      owned[tile].x[e] = owns(tile) && key < s.dk && in_slice(e) ? head_state[key * dv + c0 + row_of(e)] : 0.0f;
     }
   // Pairs (e, e + 1) of an accumulator are adjacent columns: one bf16 word.
   auto store_owned = [&] {
 #pragma unroll
-    for (int tile = 0; tile < 2; ++tile)
-      if (owns[tile])
+    for (int tile = 0; tile < kScanBf16KeyTiles; ++tile)
+      if (owns(tile))
 #pragma unroll
         for (int e = 0; e < 8; e += 2)
           *reinterpret_cast<uint32_t*>(state + (c0 + row_of(e)) * ldw + key_of(tile, e)) =
@@ -1658,100 +1692,113 @@ __global__ void __launch_bounds__(kScanThreads, 1)
   };
   store_owned();
 
-  // Uᵀ of this warp's Δᵀ tile (word e/2: value column c0 + row_of(e), tokens d0 + column_of(e), + 1), a chunk ahead.
-  auto delta_at = [&](int chunk) { return delta_bf16(x, s, size_t(chunk) * s.heads + h) + size_t(j0 + c0) * kC + d0; };
-  auto load_u = [&](uint32_t(&u)[4], int chunk) {
+  // Uᵀ of this warp's Δᵀ tiles (word e/2 of tile i: value column c0 + row_of(e), tokens token_of(i, e), + 1), a chunk
+  // ahead, as are the chunk's decay e^{γ_C} and the pointers.
+  auto delta_at = [&](int chunk) { return delta_bf16(x, s, size_t(chunk) * s.heads + h) + size_t(j0 + c0) * kC; };
+  auto load_u = [&](uint32_t(&u)[kScanBf16TokenTiles][4], int chunk) {
     const bf16* source = delta_at(chunk);
 #pragma unroll
-    for (int e = 0; e < 8; e += 2)
-      u[e / 2] = in_scratch(e) ? *reinterpret_cast<const uint32_t*>(source + row_of(e) * kC + column_of(e)) : 0u;
+    for (int tile = 0; tile < kScanBf16TokenTiles; ++tile)
+#pragma unroll
+      for (int e = 0; e < 8; e += 2)
+        u[tile][e / 2] =
+            in_scratch(e) ? *reinterpret_cast<const uint32_t*>(source + row_of(e) * kC + token_of(tile, e)) : 0u;
   };
-  uint32_t u_next[4];
+  uint32_t u_next[kScanBf16TokenTiles][4];
   load_u(u_next, 0);
+  float decay_next = x.decay[h];
 
   for (int chunk = 0; chunk < chunks; ++chunk) {
     const size_t block = size_t(chunk) * s.heads + h;
-    const float decay = x.decay[block];
-    uint32_t u[4];
+    const float decay = decay_next;
+    uint32_t u[kScanBf16TokenTiles][4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) u[i] = u_next[i];
-    if (chunk + 1 < chunks) load_u(u_next, chunk + 1);
+    for (int tile = 0; tile < kScanBf16TokenTiles; ++tile)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) u[tile][i] = u_next[tile][i];
     __pipeline_wait_prior(kScanBf16Stages - 2);  // this chunk's stage
     __syncthreads();  // ... for every thread, and Sᵀ; the previous chunk is done with its stage and Δᵀ
+    // Every thread's S₀ᵀ and Δᵀ of the chunks before this one are stored.
+    if (tid == 0 && chunk > 0) publish_progress_release(progress, unsigned(chunk));
     if (chunk + kScanBf16Stages - 1 < chunks) stage_chunk(chunk + kScanBf16Stages - 1);
     __pipeline_commit();
-    // S₀ᵀ (Sᵀ as the products read it, bf16) to the scratch for the outputs, 16 bytes a copy from shared memory:
-    // the slice's rows that the scratch holds.
-    {
-      const int vectors = kdp / 8, scratch_rows = min(kScanColumns, vdp - j0);
+    if (chunk + 1 < chunks) {
+      load_u(u_next, chunk + 1);
+      decay_next = x.decay[block + s.heads];
+    }
+    {  // S₀ᵀ (Sᵀ as the products read it, bf16) to the scratch for the outputs, 16 bytes a copy from shared memory:
+       // the slice's rows that the scratch holds.
+      const int scratch_rows = kRelease ? kScanColumns : min(kScanColumns, vdp - j0);
       bf16* s0 = s0_bf16(x, s, block) + size_t(j0) * kdp;
-      for (int e = tid; e < scratch_rows * vectors; e += kScanThreads) {
-        const int r = e / vectors, c = e % vectors * 8;
-        *reinterpret_cast<uint4*>(s0 + r * kdp + c) = *reinterpret_cast<const uint4*>(state + r * ldw + c);
-      }
+      for_each_vector<kScanBf16Threads>(scratch_rows, kdp / 8, [&](int r, int v) {
+        *reinterpret_cast<uint4*>(s0 + r * kdp + 8 * v) = *reinterpret_cast<const uint4*>(state + r * ldw + 8 * v);
+      });
     }
     const bf16* w = stage_w(chunk);
     const bf16* keys = stage_keys(stage_w(chunk));
     const float* key_decay = stage_decays(stage_w(chunk));
 
-    {  // Δᵀ = Uᵀ − Sᵀ Wᵀ (two chains: even and odd k-steps)
-      Accumulator product, odd;
-      zero(product, odd);
+    {  // Δᵀ = Uᵀ − Sᵀ Wᵀ (per tile two chains: even and odd k-steps)
+      Accumulator product[kScanBf16TokenTiles], odd[kScanBf16TokenTiles];
+#pragma unroll
+      for (int tile = 0; tile < kScanBf16TokenTiles; ++tile) zero(product[tile], odd[tile]);
       const bf16 *a = state + c0 * ldw, *b = w + d0 * ldw;
 #pragma unroll 4
       for (int k = 0; k < key_tiles; ++k) {
-        uint32_t a_frag[4], b_frag[2][2];
+        uint32_t a_frag[4], b_frag[kScanBf16TokenTiles][2][2];
         load_a_bf16(a_frag, a + k * kTile, ldw);
-        load_b_bf16(b_frag, b + k * kTile, ldw);
-        mma_bf16_tile(k % 2 ? odd : product, a_frag, b_frag);
+#pragma unroll
+        for (int tile = 0; tile < kScanBf16TokenTiles; ++tile)
+          load_b_bf16(b_frag[tile], b + tile * (kC / 2) * ldw + k * kTile, ldw);
+#pragma unroll
+        for (int tile = 0; tile < kScanBf16TokenTiles; ++tile)
+          mma_bf16_tile(k % 2 ? odd[tile] : product[tile], a_frag, b_frag[tile]);
       }
       bf16* target = delta_at(chunk);  // Δᵀ replaces Uᵀ
 #pragma unroll
-      for (int e = 0; e < 8; e += 2) {
-        const float first = low_bf16(u[e / 2]) - (product.x[e] + odd.x[e]);
-        const float second = high_bf16(u[e / 2]) - (product.x[e + 1] + odd.x[e + 1]);
-        if (in_scratch(e))
-          *reinterpret_cast<uint32_t*>(target + row_of(e) * kC + column_of(e)) = pack_bf16(first, second);
-        const int token = d0 + column_of(e);
-        *reinterpret_cast<uint32_t*>(delta + (c0 + row_of(e)) * ldt + token) =
-            pack_bf16(first * key_decay[token], second * key_decay[token + 1]);
-      }
+      for (int tile = 0; tile < kScanBf16TokenTiles; ++tile)
+#pragma unroll
+        for (int e = 0; e < 8; e += 2) {
+          const float first = low_bf16(u[tile][e / 2]) - (product[tile].x[e] + odd[tile].x[e]);
+          const float second = high_bf16(u[tile][e / 2]) - (product[tile].x[e + 1] + odd[tile].x[e + 1]);
+          const int token = token_of(tile, e);
+          if (in_scratch(e)) *reinterpret_cast<uint32_t*>(target + row_of(e) * kC + token) = pack_bf16(first, second);
+          *reinterpret_cast<uint32_t*>(delta + (c0 + row_of(e)) * ldt + token) =
+              pack_bf16(first * key_decay[token], second * key_decay[token + 1]);
+        }
     }
     __syncthreads();
-    if (tid == 0 && chunk > 0) publish_progress(progress, unsigned(chunk));
 
-      // Sᵀ ← e^{γ_C} Sᵀ + (Δᵀ diag(e^{γ_C−γ})) K on the owned tiles, the Δᵀ fragment shared by both.
+    // Sᵀ ← e^{γ_C} Sᵀ + (Δᵀ diag(e^{γ_C−γ})) K on the owned tiles, the Δᵀ fragment shared by all four.
 #pragma unroll
-    for (int tile = 0; tile < 2; ++tile)
+    for (int tile = 0; tile < kScanBf16KeyTiles; ++tile)
 #pragma unroll
       for (int e = 0; e < 8; ++e) owned[tile].x[e] *= decay;
-    if (owns[0]) {
-      const bf16* keys_first = keys + first_key_tile * kTile * ldt;
+    const bf16* keys_first = keys + first_key_tile * kTile * ldt;
 #pragma unroll
-      for (int k = 0; k < kC / kTile; ++k) {
-        uint32_t a_frag[4], b_frag[2][2];
-        load_a_bf16(a_frag, delta + c0 * ldt + k * kTile, ldt);
-        load_b_bf16(b_frag, keys_first + k * kTile, ldt);
-        mma_bf16_tile(owned[0], a_frag, b_frag);
-        if (owns[1]) {
-          load_b_bf16(b_frag, keys_first + 4 * kTile * ldt + k * kTile, ldt);
-          mma_bf16_tile(owned[1], a_frag, b_frag);
+    for (int k = 0; k < kC / kTile; ++k) {
+      uint32_t a_frag[4];
+      load_a_bf16(a_frag, delta + c0 * ldt + k * kTile, ldt);
+#pragma unroll
+      for (int tile = 0; tile < kScanBf16KeyTiles; ++tile)
+        if (owns(tile)) {
+          uint32_t b_frag[2][2];
+          load_b_bf16(b_frag, keys_first + 2 * tile * kTile * ldt + k * kTile, ldt);
+          mma_bf16_tile(owned[tile], a_frag, b_frag);
         }
-      }
     }
     store_owned();
   }
   __syncthreads();
-  if (tid == 0) publish_progress(progress, unsigned(chunks));
+  if (tid == 0) publish_progress_release(progress, unsigned(chunks));
 #pragma unroll
-  for (int tile = 0; tile < 2; ++tile)
+  for (int tile = 0; tile < kScanBf16KeyTiles; ++tile)
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       const int key = key_of(tile, e);
-      if (owns[tile] && key < s.dk && in_slice(e)) head_state[key * dv + c0 + row_of(e)] = owned[tile].x[e];
+      if (owns(tile) && key < s.dk && in_slice(e)) head_state[key * dv + c0 + row_of(e)] = owned[tile].x[e];
     }
 }
-
 // The bf16 mode's outputs: block (head, chunk, slice of 128 value columns), 256 threads, O = diag(e^γ) Q S₀ + P Δ with
 // every operand bf16 from the scratch, staged whole by cp.async (Q [C][kdp + 8], S₀ᵀ's slice [128][kdp + 8], P
 // [C][C + 8], Δᵀ's slice [128][C + 8]) and, where the slice holds all of dv (dv ≤ 128), the gate inputs z [C][132]
@@ -1789,18 +1836,30 @@ __global__ void __launch_bounds__(kThreads, 2)
   float* factors = reinterpret_cast<float*>(delta + kOutputBf16Columns * ldt);          // e^{γ_t} [C]
   float* gate = factors + kC;                                                           // z [C][132] (one slice)
   const int h = blockIdx.x, chunk = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int j0 = blockIdx.z * kOutputBf16Columns, slice_rows = min(kOutputBf16Columns, vdp - j0);
+  const int j0 = blockIdx.z * kOutputBf16Columns;
+  const int slice_rows = kRelease ? kOutputBf16Columns : min(kOutputBf16Columns, vdp - j0);  // one slice: the release
   const int t0 = chunk * kC, n = min(kC, in.rows - t0), key_head = h / (s.heads / s.key_heads);
   const size_t block = size_t(chunk) * s.heads + h, row_stride = size_t(s.heads) * s.dv;
   // Prepare's (complete before the scan began), then the scan's.
-  stage_bf16_rows(queries, ldk, queries_bf16(x, s, chunk, key_head), kC, kdp);
-  stage_bf16_rows(p, ldt, p_bf16(x, block), kC, kC);
+  stage_bf16_rows<kThreads>(queries, ldk, queries_bf16(x, s, chunk, key_head), kC, kdp);
+  stage_bf16_rows<kThreads>(p, ldt, p_bf16(x, block), kC, kC);
   if (tid < kC / 4) __pipeline_memcpy_async(factors + 4 * tid, x.q_factor + block * kC + 4 * tid, 4 * sizeof(float));
-  if (gridDim.z == 1)  // the norm's gate inputs (read from global memory in the norm, each row waited a latency)
-    stage_tile(gate, kOutputStride, kC, vdp, in.z + size_t(t0) * row_stride + size_t(h) * s.dv, row_stride, n, s.dv);
+  if (gridDim.z == 1) {  // the norm's gate inputs (read from global memory in the norm, each row waited a latency)
+    const float* z = in.z + size_t(t0) * row_stride + size_t(h) * s.dv;
+    if (kRelease && reinterpret_cast<uintptr_t>(z) % 16 == 0)  // stage_tile's result, at constant offsets
+      for_each_vector<kThreads>(kC, kReleaseDim / 4, [&](int t, int v) {
+        float* target = gate + t * kOutputStride + 4 * v;
+        if (t < n)
+          __pipeline_memcpy_async(target, z + t * row_stride + 4 * v, 4 * sizeof(float));
+        else
+          *reinterpret_cast<float4*>(target) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      });
+    else
+      stage_tile(gate, kOutputStride, kC, vdp, z, row_stride, n, s.dv);
+  }
   wait_for_scan(x, h, chunk);
-  stage_bf16_rows(s0, ldk, s0_bf16(x, s, block) + size_t(j0) * kdp, slice_rows, kdp);
-  stage_bf16_rows(delta, ldt, delta_bf16(x, s, block) + size_t(j0) * kC, slice_rows, kC);
+  stage_bf16_rows<kThreads>(s0, ldk, s0_bf16(x, s, block) + size_t(j0) * kdp, slice_rows, kdp);
+  stage_bf16_rows<kThreads>(delta, ldt, delta_bf16(x, s, block) + size_t(j0) * kC, slice_rows, kC);
   wait_copies();
   __syncthreads();
 
@@ -1849,14 +1908,25 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     return;
   }
+  // The norm (dv ≤ 128: at most 4 columns a lane, j = lane + 32 i; the norm weights loaded once).
+  constexpr int kPerLane = kOutputBf16Columns / 32;
+  float weight[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) weight[i] = lane + 32 * i < s.dv ? in.norm[lane + 32 * i] : 0.0f;
   for (int t = warp; t < n; t += kWarps) {
     const float* row = o + t * kOutputStride;
     float sum = 0.0f;
-    for (int j = lane; j < s.dv; j += 32) sum += row[j] * row[j];
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i)
+      if (lane + 32 * i < s.dv) sum += row[lane + 32 * i] * row[lane + 32 * i];
     const float scale = 1.0f / sqrtf(warp_sum(sum) / float(s.dv) + in.eps);
     const size_t at = size_t(t0 + t) * row_stride + size_t(h) * s.dv;
-    for (int j = lane; j < s.dv; j += 32)
-      out[at + j] = in.norm[j] * (row[j] * scale) * output_gate(gate[t * kOutputStride + j], in.sigmoid_gate);
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int j = lane + 32 * i;
+      if (j < s.dv)
+        out[at + j] = weight[i] * (row[j] * scale) * output_gate(gate[t * kOutputStride + j], in.sigmoid_gate);
+    }
   }
 }
 
@@ -1963,7 +2033,7 @@ void launch_prefill_bf16(const GdnShape& s, const GdnInputs& in, const ChunkScra
   const size_t scan_bytes = scan_bf16_shared_bytes(s);
   const auto scan = release ? gdn_chunk_scan_bf16_kernel<true> : gdn_chunk_scan_bf16_kernel<false>;
   cudaFuncSetAttribute(scan, cudaFuncAttributeMaxDynamicSharedMemorySize, int(scan_bytes));
-  scan<<<dim3(heads, unsigned(x.scan_slices)), kScanThreads, scan_bytes, stream>>>(s, in.rows, x, recurrent);
+  scan<<<dim3(heads, unsigned(x.scan_slices)), kScanBf16Threads, scan_bytes, stream>>>(s, in.rows, x, recurrent);
   const unsigned slices = unsigned((padded(s.dv) + kOutputBf16Columns - 1) / kOutputBf16Columns);
   const size_t bytes = output_bf16_shared_bytes(s);
   const auto output = release ? gdn_chunk_output_bf16_kernel<true> : gdn_chunk_output_bf16_kernel<false>;
