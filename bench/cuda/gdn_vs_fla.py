@@ -11,7 +11,8 @@ Shape of Qwen3.8-Flash-Next: batch 1, 48 value heads on 16 key heads (fla's GVA)
   timings after warm-up (Triton compiles and autotunes in the warm-up). fla's Python wrapper launches several Triton
   kernels a call, so an eager call's time can be the host's, not the GPU's: --fla-timers adds the mean of calls
   enqueued back to back and the median of CUDA-graph replays, and --rounds N times ours and fla N more times,
-  alternating, at T = 8192.
+  alternating, at T = 8192. --fla-core adds fla doing all of our pass's work (fla_core_bf16: its in-kernel gates and
+  l2 norms, the rule, then its fused gated RMS norm with the sigmoid gate), the like-for-like comparison.
 - Agreement: on the same random inputs (zero initial state), ours at each precision (`vavilov_gdn_bench check`), fla
   and a float64 recurrence of the spec (torch, token by token): the gated, normalised outputs and the final state.
 
@@ -22,7 +23,7 @@ DIR on PYTHONPATH. fla compiles and autotunes each dtype on first use (over a mi
 
 Usage: gdn_vs_fla.py --bench BUILD/vavilov_gdn_bench --out RESULT.json [--commit C] [--budget-s S] [--bf16-only]
                      [--precisions fp32 tf32 bf16] [--fla-timers eager back_to_back graph] [--rounds N]
-                     [--fla-kernels]
+                     [--fla-kernels] [--fla-core]
 (--bf16-only: fla with bf16 inputs only, its agreement check included; fp32 inputs compile and autotune for minutes)
 """
 import argparse
@@ -105,6 +106,24 @@ def fla_call(fla, x, dtype, device):
     q, k, v, beta = (a.to(device=device, dtype=dtype).unsqueeze(0).contiguous() for a in (x["q"], x["k"], x["v"], beta))
     g = g.to(device=device, dtype=torch.float32).unsqueeze(0).contiguous()  # log decays stay fp32
     return lambda: fla(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, output_final_state=True)
+
+
+def fla_core_call(fla, x, device):
+    """fla doing all the work ours does, bf16: the gates (use_gate_in_kernel: −e^{A_log} softplus(a + dt_bias) and the
+    chunk cumsum; use_beta_sigmoid_in_kernel), the l2 norms, the chunked rule, then fla's own gated RMS norm
+    (rms_norm_gated with the sigmoid gate) on its output. Returns (gated normalised output, final state)."""
+    from fla.modules.norm.fused_norm_gate import rms_norm_gated
+
+    q, k, v, z = (x[n].to(device=device, dtype=torch.bfloat16).unsqueeze(0).contiguous() for n in ("q", "k", "v", "z"))
+    a, b = (x[n].to(device=device, dtype=torch.float32).unsqueeze(0).contiguous() for n in ("a", "b"))
+    a_log, dt_bias, weight = (x[n].to(device=device, dtype=torch.float32) for n in ("a_log", "dt_bias", "norm"))
+
+    def call():
+        o, state = fla(q, k, v, a, b, use_qk_l2norm_in_kernel=True, output_final_state=True, use_gate_in_kernel=True,
+                       A_log=a_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True)
+        return rms_norm_gated(o, z, weight, None, activation="sigmoid", eps=EPS), state
+
+    return call
 
 
 def median_us(fn, warmup, repeats):
@@ -199,6 +218,9 @@ def main():
                              "(median of CUDA-graph replays)")
     parser.add_argument("--fla-kernels", action="store_true",
                         help="fla's GPU time per kernel at T = 8192 (torch.profiler), after the timings")
+    parser.add_argument("--fla-core", action="store_true",
+                        help="also time fla doing all of our pass's work in bf16 (gates and l2 norms in its kernels, "
+                             "the rule, its fused gated RMS norm: fla_core_bf16) and check it against float64")
     parser.add_argument("--rounds", type=int, default=0,
                         help="time ours and fla this many times, alternating, at T = 8192 (drift between runs)")
     args = parser.parse_args()
@@ -268,6 +290,13 @@ def main():
                     entry[f"ours_{precision}_vs_{fla_name}"] = {"out": relative_error(got_out, fla_out)}
             except Exception as error:  # noqa: BLE001 - recorded in the result
                 entry["fla_error"] = repr(error)
+        if with_fla and args.fla_core and chunk_gated_delta_rule is not None:
+            try:
+                core_out, core_state = fla_core_call(chunk_gated_delta_rule, x, device)()
+                entry["fla_core_bf16_vs_float64"] = {"out": relative_error(core_out[0], want_out),
+                                                     "state": relative_error(core_state[0], want_state)}
+            except Exception as error:  # noqa: BLE001 - recorded in the result
+                entry["fla_core_error"] = repr(error)
         entry["metric"] = "max |x − ref| / max(1, max |ref|) over the gated normalised outputs / the final state"
         result["agreement"][str(t)] = entry
         print(t, entry, flush=True)
@@ -287,18 +316,22 @@ def main():
             return
         print(f"[{time.time() - begin:.1f} s] {name} T={t}", flush=True)
         try:
-            call = fla_call(chunk_gated_delta_rule, random_inputs(t, 1), dtype, device)
+            calls = {name: fla_call(chunk_gated_delta_rule, random_inputs(t, 1), dtype, device)}
+            if args.fla_core and dtype == torch.bfloat16:
+                calls["fla_core_bf16"] = fla_core_call(chunk_gated_delta_rule, random_inputs(t, 1), device)
+        except Exception as error:  # noqa: BLE001 - recorded in the result
+            timing[name + "_error"] = repr(error)
+            calls = {}
+        for label, call in calls.items():
             for timer in args.fla_timers:
-                key = name if timer == "eager" else f"{name}_{timer}"
+                key = label if timer == "eager" else f"{label}_{timer}"
                 try:
                     timing[key] = FLA_TIMERS[timer](call, 3, 20)
                 except Exception as error:  # noqa: BLE001 - recorded in the result (e.g. a graph capture refused)
                     timing[key + "_error"] = repr(error)
                     continue
                 for precision in args.precisions:
-                    timing[f"fla_over_ours_{precision}_{key}"] = timing[key] / timing[f"ours_{precision}"]
-        except Exception as error:  # noqa: BLE001 - recorded in the result
-            timing[name + "_error"] = repr(error)
+                    timing[f"{label}_over_ours_{precision}_{timer}"] = timing[key] / timing[f"ours_{precision}"]
         print(t, timing, flush=True)
 
     def rounds(fla_dtype_and_name):
@@ -306,19 +339,22 @@ def main():
         if args.rounds < 1 or chunk_gated_delta_rule is None:
             return
         dtype, name = fla_dtype_and_name
-        call = fla_call(chunk_gated_delta_rule, random_inputs(8192, 1), dtype, device)
+        calls = {name: fla_call(chunk_gated_delta_rule, random_inputs(8192, 1), dtype, device)}
+        if args.fla_core and dtype == torch.bfloat16:
+            calls["fla_core_bf16"] = fla_core_call(chunk_gated_delta_rule, random_inputs(8192, 1), device)
         series = result.setdefault("rounds_8192_us", [])
         for r in range(args.rounds):
             if time.time() - begin > args.budget_s:
                 result["skipped"].append(f"round {r}: over the time budget")
                 return
             entry = {f"ours_{p}": ours_prefill_times(p)[8192] for p in args.precisions}
-            for timer in args.fla_timers:
-                key = name if timer == "eager" else f"{name}_{timer}"
-                try:
-                    entry[key] = FLA_TIMERS[timer](call, 3, 20)
-                except Exception as error:  # noqa: BLE001 - recorded in the result
-                    entry[key + "_error"] = repr(error)
+            for label, call in calls.items():
+                for timer in args.fla_timers:
+                    key = label if timer == "eager" else f"{label}_{timer}"
+                    try:
+                        entry[key] = FLA_TIMERS[timer](call, 3, 20)
+                    except Exception as error:  # noqa: BLE001 - recorded in the result
+                        entry[key + "_error"] = repr(error)
             series.append(entry)
             print("round", r, entry, flush=True)
             save()
