@@ -1806,9 +1806,14 @@ __global__ void __launch_bounds__(kScanBf16Threads, 1)
 // shared) and keeps O in its accumulators. With one slice the gated norm follows from the registers: a row's sum of
 // squares over the lane's four values and the quad's lanes by shuffles, over the warps through shared memory (one
 // thread a row for its scale), then z read at the accumulators' positions and the outputs stored as pairs; otherwise O
-// goes to out and gdn_gated_norm_kernel runs after. Until s12 O went through shared memory and the norm ran a warp a
-// row (four values a lane, a butterfly, IEEE square root and division, a sigmoid with IEEE division an element):
-// 1368 of a warp's 2108 instructions and 47 % of the stall samples, 288 µs at T = 8192 under ncu.
+// goes to out and gdn_gated_norm_kernel runs after. The first look at the scan's progress goes out before the copies
+// (look_at_scan), and z is staged last, in a cp.async group of its own that the norm waits for, so it arrives while
+// the products run. Measured at T = 8192 (ncu, serialised; H200): until s12 O went through shared memory and the norm
+// ran a warp a row (four values a lane, a butterfly, IEEE square root and division, a sigmoid with IEEE division an
+// element): 2108 instructions a warp, 1368 of them the norm's, 47 % of the stall samples, 290 µs. The norm from the
+// registers: 58 M warp instructions (was 104 M), 213–220 µs; the early look: 202; z last: 197 (at 3.9 TB/s of DRAM
+// for 778 MB). Δᵀ in a group of its own as well (waited before P Δ, one barrier more) measured 195 µs but no faster in
+// the whole pass.
 constexpr int kOutputBf16Columns = 128;
 // The row stride of z [C][136] (fp32): rows 8 banks apart, so that a half warp's 8-byte reads at its accumulators'
 // positions (rows g, columns 2t) meet every bank once; column 128 + w of row t holds warp w's part of the sum of
@@ -1832,6 +1837,30 @@ __device__ inline float fast_output_gate(float z) {
   return kSigmoid ? sigmoid : z * sigmoid;
 }
 
+// wait_for_scan's protocol (acquire loads of the head's progress counters until every scan slice has finished the
+// chunk; the last chunk's blocks wait for the whole scan grid instead) with the first look taken before the block
+// issues its copies: look_at_scan, then wait_for_scan_after with what it saw. The acquire load holds its warp until it
+// returns (the L1 invalidation after it waits for the value), so it goes first, before that warp's copies and not
+// behind the block's (Q, P and then also z: 56 KB); behind them the block waited there in 15 % of its stall samples.
+__device__ inline unsigned look_at_scan(const ChunkScratch& x, int h, int chunk) {
+  if (chunk == int(gridDim.y) - 1 || threadIdx.x >= unsigned(x.scan_slices)) return 0;
+  return load_progress(x.progress + h * x.scan_slices + threadIdx.x);
+}
+__device__ inline void wait_for_scan_after(const ChunkScratch& x, int h, int chunk, unsigned seen) {
+  if (chunk == int(gridDim.y) - 1) {
+    wait_for_producers();
+    return;
+  }
+  if (threadIdx.x < unsigned(x.scan_slices)) {
+    const unsigned* counter = x.progress + h * x.scan_slices + threadIdx.x;
+    while (seen <= unsigned(chunk)) {
+      __nanosleep(256);
+      seen = load_progress(counter);
+    }
+  }
+  __syncthreads();
+}
+
 template <bool kRelease>
 __global__ void __launch_bounds__(kThreads, 2)
     gdn_chunk_output_bf16_kernel(GdnShape shape, GdnInputs in, ChunkScratch x, float* out) {
@@ -1851,11 +1880,25 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int slice_rows = kRelease ? kOutputBf16Columns : min(kOutputBf16Columns, vdp - j0);  // one slice: the release
   const int t0 = chunk * kC, n = min(kC, in.rows - t0), key_head = h / (s.heads / s.key_heads);
   const size_t block = size_t(chunk) * s.heads + h, row_stride = size_t(s.heads) * s.dv;
+  const unsigned seen = look_at_scan(x, h, chunk);
   // Prepare's (complete before the scan began), then the scan's.
   stage_bf16_rows<kThreads>(queries, ldk, queries_bf16(x, s, chunk, key_head), kC, kdp);
   stage_bf16_rows<kThreads>(p, ldt, p_bf16(x, block), kC, kC);
   if (tid < kC / 4) __pipeline_memcpy_async(factors + 4 * tid, x.q_factor + block * kC + 4 * tid, 4 * sizeof(float));
-  if (gridDim.z == 1) {  // the norm's gate inputs
+  // Lane (g, t) of warp w holds O's rows 16r + 8i + g at columns column + 8hh + j (acc[r].x[4hh + 2i + j]).
+  const bool computes = warp * kTile < slice_rows;
+  const int c0 = warp * kTile, g = lane / 4, t = lane % 4, column = j0 + c0 + 2 * t;
+  auto valid = [&](int e) { return kRelease || (computes && column + 8 * (e / 4) + e % 2 < s.dv); };
+  float weight[2][2];  // the norm's, at the lane's columns
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) weight[hh][j] = valid(4 * hh + j) ? in.norm[column + 8 * hh + j] : 0.0f;
+  wait_for_scan_after(x, h, chunk, seen);
+  stage_bf16_rows<kThreads>(s0, ldk, s0_bf16(x, s, block) + size_t(j0) * kdp, slice_rows, kdp);
+  stage_bf16_rows<kThreads>(delta, ldt, delta_bf16(x, s, block) + size_t(j0) * kC, slice_rows, kC);
+  __pipeline_commit();   // the products' operands
+  if (gridDim.z == 1) {  // the norm's gate inputs, last: they arrive while the products run
     const float* z = in.z + size_t(t0) * row_stride + size_t(h) * s.dv;
     if (kRelease && reinterpret_cast<uintptr_t>(z) % 16 == 0)  // stage_tile's result, at constant offsets
       for_each_vector<kThreads>(kC, kReleaseDim / 4, [&](int t, int v) {
@@ -1868,19 +1911,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     else
       stage_tile(gate, kGateStride, kC, vdp, z, row_stride, n, s.dv);
   }
-  // Lane (g, t) of warp w holds O's rows 16r + 8i + g at columns column + 8hh + j (acc[r].x[4hh + 2i + j]).
-  const bool computes = warp * kTile < slice_rows;
-  const int c0 = warp * kTile, g = lane / 4, t = lane % 4, column = j0 + c0 + 2 * t;
-  auto valid = [&](int e) { return kRelease || (computes && column + 8 * (e / 4) + e % 2 < s.dv); };
-  float weight[2][2];  // the norm's, at the lane's columns
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-    for (int j = 0; j < 2; ++j) weight[hh][j] = valid(4 * hh + j) ? in.norm[column + 8 * hh + j] : 0.0f;
-  wait_for_scan(x, h, chunk);
-  stage_bf16_rows<kThreads>(s0, ldk, s0_bf16(x, s, block) + size_t(j0) * kdp, slice_rows, kdp);
-  stage_bf16_rows<kThreads>(delta, ldt, delta_bf16(x, s, block) + size_t(j0) * kC, slice_rows, kC);
-  wait_copies();
+  __pipeline_commit();
+  __pipeline_wait_prior(1);
   __syncthreads();
 
   Accumulator acc[kC / kTile];
@@ -1942,6 +1974,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       if (t == 0) gate[(kTile * r + 8 * i + g) * kGateStride + kOutputBf16Columns + warp] = sum;
     }
+  __pipeline_wait_prior(0);  // z
   __syncthreads();
   if (tid < kC) {
     const float4* part = reinterpret_cast<const float4*>(gate + tid * kGateStride + kOutputBf16Columns);
