@@ -1801,23 +1801,64 @@ __global__ void __launch_bounds__(kScanBf16Threads, 1)
 }
 // The bf16 mode's outputs: block (head, chunk, slice of 128 value columns), 256 threads, O = diag(e^γ) Q S₀ + P Δ with
 // every operand bf16 from the scratch, staged whole by cp.async (Q [C][kdp + 8], S₀ᵀ's slice [128][kdp + 8], P
-// [C][C + 8], Δᵀ's slice [128][C + 8]) and, where the slice holds all of dv (dv ≤ 128), the gate inputs z [C][132]
-// (111 KB at the release: two blocks an SM). Warp w computes column tile w of all four row tiles (the B fragment
-// shared). With one slice the gated norm follows in the block (O through shared memory); otherwise O goes to out and
-// gdn_gated_norm_kernel runs after.
+// [C][C + 8], Δᵀ's slice [128][C + 8]) and, where the slice holds all of dv (dv ≤ 128), the gate inputs z [C][136]
+// (112.5 KB at the release: two blocks an SM). Warp w computes column tile w of all four row tiles (the B fragment
+// shared) and keeps O in its accumulators. With one slice the gated norm follows from the registers: a row's sum of
+// squares over the lane's four values and the quad's lanes by shuffles, over the warps through shared memory (one
+// thread a row for its scale), then z read at the accumulators' positions and the outputs stored as pairs; otherwise O
+// goes to out and gdn_gated_norm_kernel runs after. The first look at the scan's progress goes out before the copies
+// (look_at_scan), and z is staged last, in a cp.async group of its own that the norm waits for, so it arrives while
+// the products run. Measured at T = 8192 (ncu, serialised; H200): until s12 O went through shared memory and the norm
+// ran a warp a row (four values a lane, a butterfly, IEEE square root and division, a sigmoid with IEEE division an
+// element): 2108 instructions a warp, 1368 of them the norm's, 47 % of the stall samples, 290 µs. The norm from the
+// registers: 58 M warp instructions (was 104 M), 213–220 µs; the early look: 202; z last: 197 (at 3.9 TB/s of DRAM
+// for 778 MB). Δᵀ in a group of its own as well (waited before P Δ, one barrier more) measured 195 µs but no faster in
+// the whole pass.
 constexpr int kOutputBf16Columns = 128;
-constexpr int kOutputStride = kOutputBf16Columns + 4;  // O [C][132] fp32
-
-// The bytes of Q and S₀ᵀ's slice, or of O where that is larger (O takes their place).
-__host__ __device__ inline size_t output_bf16_operand_bytes(const GdnShape& s) {
-  const size_t operands = (kC + kOutputBf16Columns) * size_t(bf16_stride_of(s.dk)) * sizeof(bf16);
-  const size_t o = size_t(kC) * kOutputStride * sizeof(float);
-  return operands > o ? operands : o;
-}
+// The row stride of z [C][136] (fp32): rows 8 banks apart, so that a half warp's 8-byte reads at its accumulators'
+// positions (rows g, columns 2t) meet every bank once; column 128 + w of row t holds warp w's part of the sum of
+// squares of O's row t.
+constexpr int kGateStride = kOutputBf16Columns + kWarps;
 
 size_t output_bf16_shared_bytes(const GdnShape& s) {
-  return output_bf16_operand_bytes(s) + (kC + kOutputBf16Columns) * size_t(bf16_stride_of(kC)) * sizeof(bf16) +
-         kC * sizeof(float) + size_t(kC) * kOutputStride * sizeof(float);  // ... P, Δᵀ, the factors, z
+  return (kC + kOutputBf16Columns) * size_t(bf16_stride_of(s.dk) + bf16_stride_of(kC)) * sizeof(bf16) +
+         2 * kC * sizeof(float) + size_t(kC) * kGateStride * sizeof(float);  // Q, S₀ᵀ, P, Δᵀ; factors, scales; z
+}
+
+// The output gate with the hardware's exponential and reciprocal: e^{−z} as ex2.approx.ftz(−z·log2 e) (relative error
+// ~2⁻²²·(2 + 1.2|z|); flushed to 0 below 2⁻¹²⁶, where the gate is 1 to within that) and 1 / (1 + e^{−z}) by rcp.approx
+// (0 where e^{−z} overflows), far inside the bf16 products' error; output_gate's expf and IEEE division took ~20
+// instructions and a branch an element, __expf without ftz three more for its denormal range.
+template <bool kSigmoid>
+__device__ inline float fast_output_gate(float z) {
+  float exponential;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(exponential) : "f"(z * -1.4426950408889634f));
+  const float sigmoid = __fdividef(1.0f, 1.0f + exponential);
+  return kSigmoid ? sigmoid : z * sigmoid;
+}
+
+// wait_for_scan's protocol (acquire loads of the head's progress counters until every scan slice has finished the
+// chunk; the last chunk's blocks wait for the whole scan grid instead) with the first look taken before the block
+// issues its copies: look_at_scan, then wait_for_scan_after with what it saw. The acquire load holds its warp until it
+// returns (the L1 invalidation after it waits for the value), so it goes first, before that warp's copies and not
+// behind the block's (Q, P and then also z: 56 KB); behind them the block waited there in 15 % of its stall samples.
+__device__ inline unsigned look_at_scan(const ChunkScratch& x, int h, int chunk) {
+  if (chunk == int(gridDim.y) - 1 || threadIdx.x >= unsigned(x.scan_slices)) return 0;
+  return load_progress(x.progress + h * x.scan_slices + threadIdx.x);
+}
+__device__ inline void wait_for_scan_after(const ChunkScratch& x, int h, int chunk, unsigned seen) {
+  if (chunk == int(gridDim.y) - 1) {
+    wait_for_producers();
+    return;
+  }
+  if (threadIdx.x < unsigned(x.scan_slices)) {
+    const unsigned* counter = x.progress + h * x.scan_slices + threadIdx.x;
+    while (seen <= unsigned(chunk)) {
+      __nanosleep(256);
+      seen = load_progress(counter);
+    }
+  }
+  __syncthreads();
 }
 
 template <bool kRelease>
@@ -1827,44 +1868,53 @@ __global__ void __launch_bounds__(kThreads, 2)
   allow_dependents();
   extern __shared__ __align__(128) float4 shared4[];
   const int kdp = padded(s.dk), vdp = padded(s.dv), ldk = bf16_stride_of(s.dk), ldt = bf16_stride_of(kC);
-  const size_t operand_bytes = output_bf16_operand_bytes(s);
-  bf16* queries = reinterpret_cast<bf16*>(shared4);  // [C][ldk]
-  bf16* s0 = queries + kC * ldk;                     // S₀ᵀ [128][ldk]
-  float* o = reinterpret_cast<float*>(shared4);      // [C][132], once the products are done
-  bf16* p = reinterpret_cast<bf16*>(reinterpret_cast<char*>(shared4) + operand_bytes);  // [C][ldt]
-  bf16* delta = p + kC * ldt;                                                           // Δᵀ [128][ldt]
-  float* factors = reinterpret_cast<float*>(delta + kOutputBf16Columns * ldt);          // e^{γ_t} [C]
-  float* gate = factors + kC;                                                           // z [C][132] (one slice)
+  bf16* queries = reinterpret_cast<bf16*>(shared4);                             // [C][ldk]
+  bf16* s0 = queries + kC * ldk;                                                // S₀ᵀ [128][ldk]
+  bf16* p = s0 + kOutputBf16Columns * ldk;                                      // [C][ldt]
+  bf16* delta = p + kC * ldt;                                                   // Δᵀ [128][ldt]
+  float* factors = reinterpret_cast<float*>(delta + kOutputBf16Columns * ldt);  // e^{γ_t} [C]
+  float* scales = factors + kC;                                                 // the norm's 1 / rms [C]
+  float* gate = scales + kC;                                                    // z [C][136] (one slice)
   const int h = blockIdx.x, chunk = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int j0 = blockIdx.z * kOutputBf16Columns;
   const int slice_rows = kRelease ? kOutputBf16Columns : min(kOutputBf16Columns, vdp - j0);  // one slice: the release
   const int t0 = chunk * kC, n = min(kC, in.rows - t0), key_head = h / (s.heads / s.key_heads);
   const size_t block = size_t(chunk) * s.heads + h, row_stride = size_t(s.heads) * s.dv;
+  const unsigned seen = look_at_scan(x, h, chunk);
   // Prepare's (complete before the scan began), then the scan's.
   stage_bf16_rows<kThreads>(queries, ldk, queries_bf16(x, s, chunk, key_head), kC, kdp);
   stage_bf16_rows<kThreads>(p, ldt, p_bf16(x, block), kC, kC);
   if (tid < kC / 4) __pipeline_memcpy_async(factors + 4 * tid, x.q_factor + block * kC + 4 * tid, 4 * sizeof(float));
-  if (gridDim.z == 1) {  // the norm's gate inputs (read from global memory in the norm, each row waited a latency)
+  // Lane (g, t) of warp w holds O's rows 16r + 8i + g at columns column + 8hh + j (acc[r].x[4hh + 2i + j]).
+  const bool computes = warp * kTile < slice_rows;
+  const int c0 = warp * kTile, g = lane / 4, t = lane % 4, column = j0 + c0 + 2 * t;
+  auto valid = [&](int e) { return kRelease || (computes && column + 8 * (e / 4) + e % 2 < s.dv); };
+  float weight[2][2];  // the norm's, at the lane's columns
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) weight[hh][j] = valid(4 * hh + j) ? in.norm[column + 8 * hh + j] : 0.0f;
+  wait_for_scan_after(x, h, chunk, seen);
+  stage_bf16_rows<kThreads>(s0, ldk, s0_bf16(x, s, block) + size_t(j0) * kdp, slice_rows, kdp);
+  stage_bf16_rows<kThreads>(delta, ldt, delta_bf16(x, s, block) + size_t(j0) * kC, slice_rows, kC);
+  __pipeline_commit();   // the products' operands
+  if (gridDim.z == 1) {  // the norm's gate inputs, last: they arrive while the products run
     const float* z = in.z + size_t(t0) * row_stride + size_t(h) * s.dv;
     if (kRelease && reinterpret_cast<uintptr_t>(z) % 16 == 0)  // stage_tile's result, at constant offsets
       for_each_vector<kThreads>(kC, kReleaseDim / 4, [&](int t, int v) {
-        float* target = gate + t * kOutputStride + 4 * v;
+        float* target = gate + t * kGateStride + 4 * v;
         if (t < n)
           __pipeline_memcpy_async(target, z + t * row_stride + 4 * v, 4 * sizeof(float));
         else
           *reinterpret_cast<float4*>(target) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       });
     else
-      stage_tile(gate, kOutputStride, kC, vdp, z, row_stride, n, s.dv);
+      stage_tile(gate, kGateStride, kC, vdp, z, row_stride, n, s.dv);
   }
-  wait_for_scan(x, h, chunk);
-  stage_bf16_rows<kThreads>(s0, ldk, s0_bf16(x, s, block) + size_t(j0) * kdp, slice_rows, kdp);
-  stage_bf16_rows<kThreads>(delta, ldt, delta_bf16(x, s, block) + size_t(j0) * kC, slice_rows, kC);
-  wait_copies();
+  __pipeline_commit();
+  __pipeline_wait_prior(1);
   __syncthreads();
 
-  const bool computes = warp * kTile < slice_rows;
-  const int c0 = warp * kTile;
   Accumulator acc[kC / kTile];
 #pragma unroll
   for (int r = 0; r < kC / kTile; ++r) fill(acc[r], 0.0f);
@@ -1894,40 +1944,74 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     }
   }
-  __syncthreads();  // every warp is done with Q and S₀ᵀ
-  if (computes)
-#pragma unroll
-    for (int r = 0; r < kC / kTile; ++r) store_tile(o + r * kTile * kOutputStride + c0, acc[r], kOutputStride);
-  __syncthreads();
 
-  const int columns = min(kOutputBf16Columns, s.dv - j0);
-  if (gridDim.z > 1) {  // O alone; the norm runs after
-    for (int e = tid; e < n * columns; e += kThreads) {
-      const int t = e / columns, c = e % columns;
-      out[size_t(t0 + t) * row_stride + size_t(h) * s.dv + j0 + c] = o[t * kOutputStride + c];
-    }
+  float* target = out + size_t(t0) * row_stride + size_t(h) * s.dv + column;  // row 0 of the lane's first column
+  if (!kRelease && gridDim.z > 1) {                                           // O alone; the norm runs after
+#pragma unroll
+    for (int r = 0; r < kC / kTile; ++r)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const int row = kTile * r + 8 * (e / 2 % 2) + g;
+        if (row < n && valid(e)) target[row * row_stride + 8 * (e / 4) + e % 2] = acc[r].x[e];
+      }
     return;
   }
-  // The norm (dv ≤ 128: at most 4 columns a lane, j = lane + 32 i; the norm weights loaded once).
-  constexpr int kPerLane = kOutputBf16Columns / 32;
-  float weight[kPerLane];
+  // The norm. Each row's sum of squares: the lane's four values, the quad's, then the warps' parts (in z's column 128 +
+  // warp) summed by one thread a row.
 #pragma unroll
-  for (int i = 0; i < kPerLane; ++i) weight[i] = lane + 32 * i < s.dv ? in.norm[lane + 32 * i] : 0.0f;
-  for (int t = warp; t < n; t += kWarps) {
-    const float* row = o + t * kOutputStride;
-    float sum = 0.0f;
+  for (int r = 0; r < kC / kTile; ++r)
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i)
-      if (lane + 32 * i < s.dv) sum += row[lane + 32 * i] * row[lane + 32 * i];
-    const float scale = 1.0f / sqrtf(warp_sum(sum) / float(s.dv) + in.eps);
-    const size_t at = size_t(t0 + t) * row_stride + size_t(h) * s.dv;
+    for (int i = 0; i < 2; ++i) {
+      float sum = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int j = lane + 32 * i;
-      if (j < s.dv)
-        out[at + j] = weight[i] * (row[j] * scale) * output_gate(gate[t * kOutputStride + j], in.sigmoid_gate);
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int e = 4 * hh + 2 * i + j;
+          if (valid(e)) sum += acc[r].x[e] * acc[r].x[e];
+        }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      if (t == 0) gate[(kTile * r + 8 * i + g) * kGateStride + kOutputBf16Columns + warp] = sum;
     }
+  __pipeline_wait_prior(0);  // z
+  __syncthreads();
+  if (tid < kC) {
+    const float4* part = reinterpret_cast<const float4*>(gate + tid * kGateStride + kOutputBf16Columns);
+    const float4 a = part[0], b = part[1];
+    scales[tid] = rms_scale(((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w)), 1.0f / float(s.dv), in.eps);
   }
+  __syncthreads();
+  const bool pairs = kRelease && reinterpret_cast<uintptr_t>(out) % 8 == 0;
+  auto gated_rows = [&](auto sigmoid) {  // std::bool_constant: the gate's kind
+#pragma unroll
+    for (int r = 0; r < kC / kTile; ++r)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int row = kTile * r + 8 * i + g;
+        if (row >= n) continue;
+        const float scale = scales[row];
+        const float* z = gate + row * kGateStride + c0 + 2 * t;
+        float* row_target = target + row * row_stride;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int e = 4 * hh + 2 * i;
+          const float2 zz = *reinterpret_cast<const float2*>(z + 8 * hh);
+          const float v0 = acc[r].x[e] * scale * weight[hh][0] * fast_output_gate<decltype(sigmoid)::value>(zz.x);
+          const float v1 = acc[r].x[e + 1] * scale * weight[hh][1] * fast_output_gate<decltype(sigmoid)::value>(zz.y);
+          if (pairs) {
+            *reinterpret_cast<float2*>(row_target + 8 * hh) = make_float2(v0, v1);
+          } else {
+            if (valid(e)) row_target[8 * hh] = v0;
+            if (valid(e + 1)) row_target[8 * hh + 1] = v1;
+          }
+        }
+      }
+  };
+  if (in.sigmoid_gate)
+    gated_rows(std::true_type{});
+  else
+    gated_rows(std::false_type{});
 }
 
 // o = w ⊙ rmsnorm(o) ⊙ gate(z) per head of dv values, in place; one warp per (row, head), kWarps a block.
