@@ -810,24 +810,28 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
 // ---- The bf16 mode's prepare: bf16 tiles, (I + A)⁻¹ once, W and U as one product each ------------------------------
 //
 // The normalised q and k rows are staged as bf16 (converted once, while staging; halves the tiles), the products read
-// them with ldmatrix. Per value head, four warps build T = (I + A)⁻¹ in fp32: the diagonal blocks' inverses D_b by
-// forward substitution, then the off-diagonal blocks by the inverse of a block lower triangular matrix,
+// them with ldmatrix. Per value head, T = (I + A)⁻¹ is built in fp32 in three stages between block barriers: the
+// diagonal blocks' inverses D_b by forward substitution, then the off-diagonal blocks by the inverse of a block lower
+// triangular matrix,
 //   [[L₁₁, 0], [L₂₁, L₂₂]]⁻¹ = [[L₁₁⁻¹, 0], [−L₂₂⁻¹ L₂₁ L₁₁⁻¹, L₂₂⁻¹]],
-// at 32 rows (T₁₀ = −D₁ A₁₀ D₀, T₃₂ = −D₃ A₃₂ D₂) and then at 64 (the lower left 32 × 32 block), with 3×TF32 products
-// (fp32 accurate), while the other warps stage V as bf16 and write P. Then W = T diag(β e^γ) K and U = T diag(β) V are
-// one bf16 product each over T's lower tiles (every entry of T is ≤ 1 in magnitude, docs/CUDA.md): the column scales
-// go onto T (64 × 64) instead of onto K and V (64 × 128 each), the keys are staged once for the key head's value heads,
-// and the 4-step blocked substitution with its barriers is gone. U is computed transposed, Uᵀ = Vᵀ (T diag(β))ᵀ,
-// so that both results leave the registers as bf16 pairs adjacent in the scratch's layout.
+// at 32 rows (T₁₀ = −D₁ A₁₀ D₀, T₃₂ = −D₃ A₃₂ D₂: two warps, with the D_b, in the first stage) and then at 64 (the
+// lower left 32 × 32 block: four warps, two stages), with 3×TF32 products (fp32 accurate), while other warps stage V
+// as bf16 and store the diagonal blocks' factors. Then W = T diag(β e^γ) K and U = T diag(β) V are one bf16 product
+// each over T's lower tiles (every entry of T is ≤ 1 in magnitude, docs/CUDA.md): the column scales go onto T (64 × 64,
+// written as bf16 by the warp that forms each tile) instead of onto K and V (64 × 128 each), the keys are staged once
+// for the key head's value heads, and the 4-step blocked substitution with its barriers is gone. U is computed
+// transposed, Uᵀ = Vᵀ (T diag(β))ᵀ, so that both results leave the registers as bf16 pairs adjacent in the scratch's
+// layout. P, the decays and the column scales of all the group's value heads are written once, before the first.
 constexpr int kFactorStride = kC + 8;    // bf16 [C][C + 8]: T diag(β e^γ), T diag(β)
 constexpr int kBlockStride = kTile + 8;  // fp32 [16][24]: the inverse's intermediate blocks
-constexpr int kInverseWarps = 4;         // the warps that build (I + A)⁻¹
+constexpr int kInverseWarps = 4;         // the warps that build (I + A)⁻¹ (the first two: its first stage)
 constexpr int kInverseThreads = 32 * kInverseWarps;
 
-// Shared memory of the bf16 prepare for groups of `group` value heads: γ and β [G][C], the column scales β e^γ [C], K
-// Kᵀ and A, then T, [C][C + 4] each (fp32), four intermediate blocks [16][24] (fp32), the normalised keys [C][ldk] and
-// queries, later V, [C][max(ldk, ldv)] (bf16), the two scaled copies of T [C][C + 8] (bf16). (At the release 93.75 KB:
-// two blocks an SM.)
+// Shared memory of the bf16 prepare for groups of `group` value heads: γ, β and the column scales β e^γ [G][C], K Kᵀ
+// and A, then T, [C][C + 4] each (fp32), four intermediate blocks [16][24] (fp32), the normalised keys [C][ldk] and
+// queries, later V, [C][max(ldk, ldv)] (bf16), the two scaled copies of T [C][C + 8] (bf16). (At the release 96.5 KB:
+// two blocks an SM. A second A tile, to form the next value head's A during the inversion, made it 111.25 KB and the
+// kernel slower: 360 → 396 µs at T = 8192, docs/CUDA.md.)
 size_t prepare_bf16_shared_bytes(const GdnShape& s, int group) {
   const size_t ldk = size_t(bf16_stride_of(s.dk)), ldx = std::max(ldk, size_t(bf16_stride_of(s.dv)));
   const size_t floats = 3 * size_t(group) * kC + 2 * size_t(kC) * kChunkStride + 4 * kTile * kBlockStride;
@@ -962,8 +966,9 @@ __device__ inline Accumulator block_product(const float* a, int lda, const float
 
 // T = (I + A)⁻¹ in place of A (the strictly lower fp32 [C][C + 4] tile at a; its diagonal blocks' upper parts zero)
 // in three stages, each followed by a block barrier; blocks: four [16][kBlockStride] intermediate tiles. Every tile
-// of T goes to the factor tiles from the warp that forms it. Stage 1, by warps p = 0, 1: the diagonal blocks'
-// inverses D_2p (lanes 0–15, a column each) and D_2p+1 (lanes 16–31), then T_2p+1,2p = −D_2p+1 (A_2p+1,2p D_2p).
+// of T goes to the factor tiles from the warp that forms it, but the diagonal blocks (store_diagonal_factors, by
+// other warps during stage 2: off the critical path). Stage 1, by warps p = 0, 1: the diagonal blocks' inverses D_2p
+// (lanes 0–15, a column each) and D_2p+1 (lanes 16–31), then T_2p+1,2p = −D_2p+1 (A_2p+1,2p D_2p).
 __device__ inline float* inverse_block(float* a, int row, int column) {
   return a + kTile * row * kChunkStride + kTile * column;
 }
@@ -973,11 +978,7 @@ __device__ inline void invert_at_32_rows(float* a, float* blocks, const Factors&
   solve_diagonal_column(x, a, r0, column);
   __syncwarp();
 #pragma unroll
-  for (int i = 0; i < kTile; ++i) {
-    a[(r0 + i) * kChunkStride + r0 + column] = x[i];
-    const float right = __shfl_down_sync(0xffffffffu, x[i], 1);  // the next column's (odd lanes store none)
-    if (column % 2 == 0) store_factor_pair(f, r0 + i, r0 + column, x[i], right);
-  }
+  for (int i = 0; i < kTile; ++i) a[(r0 + i) * kChunkStride + r0 + column] = x[i];
   __syncwarp();
   float* mine = blocks + p * kTile * kBlockStride;
   const int r = 2 * p + 1;
@@ -990,6 +991,24 @@ __device__ inline void invert_at_32_rows(float* a, float* blocks, const Factors&
   store_tile(inverse_block(a, r, r - 1), t, kChunkStride);
   store_factor_tile(f, kTile * r, kTile * (r - 1), t);
 }
+// D_b (b < 4, fp32 in A's place since stage 1) to both factor tiles by one warp at constant offsets: lane i takes row
+// i / 2, columns 8(i % 2) … 8(i % 2) + 7 (two 16-byte stores).
+__device__ inline void store_diagonal_factors(const float* a, const Factors& f, int b, int lane) {
+  const int t = kTile * b + lane / 2, u = kTile * b + 8 * (lane % 2);
+  const float4 left = *reinterpret_cast<const float4*>(a + t * kChunkStride + u);
+  const float4 right = *reinterpret_cast<const float4*>(a + t * kChunkStride + u + 4);
+  const float x[8] = {left.x, left.y, left.z, left.w, right.x, right.y, right.z, right.w};
+  uint32_t w[4], v[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int at = u + 2 * c;
+    w[c] = pack_bf16(x[2 * c] * f.w_scale[at], x[2 * c + 1] * f.w_scale[at + 1]);
+    v[c] = pack_bf16(x[2 * c] * f.beta[at], x[2 * c + 1] * f.beta[at + 1]);
+  }
+  *reinterpret_cast<uint4*>(f.w + t * kFactorStride + u) = make_uint4(w[0], w[1], w[2], w[3]);
+  *reinterpret_cast<uint4*>(f.u + t * kFactorStride + u) = make_uint4(v[0], v[1], v[2], v[3]);
+}
+
 // Stages 2 and 3, the lower left 32 × 32 block by warps q = 0 … 3: X = A_[23][01] T_[01][01] (block (i, j) by warp
 // q = 2(i − 2) + j), then −T_[23][23] X in its place (to the factor tiles only: nothing reads it as fp32).
 __device__ inline void invert_at_64_rows_first(float* a, float* blocks, int q) {
@@ -1016,6 +1035,14 @@ __device__ inline void invert_at_64_rows_second(float* a, const float* blocks, c
                                     inverse_block(a, 3, 3), blocks + q * kTile * kBlockStride, kBlockStride));
 }
 
+// Elements i … i + 3 (i + 4 ≤ the row's width) of a row, all zero where row is null: row_quad without its checks
+// of the width, for the release's rows (they took ~25 instructions a quad).
+__device__ inline float4 whole_quad(const float* row, int i, bool vectors) {
+  if (!row) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (vectors) return *reinterpret_cast<const float4*>(row + i);
+  return make_float4(row[i], row[i + 1], row[i + 2], row[i + 3]);
+}
+
 // The release's (dk = 128) rows t = warp + 16r (r < 4) of the queries and keys as stage_normalised_rows writes them, by
 // one warp: all eight 16-byte loads a lane first (one memory latency, not four).
 __device__ inline void stage_normalised_rows_release(bf16* queries, bf16* keys, int ld, const float* q_rows,
@@ -1026,8 +1053,8 @@ __device__ inline void stage_normalised_rows_release(bf16* queries, bf16* keys, 
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const int t = warp + kPrepareWarps * r;
-    qv[r] = row_quad(t < n ? q_rows + size_t(t) * stride : nullptr, 4 * lane, kReleaseDim, vectors);
-    kv[r] = row_quad(t < n ? k_rows + size_t(t) * stride : nullptr, 4 * lane, kReleaseDim, vectors);
+    qv[r] = whole_quad(t < n ? q_rows + size_t(t) * stride : nullptr, 4 * lane, vectors);
+    kv[r] = whole_quad(t < n ? k_rows + size_t(t) * stride : nullptr, 4 * lane, vectors);
   }
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
@@ -1052,7 +1079,7 @@ __device__ inline void stage_value_columns_release(bf16* values, int ld, const f
     const int t = lane + 32 * j;
     const float* row = t < n ? v_rows + size_t(t) * stride : nullptr;
 #pragma unroll
-    for (int c = 0; c < 4; ++c) v[j][c] = row_quad(row, kTile * warp + 4 * c, kReleaseDim, vectors);
+    for (int c = 0; c < 4; ++c) v[j][c] = whole_quad(row, kTile * warp + 4 * c, vectors);
   }
 #pragma unroll
   for (int j = 0; j < 2; ++j)
@@ -1063,6 +1090,17 @@ __device__ inline void stage_value_columns_release(bf16* values, int ld, const f
           make_uint4(pack_bf16(first.x, first.y), pack_bf16(first.z, first.w), pack_bf16(second.x, second.y),
                      pack_bf16(second.z, second.w));
     }
+}
+
+// An L2 prefetch of the chunk's V rows of one value head (the start of each 128-byte line, a thread a line, clamped to
+// the row), a value head ahead: its staging (which the inversion's first stage waits for) then waits for L2, not for
+// memory.
+__device__ inline void prefetch_value_rows(const float* v_rows, size_t stride, int n, int dv) {
+  constexpr int kLineFloats = 128 / sizeof(float);
+  const int lines = (dv + kLineFloats - 1) / kLineFloats;
+  for (int e = threadIdx.x; e < n * lines; e += kPrepareThreads)
+    asm volatile(
+        "prefetch.global.L2 [%0];" ::"l"(v_rows + size_t(e / lines) * stride + min(e % lines * kLineFloats, dv - 1)));
 }
 
 // A = β_t e^{γ_t−γ_u} (K Kᵀ)[t][u] over K Kᵀ's lower tiles (strictly lower: the diagonal tiles' upper parts zero), by
@@ -1081,7 +1119,10 @@ __device__ inline void form_a(float* a, const float* kk, const float* gamma, con
 
 // Block (group of value heads, chunk) as the TF32 prepare's (value_heads_per_key_head, prepare_group), 512 threads,
 // two blocks an SM. Writes chunk_scratch's bf16 layouts: W, Uᵀ, Kᵀ and Q, P (bf16), the
-// queries' row factors e^{γ_t}, the keys' factors e^{γ_C−γ_t} and the chunk's decay.
+// queries' row factors e^{γ_t}, the keys' factors e^{γ_C−γ_t} and the chunk's decay. A value head costs five block
+// barriers (seven before): A formed; T's first stage (and V staged); its second (and D_b's factors); its third; W and
+// Uᵀ. H200, T = 8192, the release (ncu): 360 µs, 108 M warp instructions (session 11's form: 402 µs, 147 M;
+// docs/CUDA.md).
 template <bool kRelease>
 __global__ void __launch_bounds__(kPrepareThreads, 2)
     gdn_chunk_prepare_bf16_kernel(GdnShape shape, GdnInputs in, ChunkScratch x, int group) {
@@ -1123,6 +1164,8 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
     gammas[e] = gate;
     betas[e] = b;
   }
+  const float* v_base = in.qkv + size_t(t0) * s.conv_dim + 2 * s.key_dim;  // value head h's rows at h · dv
+  prefetch_value_rows(v_base + size_t(first_head) * s.dv, size_t(s.conv_dim), n, s.dv);
   const float q_scale = 1.0f / sqrtf(float(s.dk));
   if constexpr (kRelease) {
     stage_normalised_rows_release(queries, keys, ldk, q_rows, k_rows, size_t(s.conv_dim), n, q_scale, vectors, warp,
@@ -1206,6 +1249,7 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
     const float *gamma = gammas + head * kC, *beta = betas + head * kC;
     const size_t block = size_t(chunk) * s.heads + h;
     const Factors factors{w_factors, u_factors, w_scales + head * kC, beta};
+    if (head + 1 < group) prefetch_value_rows(v_base + size_t(h + 1) * s.dv, size_t(s.conv_dim), n, s.dv);
     form_a(a, kk, gamma, beta);
     __syncthreads();
 
@@ -1213,7 +1257,7 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
     // bf16 (zero past the input and past dv).
     const bool inverts = warp >= kPrepareWarps - kInverseWarps;
     const int q = warp - (kPrepareWarps - kInverseWarps);
-    const float* v_rows = in.qkv + size_t(t0) * s.conv_dim + 2 * s.key_dim + h * s.dv;
+    const float* v_rows = v_base + size_t(h) * s.dv;
     if (inverts) {
       if (q < 2) invert_at_32_rows(a, blocks, factors, q, lane);
     } else if constexpr (kRelease) {
@@ -1228,7 +1272,10 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
       }
     }
     __syncthreads();
-    if (inverts) invert_at_64_rows_first(a, blocks, q);
+    if (inverts)
+      invert_at_64_rows_first(a, blocks, q);
+    else if (warp < kC / kTile)
+      store_diagonal_factors(a, factors, warp, lane);
     __syncthreads();
     if (inverts) invert_at_64_rows_second(a, blocks, factors, q);
     __syncthreads();
