@@ -493,14 +493,10 @@ ChunkScratch chunk_scratch(const GdnShape& s, int rows, float* base, size_t* tot
   return x;
 }
 
-// inverses[r0 + i][r0 + column] = ((I + A_bb)⁻¹)[i][column] for the unit lower triangular diagonal block b at rows
-// and columns r0 … r0 + 15 of A (row stride kChunkStride); lane `column` (< 16) of a warp solves (I + A_bb) x =
-// e_column by forward substitution (x[c] = 0 for c < column falls out of the sums, so no lane branches). Lanes 0–15
-// call it together; inverses may be A itself (the inverse overwrites the block: every lane has read it first). The
-// inverses are stored as the solve's products take them (stored_operand): nothing else reads them.
-template <bool kOnePass>
-__device__ inline void invert_diagonal_block(float* inverses, const float* a, int r0, int column) {
-  float x[kTile];
+// x = column `column` of (I + A_bb)⁻¹ for the unit lower triangular diagonal block b at rows and columns r0 … r0 + 15
+// of A (row stride kChunkStride), by forward substitution of (I + A_bb) x = e_column (x[c] = 0 for c < column falls
+// out of the sums, so no lane branches).
+__device__ inline void solve_diagonal_column(float (&x)[kTile], const float* a, int r0, int column) {
 #pragma unroll
   for (int i = 0; i < kTile; ++i) {
     const float4* row = reinterpret_cast<const float4*>(a + (r0 + i) * kChunkStride + r0);
@@ -514,6 +510,14 @@ __device__ inline void invert_diagonal_block(float* inverses, const float* a, in
     }
     x[i] = (sums[0] + sums[1]) + (sums[2] + sums[3]);
   }
+}
+// inverses[r0 + i][r0 + column] = ((I + A_bb)⁻¹)[i][column] (solve_diagonal_column) by lanes 0–15 of a warp (lane =
+// column), which call it together; inverses may be A itself (the inverse overwrites the block: every lane has read it
+// first). The inverses are stored as the solve's products take them (stored_operand): nothing else reads them.
+template <bool kOnePass>
+__device__ inline void invert_diagonal_block(float* inverses, const float* a, int r0, int column) {
+  float x[kTile];
+  solve_diagonal_column(x, a, r0, column);
   __syncwarp(0xffffu);
 #pragma unroll
   for (int i = 0; i < kTile; ++i) inverses[(r0 + i) * kChunkStride + r0 + column] = stored_operand<kOnePass>(x[i]);
@@ -806,27 +810,31 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
 // ---- The bf16 mode's prepare: bf16 tiles, (I + A)⁻¹ once, W and U as one product each ------------------------------
 //
 // The normalised q and k rows are staged as bf16 (converted once, while staging; halves the tiles), the products read
-// them with ldmatrix. Per value head, four warps build T = (I + A)⁻¹ in fp32: the diagonal blocks' inverses D_b by
-// forward substitution, then the off-diagonal blocks by the inverse of a block lower triangular matrix,
+// them with ldmatrix. Per value head, T = (I + A)⁻¹ is built in fp32 in three stages between block barriers: the
+// diagonal blocks' inverses D_b by forward substitution, then the off-diagonal blocks by the inverse of a block lower
+// triangular matrix,
 //   [[L₁₁, 0], [L₂₁, L₂₂]]⁻¹ = [[L₁₁⁻¹, 0], [−L₂₂⁻¹ L₂₁ L₁₁⁻¹, L₂₂⁻¹]],
-// at 32 rows (T₁₀ = −D₁ A₁₀ D₀, T₃₂ = −D₃ A₃₂ D₂) and then at 64 (the lower left 32 × 32 block), with 3×TF32 products
-// (fp32 accurate), while the other warps stage V as bf16 and write P. Then W = T diag(β e^γ) K and U = T diag(β) V are
-// one bf16 product each over T's lower tiles (every entry of T is ≤ 1 in magnitude, docs/CUDA.md): the column scales
-// go onto T (64 × 64) instead of onto K and V (64 × 128 each), the keys are staged once for the key head's value heads,
-// and the 4-step blocked substitution with its barriers is gone. U is computed transposed, Uᵀ = Vᵀ (T diag(β))ᵀ,
-// so that both results leave the registers as bf16 pairs adjacent in the scratch's layout.
+// at 32 rows (T₁₀ = −D₁ A₁₀ D₀, T₃₂ = −D₃ A₃₂ D₂: two warps, with the D_b, in the first stage) and then at 64 (the
+// lower left 32 × 32 block: four warps, two stages), with 3×TF32 products (fp32 accurate), while other warps stage V
+// as bf16 and store the diagonal blocks' factors. Then W = T diag(β e^γ) K and U = T diag(β) V are one bf16 product
+// each over T's lower tiles (every entry of T is ≤ 1 in magnitude, docs/CUDA.md): the column scales go onto T (64 × 64,
+// written as bf16 by the warp that forms each tile) instead of onto K and V (64 × 128 each), the keys are staged once
+// for the key head's value heads, and the 4-step blocked substitution with its barriers is gone. U is computed
+// transposed, Uᵀ = Vᵀ (T diag(β))ᵀ, so that both results leave the registers as bf16 pairs adjacent in the scratch's
+// layout. P, the decays and the column scales of all the group's value heads are written once, before the first.
 constexpr int kFactorStride = kC + 8;    // bf16 [C][C + 8]: T diag(β e^γ), T diag(β)
 constexpr int kBlockStride = kTile + 8;  // fp32 [16][24]: the inverse's intermediate blocks
-constexpr int kInverseWarps = 4;         // the warps that build (I + A)⁻¹
+constexpr int kInverseWarps = 4;         // the warps that build (I + A)⁻¹ (the first two: its first stage)
 constexpr int kInverseThreads = 32 * kInverseWarps;
 
-// Shared memory of the bf16 prepare for groups of `group` value heads: γ and β [G][C], the column scales β e^γ [C], K
-// Kᵀ and A, then T, [C][C + 4] each (fp32), four intermediate blocks [16][24] (fp32), the normalised keys [C][ldk] and
-// queries, later V, [C][max(ldk, ldv)] (bf16), the two scaled copies of T [C][C + 8] (bf16). (At the release 93.75 KB:
-// two blocks an SM.)
+// Shared memory of the bf16 prepare for groups of `group` value heads: γ, β and the column scales β e^γ [G][C], K Kᵀ
+// and A, then T, [C][C + 4] each (fp32), four intermediate blocks [16][24] (fp32), the normalised keys [C][ldk] and
+// queries, later V, [C][max(ldk, ldv)] (bf16), the two scaled copies of T [C][C + 8] (bf16). (At the release 96.5 KB:
+// two blocks an SM. A second A tile, to form the next value head's A during the inversion, made it 111.25 KB and the
+// kernel slower: 360 → 396 µs at T = 8192, docs/CUDA.md.)
 size_t prepare_bf16_shared_bytes(const GdnShape& s, int group) {
   const size_t ldk = size_t(bf16_stride_of(s.dk)), ldx = std::max(ldk, size_t(bf16_stride_of(s.dv)));
-  const size_t floats = 2 * size_t(group) * kC + kC + 2 * size_t(kC) * kChunkStride + 4 * kTile * kBlockStride;
+  const size_t floats = 3 * size_t(group) * kC + 2 * size_t(kC) * kChunkStride + 4 * kTile * kBlockStride;
   return floats * sizeof(float) + (kC * ldk + kC * ldx + 2 * size_t(kC) * kFactorStride) * sizeof(bf16);
 }
 
@@ -913,15 +921,38 @@ __device__ inline void stage_normalised_rows(bf16* queries, bf16* keys, const fl
 }
 
 // Lower tile l (0 … 9, row by row) of a 4 × 4 grid of 16 × 16 tiles: its first row and column.
-__device__ inline int lower_tile_row(int l) { return kTile * (l >= 6 ? 3 : l >= 3 ? 2 : l >= 1 ? 1 : 0); }
-__device__ inline int lower_tile_column(int l) {
+__host__ __device__ constexpr int lower_tile_row(int l) { return kTile * (l >= 6 ? 3 : l >= 3 ? 2 : l >= 1 ? 1 : 0); }
+__host__ __device__ constexpr int lower_tile_column(int l) {
   const int row = lower_tile_row(l) / kTile;
   return kTile * (l - row * (row + 1) / 2);
 }
 
-// The 3×TF32 product of two 16 × 16 fp32 tiles (row-major), negated where `negate`: into target (row stride ld).
-__device__ inline void block_product(float* target, int ld, const float* a, int lda, const float* b, int ldb,
-                                     bool negate, const float* a2 = nullptr, const float* b2 = nullptr, int ldb2 = 0) {
+// Where the inverse's producers write T's lower tiles as bf16 with their columns scaled (T diag(β e^γ) for W, T
+// diag(β) for U): the factor tiles [C][C + 8] and the value head's column scales.
+struct Factors {
+  bf16 *w, *u;
+  const float *w_scale, *beta;
+};
+
+// T's elements (t, u) and (t, u + 1) into both factor tiles, as one bf16 pair each.
+__device__ inline void store_factor_pair(const Factors& f, int t, int u, float first, float second) {
+  *reinterpret_cast<uint32_t*>(f.w + t * kFactorStride + u) =
+      pack_bf16(first * f.w_scale[u], second * f.w_scale[u + 1]);
+  *reinterpret_cast<uint32_t*>(f.u + t * kFactorStride + u) = pack_bf16(first * f.beta[u], second * f.beta[u + 1]);
+}
+
+// A 16 × 16 tile of T at rows r0 …, columns c0 … (in the accumulator layout) into both factor tiles.
+__device__ inline void store_factor_tile(const Factors& f, int r0, int c0, const Accumulator& c) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+#pragma unroll
+  for (int e = 0; e < 8; e += 2)
+    store_factor_pair(f, r0 + g + 8 * (e / 2 % 2), c0 + 8 * (e / 4) + 2 * t, c.x[e], c.x[e + 1]);
+}
+
+// The 3×TF32 product of two 16 × 16 fp32 tiles (row-major), negated where `negate`, plus a second product where a2 is
+// given. The caller stores it (every lane has read the operands: a target may be one of them).
+__device__ inline Accumulator block_product(const float* a, int lda, const float* b, int ldb, bool negate,
+                                            const float* a2 = nullptr, const float* b2 = nullptr, int ldb2 = 0) {
   Accumulator acc;
   zero(acc);
   mma_tile<false, RowMajor, RowMajor>(acc, a, lda, b, ldb, kTile / kStep);
@@ -930,55 +961,168 @@ __device__ inline void block_product(float* target, int ld, const float* a, int 
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc.x[e] = -acc.x[e];
   __syncwarp();
-  store_tile(target, acc, ld);
+  return acc;
 }
 
-// T = (I + A)⁻¹ in place of A (the strictly lower fp32 [C][C + 4] tile at a; its diagonal blocks' upper parts zero),
-// by kInverseWarps warps (q = 0 … 3) in four stages, each followed by a block barrier (the other warps do other work
-// between them); blocks: four [16][kBlockStride] intermediate tiles. Stage 1: D_q.
+// T = (I + A)⁻¹ in place of A (the strictly lower fp32 [C][C + 4] tile at a; its diagonal blocks' upper parts zero)
+// in three stages, each followed by a block barrier; blocks: four [16][kBlockStride] intermediate tiles. Every tile
+// of T goes to the factor tiles from the warp that forms it, but the diagonal blocks (store_diagonal_factors, by
+// other warps during stage 2: off the critical path). Stage 1, by warps p = 0, 1: the diagonal blocks' inverses D_2p
+// (lanes 0–15, a column each) and D_2p+1 (lanes 16–31), then T_2p+1,2p = −D_2p+1 (A_2p+1,2p D_2p).
 __device__ inline float* inverse_block(float* a, int row, int column) {
   return a + kTile * row * kChunkStride + kTile * column;
 }
-__device__ inline void invert_diagonal_blocks(float* a, int q, int lane) {
-  if (lane < kTile) invert_diagonal_block<false>(a, a, q * kTile, lane);
-}
-// Stage 2: T₁₀ = −D₁ (A₁₀ D₀), T₃₂ = −D₃ (A₃₂ D₂) in place of A₁₀, A₃₂ (warps q < 2).
-__device__ inline void invert_at_32_rows(float* a, float* blocks, int q) {
-  if (q >= 2) return;
-  float* mine = blocks + q * kTile * kBlockStride;
-  const int r = 2 * q + 1;
-  block_product(mine, kBlockStride, inverse_block(a, r, r - 1), kChunkStride, inverse_block(a, r - 1, r - 1),
-                kChunkStride, false);
+__device__ inline void invert_at_32_rows(float* a, float* blocks, const Factors& f, int p, int lane) {
+  const int r0 = kTile * (2 * p + lane / kTile), column = lane % kTile;
+  float x[kTile];
+  solve_diagonal_column(x, a, r0, column);
   __syncwarp();
-  block_product(inverse_block(a, r, r - 1), kChunkStride, inverse_block(a, r, r), kChunkStride, mine, kBlockStride,
-                true);
+#pragma unroll
+  for (int i = 0; i < kTile; ++i) a[(r0 + i) * kChunkStride + r0 + column] = x[i];
+  __syncwarp();
+  float* mine = blocks + p * kTile * kBlockStride;
+  const int r = 2 * p + 1;
+  store_tile(
+      mine,
+      block_product(inverse_block(a, r, r - 1), kChunkStride, inverse_block(a, r - 1, r - 1), kChunkStride, false),
+      kBlockStride);
+  __syncwarp();
+  const Accumulator t = block_product(inverse_block(a, r, r), kChunkStride, mine, kBlockStride, true);
+  store_tile(inverse_block(a, r, r - 1), t, kChunkStride);
+  store_factor_tile(f, kTile * r, kTile * (r - 1), t);
 }
-// Stages 3 and 4, the lower left 32 × 32 block: X = A_[23][01] T_[01][01] (block (i, j) by warp q = 2(i − 2) + j),
-// then −T_[23][23] X in its place.
+// D_b (b < 4, fp32 in A's place since stage 1) to both factor tiles by one warp at constant offsets: lane i takes row
+// i / 2, columns 8(i % 2) … 8(i % 2) + 7 (two 16-byte stores).
+__device__ inline void store_diagonal_factors(const float* a, const Factors& f, int b, int lane) {
+  const int t = kTile * b + lane / 2, u = kTile * b + 8 * (lane % 2);
+  const float4 left = *reinterpret_cast<const float4*>(a + t * kChunkStride + u);
+  const float4 right = *reinterpret_cast<const float4*>(a + t * kChunkStride + u + 4);
+  const float x[8] = {left.x, left.y, left.z, left.w, right.x, right.y, right.z, right.w};
+  uint32_t w[4], v[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int at = u + 2 * c;
+    w[c] = pack_bf16(x[2 * c] * f.w_scale[at], x[2 * c + 1] * f.w_scale[at + 1]);
+    v[c] = pack_bf16(x[2 * c] * f.beta[at], x[2 * c + 1] * f.beta[at + 1]);
+  }
+  *reinterpret_cast<uint4*>(f.w + t * kFactorStride + u) = make_uint4(w[0], w[1], w[2], w[3]);
+  *reinterpret_cast<uint4*>(f.u + t * kFactorStride + u) = make_uint4(v[0], v[1], v[2], v[3]);
+}
+
+// Stages 2 and 3, the lower left 32 × 32 block by warps q = 0 … 3: X = A_[23][01] T_[01][01] (block (i, j) by warp
+// q = 2(i − 2) + j), then −T_[23][23] X in its place (to the factor tiles only: nothing reads it as fp32).
 __device__ inline void invert_at_64_rows_first(float* a, float* blocks, int q) {
   float* mine = blocks + q * kTile * kBlockStride;
   const int i = 2 + q / 2, j = q % 2;
   if (j == 0)  // X_i0 = A_i0 D₀ + A_i1 T₁₀
-    block_product(mine, kBlockStride, inverse_block(a, i, 0), kChunkStride, inverse_block(a, 0, 0), kChunkStride, false,
-                  inverse_block(a, i, 1), inverse_block(a, 1, 0), kChunkStride);
+    store_tile(mine,
+               block_product(inverse_block(a, i, 0), kChunkStride, inverse_block(a, 0, 0), kChunkStride, false,
+                             inverse_block(a, i, 1), inverse_block(a, 1, 0), kChunkStride),
+               kBlockStride);
   else  // X_i1 = A_i1 D₁
-    block_product(mine, kBlockStride, inverse_block(a, i, 1), kChunkStride, inverse_block(a, 1, 1), kChunkStride,
-                  false);
+    store_tile(mine, block_product(inverse_block(a, i, 1), kChunkStride, inverse_block(a, 1, 1), kChunkStride, false),
+               kBlockStride);
 }
-__device__ inline void invert_at_64_rows_second(float* a, const float* blocks, int q) {
+__device__ inline void invert_at_64_rows_second(float* a, const float* blocks, const Factors& f, int q) {
   const int i = 2 + q / 2, j = q % 2;
   const float* x2 = blocks + j * kTile * kBlockStride;  // X_2j
-  if (i == 2) {                                         // T_2j = −D₂ X_2j
-    block_product(inverse_block(a, 2, j), kChunkStride, inverse_block(a, 2, 2), kChunkStride, x2, kBlockStride, true);
-  } else {  // T_3j = −(T₃₂ X_2j + D₃ X_3j)
-    block_product(inverse_block(a, 3, j), kChunkStride, inverse_block(a, 3, 2), kChunkStride, x2, kBlockStride, true,
-                  inverse_block(a, 3, 3), blocks + q * kTile * kBlockStride, kBlockStride);
+  if (i == 2)                                           // T_2j = −D₂ X_2j
+    store_factor_tile(f, kTile * i, kTile * j,
+                      block_product(inverse_block(a, 2, 2), kChunkStride, x2, kBlockStride, true));
+  else  // T_3j = −(T₃₂ X_2j + D₃ X_3j)
+    store_factor_tile(f, kTile * i, kTile * j,
+                      block_product(inverse_block(a, 3, 2), kChunkStride, x2, kBlockStride, true,
+                                    inverse_block(a, 3, 3), blocks + q * kTile * kBlockStride, kBlockStride));
+}
+
+// Elements i … i + 3 (i + 4 ≤ the row's width) of a row, all zero where row is null: row_quad without its checks
+// of the width, for the release's rows (they took ~25 instructions a quad).
+__device__ inline float4 whole_quad(const float* row, int i, bool vectors) {
+  if (!row) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (vectors) return *reinterpret_cast<const float4*>(row + i);
+  return make_float4(row[i], row[i + 1], row[i + 2], row[i + 3]);
+}
+
+// The release's (dk = 128) rows t = warp + 16r (r < 4) of the queries and keys as stage_normalised_rows writes them, by
+// one warp: all eight 16-byte loads a lane first (one memory latency, not four).
+__device__ inline void stage_normalised_rows_release(bf16* queries, bf16* keys, int ld, const float* q_rows,
+                                                     const float* k_rows, size_t stride, int n, float q_scale,
+                                                     bool vectors, int warp, int lane) {
+  constexpr int kRows = kC / kPrepareWarps;
+  float4 qv[kRows], kv[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int t = warp + kPrepareWarps * r;
+    qv[r] = whole_quad(t < n ? q_rows + size_t(t) * stride : nullptr, 4 * lane, vectors);
+    kv[r] = whole_quad(t < n ? k_rows + size_t(t) * stride : nullptr, 4 * lane, vectors);
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int t = warp + kPrepareWarps * r;
+    const float q_norm = 1.0f / sqrtf(warp_sum(squares(qv[r])) + 1e-6f) * q_scale;
+    const float k_norm = 1.0f / sqrtf(warp_sum(squares(kv[r])) + 1e-6f);
+    store_quad_bf16(queries + t * ld + 4 * lane, qv[r], q_norm);
+    store_quad_bf16(keys + t * ld + 4 * lane, kv[r], k_norm);
+  }
+}
+
+// The release's (dv = 128) V columns 16w … 16w + 15 of the chunk's rows as bf16 (zero past the input), by warp w < 8:
+// lane i takes rows i and i + 32, all eight 16-byte loads first (two row addresses a lane: eight rows' addresses
+// were kept across the value heads and spilled), and stores each row's 16 columns as two 16-byte words (a quarter
+// warp's eight rows are 4 banks apart: the 32 banks once).
+constexpr int kValueWarps = kReleaseDim / kTile;
+__device__ inline void stage_value_columns_release(bf16* values, int ld, const float* v_rows, size_t stride, int n,
+                                                   bool vectors, int warp, int lane) {
+  float4 v[2][4];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int t = lane + 32 * j;
+    const float* row = t < n ? v_rows + size_t(t) * stride : nullptr;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) v[j][c] = whole_quad(row, kTile * warp + 4 * c, vectors);
+  }
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int c = 0; c < 4; c += 2) {
+      const float4 first = v[j][c], second = v[j][c + 1];
+      *reinterpret_cast<uint4*>(values + (lane + 32 * j) * ld + kTile * warp + 4 * c) =
+          make_uint4(pack_bf16(first.x, first.y), pack_bf16(first.z, first.w), pack_bf16(second.x, second.y),
+                     pack_bf16(second.z, second.w));
+    }
+}
+
+// An L2 prefetch of the chunk's V rows of one value head (the start of each 128-byte line, a thread a line, clamped to
+// the row), a value head ahead: its staging (which the inversion's first stage waits for) then waits for L2, not for
+// memory.
+__device__ inline void prefetch_value_rows(const float* v_rows, size_t stride, int n, int dv) {
+  constexpr int kLineFloats = 128 / sizeof(float);
+  const int lines = (dv + kLineFloats - 1) / kLineFloats;
+  for (int e = threadIdx.x; e < n * lines; e += kPrepareThreads)
+    asm volatile(
+        "prefetch.global.L2 [%0];" ::"l"(v_rows + size_t(e / lines) * stride + min(e % lines * kLineFloats, dv - 1)));
+}
+
+// A = β_t e^{γ_t−γ_u} (K Kᵀ)[t][u] over K Kᵀ's lower tiles (strictly lower: the diagonal tiles' upper parts zero), by
+// the block's 512 threads at constant offsets: thread i takes row (i % 256) / 16, column i % 16 of lower tiles
+// 2j + i / 256 (j < 5).
+__device__ inline void form_a(float* a, const float* kk, const float* gamma, const float* beta) {
+  static_assert(kPrepareThreads == 512 && kTile * kTile == 256);
+  const int tid = threadIdx.x, half = tid / 256, r = tid % 256 / kTile, c = tid % kTile;
+#pragma unroll
+  for (int j = 0; j < 5; ++j) {
+    const int t = (half ? lower_tile_row(2 * j + 1) : lower_tile_row(2 * j)) + r;
+    const int u = (half ? lower_tile_column(2 * j + 1) : lower_tile_column(2 * j)) + c;
+    a[t * kChunkStride + u] = u < t ? beta[t] * expf(gamma[t] - gamma[u]) * kk[t * kChunkStride + u] : 0.0f;
   }
 }
 
 // Block (group of value heads, chunk) as the TF32 prepare's (value_heads_per_key_head, prepare_group), 512 threads,
 // two blocks an SM. Writes chunk_scratch's bf16 layouts: W, Uᵀ, Kᵀ and Q, P (bf16), the
-// queries' row factors e^{γ_t}, the keys' factors e^{γ_C−γ_t} and the chunk's decay.
+// queries' row factors e^{γ_t}, the keys' factors e^{γ_C−γ_t} and the chunk's decay. A value head costs five block
+// barriers (seven before): A formed; T's first stage (and V staged); its second (and D_b's factors); its third; W and
+// Uᵀ. H200, T = 8192, the release (ncu): 360 µs, 108 M warp instructions (session 11's form: 402 µs, 147 M;
+// docs/CUDA.md).
 template <bool kRelease>
 __global__ void __launch_bounds__(kPrepareThreads, 2)
     gdn_chunk_prepare_bf16_kernel(GdnShape shape, GdnInputs in, ChunkScratch x, int group) {
@@ -989,8 +1133,8 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
   const int ldk = bf16_stride_of(s.dk), ldv = bf16_stride_of(s.dv), ldx = max(ldk, ldv);
   float* gammas = reinterpret_cast<float*>(shared4);  // [G][C] inclusive cumulative log decays
   float* betas = gammas + group * kC;                 // [G][C]
-  float* w_scale = betas + group * kC;                // [C]: β e^γ of the value head at hand
-  float* kk = w_scale + kC;                           // [C][C + 4]: K Kᵀ (lower tiles)
+  float* w_scales = betas + group * kC;               // [G][C]: β e^γ
+  float* kk = w_scales + group * kC;                  // [C][C + 4]: K Kᵀ (lower tiles)
   float* a = kk + kC * kChunkStride;                  // [C][C + 4]: A, then T = (I + A)⁻¹ (lower tiles)
   float* blocks = a + kC * kChunkStride;              // [4][16][kBlockStride]
   bf16* keys = reinterpret_cast<bf16*>(blocks + 4 * kTile * kBlockStride);  // [C][ldk]: normalised K
@@ -1020,17 +1164,25 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
     gammas[e] = gate;
     betas[e] = b;
   }
+  const float* v_base = in.qkv + size_t(t0) * s.conv_dim + 2 * s.key_dim;  // value head h's rows at h · dv
+  prefetch_value_rows(v_base + size_t(first_head) * s.dv, size_t(s.conv_dim), n, s.dv);
   const float q_scale = 1.0f / sqrtf(float(s.dk));
-  for (int t = warp; t < kC; t += kPrepareWarps) {
-    const bool row = t < n;
-    stage_normalised_rows<kRelease>(queries + t * ldk, keys + t * ldk, row ? q_rows + size_t(t) * s.conv_dim : nullptr,
-                                    row ? k_rows + size_t(t) * s.conv_dim : nullptr, s.dk, kdp, q_scale, vectors, lane);
+  if constexpr (kRelease) {
+    stage_normalised_rows_release(queries, keys, ldk, q_rows, k_rows, size_t(s.conv_dim), n, q_scale, vectors, warp,
+                                  lane);
+  } else {
+    for (int t = warp; t < kC; t += kPrepareWarps) {
+      const bool row = t < n;
+      stage_normalised_rows<kRelease>(
+          queries + t * ldk, keys + t * ldk, row ? q_rows + size_t(t) * s.conv_dim : nullptr,
+          row ? k_rows + size_t(t) * s.conv_dim : nullptr, s.dk, kdp, q_scale, vectors, lane);
+    }
   }
   __syncthreads();
   for (int head = warp; head < group; head += kPrepareWarps) cumulative_decays(gammas + head * kC, lane);
 
-  // Q Kᵀ's lower tile `warp` (warps 0 … 9), kept in registers (each value head's P is formed from it), and K Kᵀ's
-  // lower tile warp − 6 (warps 6 … 15), to shared memory (each value head's A).
+  // Q Kᵀ's lower tile `warp` (warps 0 … 9), kept in registers until γ is summed (each value head's P is formed from
+  // it), and K Kᵀ's lower tile warp − 6 (warps 6 … 15), to shared memory (each value head's A).
   Accumulator qk;
   zero(qk);
   if (warp < 10)
@@ -1062,34 +1214,56 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
   }
   __syncthreads();  // the queries are used up (V takes their place); γ is summed
 
+  // Every value head's P (decayed, masked) from Q Kᵀ's tiles (warps 0 … 9; warps 10 … 15 the zero tiles above the
+  // diagonal), its column scales β e^γ, factors and chunk decay.
+  for (int head = 0; head < group; ++head) {
+    const float* gamma = gammas + head * kC;
+    bf16* p = p_bf16(x, size_t(chunk) * s.heads + first_head + head);
+    if (warp < 10) {
+      const int r0 = lower_tile_row(warp), c0 = lower_tile_column(warp);
+#pragma unroll
+      for (int e = 0; e < 8; e += 2) {
+        const int t = r0 + g + 8 * (e / 2 % 2), u = c0 + 8 * (e / 4) + 2 * t4;
+        const float first = u <= t ? expf(gamma[t] - gamma[u]) * qk.x[e] : 0.0f;
+        const float second = u + 1 <= t ? expf(gamma[t] - gamma[u + 1]) * qk.x[e + 1] : 0.0f;
+        *reinterpret_cast<uint32_t*>(p + t * kC + u) = pack_bf16(first, second);
+      }
+    } else {  // upper tile warp − 10: (0,1) (0,2) (0,3) (1,2) (1,3) (2,3)
+      const int l = warp - 10;
+      const int r0 = kTile * (l < 3 ? 0 : l < 5 ? 1 : 2), c0 = kTile * (l < 3 ? l + 1 : l < 5 ? l - 1 : 3);
+      *reinterpret_cast<uint4*>(p + (r0 + lane / 2) * kC + c0 + 8 * (lane % 2)) = make_uint4(0, 0, 0, 0);
+    }
+  }
+  for (int e = tid; e < group * kC; e += kPrepareThreads) {
+    const int t = e % kC;
+    const float* gamma = gammas + e / kC * kC;
+    const size_t block = size_t(chunk) * s.heads + first_head + e / kC;
+    w_scales[e] = betas[e] * expf(gamma[t]);
+    x.q_factor[block * kC + t] = t < n ? expf(gamma[t]) : 0.0f;  // (the stored queries are normalised)
+    x.key_decay[block * kC + t] = expf(gamma[kC - 1] - gamma[t]);
+    if (t == 0) x.decay[block] = expf(gamma[kC - 1]);
+  }
+
   for (int head = 0; head < group; ++head) {
     const int h = first_head + head;
     const float *gamma = gammas + head * kC, *beta = betas + head * kC;
     const size_t block = size_t(chunk) * s.heads + h;
-    // A over K Kᵀ's lower tiles (strictly lower: the diagonal tiles' upper parts zero), the column scales and factors.
-    for (int e = tid; e < 10 * kTile * kTile; e += kPrepareThreads) {
-      const int l = e / (kTile * kTile), t = lower_tile_row(l) + e % (kTile * kTile) / kTile;
-      const int u = lower_tile_column(l) + e % kTile;
-      a[t * kChunkStride + u] = u < t ? beta[t] * expf(gamma[t] - gamma[u]) * kk[t * kChunkStride + u] : 0.0f;
-    }
-    const float gamma_end = gamma[kC - 1];
-    if (tid < kC) {
-      w_scale[tid] = beta[tid] * expf(gamma[tid]);
-      x.q_factor[block * kC + tid] = tid < n ? expf(gamma[tid]) : 0.0f;  // (the stored queries are normalised)
-      x.key_decay[block * kC + tid] = expf(gamma_end - gamma[tid]);
-    }
-    if (tid == 0) x.decay[block] = expf(gamma_end);
+    const Factors factors{w_factors, u_factors, w_scales + head * kC, beta};
+    if (head + 1 < group) prefetch_value_rows(v_base + size_t(h + 1) * s.dv, size_t(s.conv_dim), n, s.dv);
+    form_a(a, kk, gamma, beta);
     __syncthreads();
 
-    // T = (I + A)⁻¹ by the last four warps in four stages between block barriers; meanwhile the others load V as bf16
-    // (zero past the input and past dv), then write P (decayed, masked) from Q Kᵀ's tiles (warps 10, 11: its zero
-    // tiles above the diagonal).
+    // T = (I + A)⁻¹ in three stages between block barriers (invert_at_32_rows); meanwhile the other warps load V as
+    // bf16 (zero past the input and past dv).
     const bool inverts = warp >= kPrepareWarps - kInverseWarps;
     const int q = warp - (kPrepareWarps - kInverseWarps);
+    const float* v_rows = v_base + size_t(h) * s.dv;
     if (inverts) {
-      invert_diagonal_blocks(a, q, lane);
+      if (q < 2) invert_at_32_rows(a, blocks, factors, q, lane);
+    } else if constexpr (kRelease) {
+      if (warp < kValueWarps)
+        stage_value_columns_release(values, ldv, v_rows, size_t(s.conv_dim), n, vectors, warp, lane);
     } else {
-      const float* v_rows = in.qkv + size_t(t0) * s.conv_dim + 2 * s.key_dim + h * s.dv;
       const int quads = vdp / 4;
       for (int e = tid; e < kC * quads; e += kPrepareThreads - kInverseThreads) {
         const int t = e / quads, i = 4 * (e % quads);
@@ -1098,43 +1272,12 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
       }
     }
     __syncthreads();
-    if (inverts) {
-      invert_at_32_rows(a, blocks, q);
-    } else {
-      bf16* p = p_bf16(x, block);
-      if (warp < 10) {
-        const int r0 = lower_tile_row(warp), c0 = lower_tile_column(warp);
-#pragma unroll
-        for (int e = 0; e < 8; e += 2) {
-          const int t = r0 + g + 8 * (e / 2 % 2), u = c0 + 8 * (e / 4) + 2 * t4;
-          const float first = u <= t ? expf(gamma[t] - gamma[u]) * qk.x[e] : 0.0f;
-          const float second = u + 1 <= t ? expf(gamma[t] - gamma[u + 1]) * qk.x[e + 1] : 0.0f;
-          *reinterpret_cast<uint32_t*>(p + t * kC + u) = pack_bf16(first, second);
-        }
-      } else {
-        for (int l = warp - 10; l < 6; l += 2) {  // upper tile l: (0,1) (0,2) (0,3) (1,2) (1,3) (2,3)
-          const int r0 = kTile * (l < 3 ? 0 : l < 5 ? 1 : 2), c0 = kTile * (l < 3 ? l + 1 : l < 5 ? l - 1 : 3);
-          *reinterpret_cast<uint4*>(p + (r0 + lane / 2) * kC + c0 + 8 * (lane % 2)) = make_uint4(0, 0, 0, 0);
-        }
-      }
-    }
+    if (inverts)
+      invert_at_64_rows_first(a, blocks, q);
+    else if (warp < kC / kTile)
+      store_diagonal_factors(a, factors, warp, lane);
     __syncthreads();
-    if (inverts) invert_at_64_rows_first(a, blocks, q);
-    __syncthreads();
-    if (inverts) invert_at_64_rows_second(a, blocks, q);
-    __syncthreads();
-
-    // T diag(β e^γ) and T diag(β) as bf16 over T's lower tiles (two columns a thread).
-    for (int e = 2 * tid; e < 10 * kTile * kTile; e += 2 * kPrepareThreads) {
-      const int l = e / (kTile * kTile), r = e % (kTile * kTile) / kTile, c = e % kTile;
-      const int t = lower_tile_row(l) + r, u = lower_tile_column(l) + c;
-      const float first = u <= t ? a[t * kChunkStride + u] : 0.0f;
-      const float second = u + 1 <= t ? a[t * kChunkStride + u + 1] : 0.0f;
-      *reinterpret_cast<uint32_t*>(w_factors + t * kFactorStride + u) =
-          pack_bf16(first * w_scale[u], second * w_scale[u + 1]);
-      *reinterpret_cast<uint32_t*>(u_factors + t * kFactorStride + u) =
-          pack_bf16(first * beta[u], second * beta[u + 1]);
-    }
+    if (inverts) invert_at_64_rows_second(a, blocks, factors, q);
     __syncthreads();
 
     // W = T diag(β e^γ) K (a warp per 16 key columns: row block i over k blocks j ≤ i) and Uᵀ = Vᵀ (T diag(β))ᵀ (a
