@@ -1710,33 +1710,63 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 // ---- The bf16 mode's scan and outputs (GdnProducts::Bf16) ---------------------------------------------------------
 //
-// The scan: block (head, slice of 64 value columns), 256 threads (8 warps), the state tiles owned in fp32 registers
-// across the chunks, every operand bf16 and k-contiguous in shared memory, each 16 × 16 fragment one ldmatrix.x4: a
-// stage is {W [C][kdp + 8], Kᵀ [kdp][C + 8], e^{γ_C−γ} [C] fp32}, beside Δᵀ diag(e^{γ_C−γ}) [64][C + 8] and Sᵀ
-// [64][kdp + 8] (131.75 KB at dk = 128 with three stages: one block an SM, no outputs block beside it). Warp w computes
-// the Δᵀ tiles at value columns c0 = 16·(w%4) and tokens 16·(w/4) and 16·(w/4) + 32 (the Sᵀ fragment shared by both)
-// and owns the Sᵀ tiles at c0 and key tiles w/4 + 2i, i < 4 (the Δᵀ fragment shared by all four). Until s11-gdn16c the
-// block had 16 warps of one Δᵀ tile and two Sᵀ tiles each: ~480 instructions a warp and chunk, of which ~60 were
-// ldmatrix and mma (the rest addresses, staging and epilogues, paid per warp, not per tile), issuing in 38 % of the
-// cycles; fla's state pass gives each of its 4 warps two Δ tiles and four state tiles of a 32-column block. Each tile's
-// products run in the same order as before, so the results should be bit for bit the same (build-device-gdn16c/check.sh
-// compares them on the device). Uᵀ comes from the scratch a chunk ahead (two bf16 a word: the pairs of an accumulator
-// row are adjacent tokens) and Δᵀ goes back over it; S₀ᵀ goes to the scratch as bf16 pairs of adjacent keys.
-constexpr int kScanBf16Threads = 256;
-constexpr int kScanBf16TokenTiles = 2;  // Δᵀ tiles a warp, kC / 2 tokens apart
-constexpr int kScanBf16KeyTiles = 4;    // Sᵀ tiles a warp, two key tiles apart
+// The scan: block (head, slice of 64 value columns), 4 compute warps and a stage warp (160 threads). Compute warp w
+// owns the slice's value columns c0 = 16w … 16w + 15 of Sᵀ across all keys: kdp / 16 (8 at the release) 16 × 16 fp32
+// accumulator tiles in its registers across the chunks, so no warp needs another's state or Δᵀ. Per chunk, with each
+// tile's products in the same order as the s11-gdn16c scan's (8 warps that exchanged Sᵀ and Δᵀ through shared memory,
+// two barriers a chunk):
+//   Δᵀ (16 × 64 tokens) = Uᵀ − S₀ᵀ Wᵀ, the A fragments of S₀ᵀ converted in registers from the state's accumulators
+//     (a_fragment_of: the C layout of two adjacent n8 halves is the A layout of a k-step); B = W from the stage
+//     (ldmatrix); per Δᵀ tile two chains, even and odd key tiles;
+//   Δᵀ diag(e^{γ_C−γ}) as bf16 A fragments, again in registers;
+//   Sᵀ ← e^{γ_C} Sᵀ + (Δᵀ diag(e^{γ_C−γ})) K, B = K from the stage's Kᵀ.
+// The bf16 words the products take (S₀ᵀ, Δᵀ diag(e^{γ_C−γ})) are the ones the earlier scan stored to shared memory and
+// read back, so the results are bit for bit the same. S₀ᵀ and Δᵀ go to the scratch through a tile of the warp's own
+// (stmatrix, then 16-byte loads and stores of whole 128-byte lines): stored from the fragments directly, 4 bytes a
+// lane, each warp store touched 8 lines for 128 bytes, ~2300 L1 requests a block and chunk with the fragment loads of
+// Uᵀ, and the scan ran at 348 µs (T = 8192, ncu), slower than the 8-warp scan. The stage warp makes every copy (W
+// [C][kdp + 8], Kᵀ [kdp][C + 8], the slice's Uᵀ [64][C + 8], e^{γ_C−γ} and e^{γ_C} by cp.async, three stages in
+// flight) and publishes the progress counter, so its fence (st.release: MEMBAR.ALL.GPU) holds no compute warp; the
+// only barrier a chunk is the stage pipeline's. 158.8 KB at dk = 128 (one block an SM). fla's state pass
+// (chunk_gated_delta_rule_fwd_kernel_h_blockdim64) has the same blocks, 4 warps of wgmma.
+constexpr int kScanBf16ComputeWarps = 4;
+constexpr int kScanBf16Threads = 32 * (kScanBf16ComputeWarps + 1);  // + the stage warp
+constexpr int kScanBf16KeyTiles = kReleaseDim / kTile;              // Sᵀ tiles a warp (dk ≤ 128)
+constexpr int kScanBf16TokenTiles = kC / kTile;                     // Δᵀ tiles a warp
 
 __host__ __device__ inline size_t scan_bf16_stage_bytes(const GdnShape& s) {
-  return (size_t(kC) * bf16_stride_of(s.dk) + size_t(padded(s.dk)) * bf16_stride_of(kC)) * sizeof(bf16) +
-         kC * sizeof(float);
+  return (size_t(kC) * bf16_stride_of(s.dk) + size_t(padded(s.dk) + kScanColumns) * bf16_stride_of(kC)) * sizeof(bf16) +
+         (kC + 4) * sizeof(float);
 }
 
 // Stages in flight: chunk c + 2's operands load while chunk c computes.
 constexpr int kScanBf16Stages = 3;
 
+// The compute warps' own tiles for the scratch: S₀ᵀ [16][kdp + 8] and Δᵀ [16][C + 8] a warp.
+__host__ __device__ inline size_t scan_bf16_transfer_bytes(const GdnShape& s) {
+  return size_t(kTile) * (bf16_stride_of(s.dk) + bf16_stride_of(kC)) * sizeof(bf16);
+}
+
 size_t scan_bf16_shared_bytes(const GdnShape& s) {
-  return kScanBf16Stages * scan_bf16_stage_bytes(s) +
-         size_t(kScanColumns) * (bf16_stride_of(kC) + bf16_stride_of(s.dk)) * sizeof(bf16);
+  return kScanBf16Stages * scan_bf16_stage_bytes(s) + kScanBf16ComputeWarps * scan_bf16_transfer_bytes(s);
+}
+
+// The A operand of one bf16 k-step from an accumulator tile whose 16 columns are that k-step's: lane (g, t) holds rows
+// g, g + 8 at columns 2t, 2t + 1 (x[0 … 3]) and 2t + 8, 2t + 9 (x[4 … 7]), as the A layout of m16n8k16 wants them.
+__device__ inline void a_fragment_of(uint32_t (&a)[4], const Accumulator& c) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) a[i] = pack_bf16(c.x[2 * i], c.x[2 * i + 1]);
+}
+
+// The 16 × 16 bf16 tile of A fragment f (as load_a_bf16 reads it) to a (k contiguous, row stride ld): one
+// stmatrix.x4, the four 8 × 8 matrices addressed as load_a_bf16 addresses them.
+__device__ inline void store_a_bf16(bf16* a, int ld, const uint32_t (&f)[4]) {
+  const int lane = threadIdx.x % 32;
+  const unsigned address = unsigned(__cvta_generic_to_shared(a + (lane % 16) * ld + 8 * (lane / 16)));
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};"
+               :
+               : "r"(address), "r"(f[0]), "r"(f[1]), "r"(f[2]), "r"(f[3])
+               : "memory");
 }
 
 // copy(r, v) for each 16-byte vector v (< vectors) of each row r (< rows) of a tile, by a block of kCount threads:
@@ -1772,6 +1802,48 @@ __device__ inline void publish_progress_release(unsigned* counter, unsigned chun
   asm volatile("st.release.gpu.global.u32 [%0], %1;" : : "l"(counter), "r"(chunks_done) : "memory");
 }
 
+// rows × width bf16 (width a multiple of 8; source rows width apart, 16-byte aligned) into tile (row stride ld) by
+// cp.async, 16 bytes a copy, by one warp: where the lanes cover whole rows and the rows a whole number of times (the
+// release's tiles), each lane keeps one vector and steps 32 / vectors rows (constant offsets, as for_each_vector).
+__device__ inline void stage_bf16_rows_of_warp(bf16* tile, int ld, const bf16* source, int rows, int width, int lane) {
+  const int vectors = width / 8;
+  if (32 % vectors == 0 && rows % (32 / vectors) == 0) {
+    const int step = 32 / vectors, first = lane / vectors, v = lane % vectors;
+#pragma unroll
+    for (int i = 0; i < rows / step; ++i) {
+      const int r = first + i * step;
+      __pipeline_memcpy_async(tile + r * ld + 8 * v, source + r * width + 8 * v, 16);
+    }
+    return;
+  }
+  for (int e = lane; e < rows * vectors; e += 32) {
+    const int r = e / vectors, v = e % vectors;
+    __pipeline_memcpy_async(tile + r * ld + 8 * v, source + r * width + 8 * v, 16);
+  }
+}
+
+// The first `valid` of rows × width bf16 of tile (row stride ld) to target (rows width apart, 16-byte aligned), 16
+// bytes a copy, by one warp (the lanes as in stage_bf16_rows_of_warp): each store covers whole 128-byte lines.
+__device__ inline void write_bf16_rows_of_warp(bf16* target, const bf16* tile, int ld, int rows, int width, int valid,
+                                               int lane) {
+  const int vectors = width / 8;
+  if (32 % vectors == 0 && rows % (32 / vectors) == 0) {
+    const int step = 32 / vectors, first = lane / vectors, v = lane % vectors;
+#pragma unroll
+    for (int i = 0; i < rows / step; ++i) {
+      const int r = first + i * step;
+      if (r < valid)
+        *reinterpret_cast<uint4*>(target + r * width + 8 * v) = *reinterpret_cast<const uint4*>(tile + r * ld + 8 * v);
+    }
+    return;
+  }
+  for (int e = lane; e < rows * vectors; e += 32) {
+    const int r = e / vectors, v = e % vectors;
+    if (r < valid)
+      *reinterpret_cast<uint4*>(target + r * width + 8 * v) = *reinterpret_cast<const uint4*>(tile + r * ld + 8 * v);
+  }
+}
+
 template <bool kRelease>
 __global__ void __launch_bounds__(kScanBf16Threads, 1)
     gdn_chunk_scan_bf16_kernel(GdnShape shape, int rows, ChunkScratch x, float* recurrent) {
@@ -1780,166 +1852,146 @@ __global__ void __launch_bounds__(kScanBf16Threads, 1)
   extern __shared__ __align__(128) float4 shared4[];
   const int kdp = padded(s.dk), vdp = padded(s.dv), ldw = bf16_stride_of(s.dk), ldt = bf16_stride_of(kC);
   const size_t stage_bytes = scan_bf16_stage_bytes(s);
-  char* stages = reinterpret_cast<char*>(shared4);  // kScanBf16Stages × {W [C][ldw], Kᵀ [kdp][ldt], e^{γ_C−γ} [C]}
-  bf16* delta = reinterpret_cast<bf16*>(stages + kScanBf16Stages * stage_bytes);  // Δᵀ diag(e^{γ_C−γ}) [64][ldt]
-  bf16* state = delta + kScanColumns * ldt;                                       // Sᵀ [64][ldw]
-  const int h = blockIdx.x, key_head = h / (s.heads / s.key_heads), tid = threadIdx.x, warp = tid / 32;
-  const int j0 = blockIdx.y * kScanColumns, columns = min(kScanColumns, s.dv - j0);
-  const int chunks = (rows + kC - 1) / kC;
-  const size_t dv = size_t(s.dv);
-  float* head_state = recurrent + size_t(h) * s.dk * dv + j0;
-  unsigned* progress = x.progress + h * x.scan_slices + blockIdx.y;
+  // kScanBf16Stages × {W [C][ldw], Kᵀ [kdp][ldt], Uᵀ [64][ldt], e^{γ_C−γ} [C] and e^{γ_C}}, then a transfer area a
+  // compute warp
+  char* stages = reinterpret_cast<char*>(shared4);
+  const int h = blockIdx.x, key_head = h / (s.heads / s.key_heads), tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int chunks = (rows + kC - 1) / kC, j0 = blockIdx.y * kScanColumns;
   auto stage_w = [&](int chunk) { return reinterpret_cast<bf16*>(stages + (chunk % kScanBf16Stages) * stage_bytes); };
   auto stage_keys = [&](bf16* w) { return w + kC * ldw; };
-  auto stage_decays = [&](bf16* w) { return reinterpret_cast<float*>(stage_keys(w) + kdp * ldt); };
-  auto stage_chunk = [&](int chunk) {
-    bf16* w = stage_w(chunk);
-    const size_t block = size_t(chunk) * s.heads + h;
-    stage_bf16_rows<kScanBf16Threads>(w, ldw, w_bf16(x, s, block), kC, kdp);
-    stage_bf16_rows<kScanBf16Threads>(stage_keys(w), ldt, keys_bf16(x, s, chunk, key_head), kdp, kC);
-    if (tid < kC / 4)
-      __pipeline_memcpy_async(stage_decays(w) + 4 * tid, x.key_decay + block * kC + 4 * tid, 4 * sizeof(float));
-  };
-  // One cp.async group a chunk (empty past the last), so that waiting for all but the newest kScanBf16Stages − 2
-  // groups waits for exactly the current chunk's stage.
-  for (int chunk = 0; chunk < kScanBf16Stages - 1; ++chunk) {
-    if (chunk < chunks) stage_chunk(chunk);
-    __pipeline_commit();
+  auto stage_u = [&](bf16* w) { return stage_keys(w) + kdp * ldt; };
+  auto stage_decays = [&](bf16* w) { return reinterpret_cast<float*>(stage_u(w) + kScanColumns * ldt); };
+
+  if (warp == kScanBf16ComputeWarps) {  // the stage warp: every copy into the stages, and the progress counter
+    const int scratch_rows = kRelease ? kScanColumns : min(kScanColumns, vdp - j0);  // of the slice's Uᵀ rows
+    auto stage_chunk = [&](int chunk) {
+      bf16* w = stage_w(chunk);
+      const size_t block = size_t(chunk) * s.heads + h;
+      stage_bf16_rows_of_warp(w, ldw, w_bf16(x, s, block), kC, kdp, lane);
+      stage_bf16_rows_of_warp(stage_keys(w), ldt, keys_bf16(x, s, chunk, key_head), kdp, kC, lane);
+      stage_bf16_rows_of_warp(stage_u(w), ldt, delta_bf16(x, s, block) + size_t(j0) * kC, scratch_rows, kC, lane);
+      if (lane < kC / 4)
+        __pipeline_memcpy_async(stage_decays(w) + 4 * lane, x.key_decay + block * kC + 4 * lane, 4 * sizeof(float));
+      if (lane == kC / 4) __pipeline_memcpy_async(stage_decays(w) + kC, x.decay + block, sizeof(float));
+    };
+    // One cp.async group a chunk (empty past the last), so that waiting for all but the newest kScanBf16Stages − 2
+    // groups waits for exactly the current chunk's stage.
+    for (int chunk = 0; chunk < kScanBf16Stages - 1; ++chunk) {
+      if (chunk < chunks) stage_chunk(chunk);
+      __pipeline_commit();
+    }
+    unsigned* progress = x.progress + h * x.scan_slices + blockIdx.y;
+    for (int chunk = 0; chunk < chunks; ++chunk) {
+      __pipeline_wait_prior(kScanBf16Stages - 2);  // this chunk's stage
+      __syncthreads();  // ... for every warp; the compute warps are done with the previous chunk's stage
+      // Every compute thread's S₀ᵀ and Δᵀ of the chunks before this one are stored.
+      if (lane == 0 && chunk > 0) publish_progress_release(progress, unsigned(chunk));
+      if (chunk + kScanBf16Stages - 1 < chunks) stage_chunk(chunk + kScanBf16Stages - 1);
+      __pipeline_commit();
+    }
+    __syncthreads();
+    if (lane == 0) publish_progress_release(progress, unsigned(chunks));
+    return;
   }
 
-  const int c0 = warp % 4 * kTile, d0 = warp / 4 * kTile, first_key_tile = warp / 4;
-  const int key_tiles = kdp / kTile;  // ≤ 8: a warp owns at most four
-  // At the release (two slices, 8 warps) every warp owns four tiles and every row is in the slice and the scratch.
-  auto owns = [&](int tile) { return kRelease || first_key_tile + 2 * tile < key_tiles; };
-  auto in_slice = [&](int e) { return kRelease || c0 + row_of(e) < columns; };
-  auto in_scratch = [&](int e) { return kRelease || j0 + c0 + row_of(e) < vdp; };  // a row of Uᵀ, Δᵀ and S₀ᵀ
-  auto key_of = [&](int tile, int e) { return (first_key_tile + 2 * tile) * kTile + column_of(e); };
-  auto token_of = [&](int tile, int e) { return d0 + tile * (kC / 2) + column_of(e); };
-  Accumulator owned[kScanBf16KeyTiles];  // Sᵀ at the owned key tiles; zero past dk and past the slice's columns
+  const int g = tid % 32 / 4, t = tid % 4, c0 = warp * kTile;
+  const int columns = min(kScanColumns, s.dv - j0), key_tiles = kdp / kTile;
+  // The warp's rows of S₀ᵀ and Δᵀ that the scratch holds, and their tiles on the way there.
+  const int scratch_rows = kRelease ? kTile : min(kTile, vdp - j0 - c0);
+  bf16* s0_tile = reinterpret_cast<bf16*>(stages + kScanBf16Stages * stage_bytes +
+                                          warp * scan_bf16_transfer_bytes(s));  // S₀ᵀ [16][ldw]
+  bf16* delta_tile = s0_tile + kTile * ldw;                                     // Δᵀ [16][ldt]
+  const size_t dv = size_t(s.dv);
+  float* head_state = recurrent + size_t(h) * s.dk * dv + j0 + c0;
+
+  // At the release every key tile is owned and every row of every warp is in the slice and the scratch. Row half i of
+  // a lane is value column c0 + g + 8i of the slice; word i of a fragment (a_fragment_of) is in row half i % 2 at
+  // columns 8·(i / 2) + 2t, + 1.
+  auto owns = [&](int tile) { return kRelease || tile < key_tiles; };
+  auto in_slice = [&](int half) { return kRelease || c0 + g + 8 * half < columns; };
+  auto in_scratch = [&](int half) { return kRelease || j0 + c0 + g + 8 * half < vdp; };  // a row of Uᵀ, Δᵀ and S₀ᵀ
+  Accumulator state[kScanBf16KeyTiles];  // Sᵀ at key tile k; zero past dk and past the slice's columns
 #pragma unroll
-  for (int tile = 0; tile < kScanBf16KeyTiles; ++tile)
+  for (int k = 0; k < kScanBf16KeyTiles; ++k)
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      const int key = key_of(tile, e);
-      owned[tile].x[e] = owns(tile) && key < s.dk && in_slice(e) ? head_state[key * dv + c0 + row_of(e)] : 0.0f;
+      const int key = k * kTile + column_of(e);
+      state[k].x[e] = owns(k) && key < s.dk && in_slice(e / 2 % 2) ? head_state[key * dv + row_of(e)] : 0.0f;
     }
-  // Pairs (e, e + 1) of an accumulator are adjacent columns: one bf16 word.
-  auto store_owned = [&] {
-#pragma unroll
-    for (int tile = 0; tile < kScanBf16KeyTiles; ++tile)
-      if (owns(tile))
-#pragma unroll
-        for (int e = 0; e < 8; e += 2)
-          *reinterpret_cast<uint32_t*>(state + (c0 + row_of(e)) * ldw + key_of(tile, e)) =
-              pack_bf16(owned[tile].x[e], owned[tile].x[e + 1]);
-  };
-  store_owned();
-
-  // Uᵀ of this warp's Δᵀ tiles (word e/2 of tile i: value column c0 + row_of(e), tokens token_of(i, e), + 1), a chunk
-  // ahead, as are the chunk's decay e^{γ_C} and the pointers.
-  auto delta_at = [&](int chunk) { return delta_bf16(x, s, size_t(chunk) * s.heads + h) + size_t(j0 + c0) * kC; };
-  auto load_u = [&](uint32_t(&u)[kScanBf16TokenTiles][4], int chunk) {
-    const bf16* source = delta_at(chunk);
-#pragma unroll
-    for (int tile = 0; tile < kScanBf16TokenTiles; ++tile)
-#pragma unroll
-      for (int e = 0; e < 8; e += 2)
-        u[tile][e / 2] =
-            in_scratch(e) ? *reinterpret_cast<const uint32_t*>(source + row_of(e) * kC + token_of(tile, e)) : 0u;
-  };
-  uint32_t u_next[kScanBf16TokenTiles][4];
-  load_u(u_next, 0);
-  float decay_next = x.decay[h];
 
   for (int chunk = 0; chunk < chunks; ++chunk) {
     const size_t block = size_t(chunk) * s.heads + h;
-    const float decay = decay_next;
-    uint32_t u[kScanBf16TokenTiles][4];
-#pragma unroll
-    for (int tile = 0; tile < kScanBf16TokenTiles; ++tile)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) u[tile][i] = u_next[tile][i];
-    __pipeline_wait_prior(kScanBf16Stages - 2);  // this chunk's stage
-    __syncthreads();  // ... for every thread, and Sᵀ; the previous chunk is done with its stage and Δᵀ
-    // Every thread's S₀ᵀ and Δᵀ of the chunks before this one are stored.
-    if (tid == 0 && chunk > 0) publish_progress_release(progress, unsigned(chunk));
-    if (chunk + kScanBf16Stages - 1 < chunks) stage_chunk(chunk + kScanBf16Stages - 1);
-    __pipeline_commit();
-    if (chunk + 1 < chunks) {
-      load_u(u_next, chunk + 1);
-      decay_next = x.decay[block + s.heads];
-    }
-    {  // S₀ᵀ (Sᵀ as the products read it, bf16) to the scratch for the outputs, 16 bytes a copy from shared memory:
-       // the slice's rows that the scratch holds.
-      const int scratch_rows = kRelease ? kScanColumns : min(kScanColumns, vdp - j0);
-      bf16* s0 = s0_bf16(x, s, block) + size_t(j0) * kdp;
-      for_each_vector<kScanBf16Threads>(scratch_rows, kdp / 8, [&](int r, int v) {
-        *reinterpret_cast<uint4*>(s0 + r * kdp + 8 * v) = *reinterpret_cast<const uint4*>(state + r * ldw + 8 * v);
-      });
-    }
+    __syncthreads();  // this chunk's stage is in (the stage warp waited for its copies)
     const bf16* w = stage_w(chunk);
     const bf16* keys = stage_keys(stage_w(chunk));
     const float* key_decay = stage_decays(stage_w(chunk));
+    const float decay = key_decay[kC];
 
-    {  // Δᵀ = Uᵀ − Sᵀ Wᵀ (per tile two chains: even and odd k-steps)
-      Accumulator product[kScanBf16TokenTiles], odd[kScanBf16TokenTiles];
+    // Δᵀ = Uᵀ − S₀ᵀ Wᵀ, two token tiles at a time (registers), S₀ᵀ's fragments to the warp's S₀ᵀ tile on the way;
+    // Δᵀ to the warp's Δᵀ tile, and Δᵀ diag(e^{γ_C−γ}) as the update's A fragments (k-step j: tokens 16j …).
+    uint32_t scaled[kScanBf16TokenTiles][4];
 #pragma unroll
-      for (int tile = 0; tile < kScanBf16TokenTiles; ++tile) zero(product[tile], odd[tile]);
-      const bf16 *a = state + c0 * ldw, *b = w + d0 * ldw;
-#pragma unroll 4
-      for (int k = 0; k < key_tiles; ++k) {
-        uint32_t a_frag[4], b_frag[kScanBf16TokenTiles][2][2];
-        load_a_bf16(a_frag, a + k * kTile, ldw);
+    for (int pair = 0; pair < kScanBf16TokenTiles; pair += 2) {
+      Accumulator even[2], odd[2];
+      zero(even[0], even[1], odd[0], odd[1]);
 #pragma unroll
-        for (int tile = 0; tile < kScanBf16TokenTiles; ++tile)
-          load_b_bf16(b_frag[tile], b + tile * (kC / 2) * ldw + k * kTile, ldw);
+      for (int k = 0; k < kScanBf16KeyTiles; ++k)
+        if (owns(k)) {
+          uint32_t a[4];
+          a_fragment_of(a, state[k]);
+          if (pair == 0) store_a_bf16(s0_tile + k * kTile, ldw, a);
 #pragma unroll
-        for (int tile = 0; tile < kScanBf16TokenTiles; ++tile)
-          mma_bf16_tile(k % 2 ? odd[tile] : product[tile], a_frag, b_frag[tile]);
+          for (int j = 0; j < 2; ++j) {
+            uint32_t b[2][2];
+            load_b_bf16(b, w + (pair + j) * kTile * ldw + k * kTile, ldw);
+            mma_bf16_tile(k % 2 ? odd[j] : even[j], a, b);
+          }
+        }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        uint32_t u[4], delta[4];  // Uᵀ (zero past the scratch's rows) and Δᵀ, in fragment order
+        load_a_bf16(u, stage_u(stage_w(chunk)) + c0 * ldt + (pair + j) * kTile, ldt);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int e = 2 * i, column = (pair + j) * kTile + 8 * (i / 2);
+          const uint32_t u_word = in_scratch(i % 2) ? u[i] : 0u;
+          const float first = low_bf16(u_word) - (even[j].x[e] + odd[j].x[e]);
+          const float second = high_bf16(u_word) - (even[j].x[e + 1] + odd[j].x[e + 1]);
+          delta[i] = pack_bf16(first, second);
+          const float2 factors = *reinterpret_cast<const float2*>(key_decay + column + 2 * t);
+          scaled[pair + j][i] = pack_bf16(first * factors.x, second * factors.y);
+        }
+        store_a_bf16(delta_tile + (pair + j) * kTile, ldt, delta);
       }
-      bf16* target = delta_at(chunk);  // Δᵀ replaces Uᵀ
-#pragma unroll
-      for (int tile = 0; tile < kScanBf16TokenTiles; ++tile)
-#pragma unroll
-        for (int e = 0; e < 8; e += 2) {
-          const float first = low_bf16(u[tile][e / 2]) - (product[tile].x[e] + odd[tile].x[e]);
-          const float second = high_bf16(u[tile][e / 2]) - (product[tile].x[e + 1] + odd[tile].x[e + 1]);
-          const int token = token_of(tile, e);
-          if (in_scratch(e)) *reinterpret_cast<uint32_t*>(target + row_of(e) * kC + token) = pack_bf16(first, second);
-          *reinterpret_cast<uint32_t*>(delta + (c0 + row_of(e)) * ldt + token) =
-              pack_bf16(first * key_decay[token], second * key_decay[token + 1]);
-        }
     }
-    __syncthreads();
+    // S₀ᵀ and Δᵀ over Uᵀ to the scratch in whole lines (the tiles are reused after the next chunk's barrier).
+    __syncwarp();
+    write_bf16_rows_of_warp(s0_bf16(x, s, block) + size_t(j0 + c0) * kdp, s0_tile, ldw, kTile, kdp, scratch_rows, lane);
+    write_bf16_rows_of_warp(delta_bf16(x, s, block) + size_t(j0 + c0) * kC, delta_tile, ldt, kTile, kC, scratch_rows,
+                            lane);
 
-    // Sᵀ ← e^{γ_C} Sᵀ + (Δᵀ diag(e^{γ_C−γ})) K on the owned tiles, the Δᵀ fragment shared by all four.
+    // Sᵀ ← e^{γ_C} Sᵀ + (Δᵀ diag(e^{γ_C−γ})) K.
 #pragma unroll
-    for (int tile = 0; tile < kScanBf16KeyTiles; ++tile)
+    for (int k = 0; k < kScanBf16KeyTiles; ++k)
 #pragma unroll
-      for (int e = 0; e < 8; ++e) owned[tile].x[e] *= decay;
-    const bf16* keys_first = keys + first_key_tile * kTile * ldt;
+      for (int e = 0; e < 8; ++e) state[k].x[e] *= decay;
 #pragma unroll
-    for (int k = 0; k < kC / kTile; ++k) {
-      uint32_t a_frag[4];
-      load_a_bf16(a_frag, delta + c0 * ldt + k * kTile, ldt);
+    for (int j = 0; j < kScanBf16TokenTiles; ++j)
 #pragma unroll
-      for (int tile = 0; tile < kScanBf16KeyTiles; ++tile)
-        if (owns(tile)) {
-          uint32_t b_frag[2][2];
-          load_b_bf16(b_frag, keys_first + 2 * tile * kTile * ldt + k * kTile, ldt);
-          mma_bf16_tile(owned[tile], a_frag, b_frag);
+      for (int k = 0; k < kScanBf16KeyTiles; ++k)
+        if (owns(k)) {
+          uint32_t b[2][2];
+          load_b_bf16(b, keys + k * kTile * ldt + j * kTile, ldt);
+          mma_bf16_tile(state[k], scaled[j], b);
         }
-    }
-    store_owned();
   }
-  __syncthreads();
-  if (tid == 0) publish_progress_release(progress, unsigned(chunks));
+  __syncthreads();  // the stage warp's last barrier
 #pragma unroll
-  for (int tile = 0; tile < kScanBf16KeyTiles; ++tile)
+  for (int k = 0; k < kScanBf16KeyTiles; ++k)
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      const int key = key_of(tile, e);
-      if (owns(tile) && key < s.dk && in_slice(e)) head_state[key * dv + c0 + row_of(e)] = owned[tile].x[e];
+      const int key = k * kTile + column_of(e);
+      if (owns(k) && key < s.dk && in_slice(e / 2 % 2)) head_state[key * dv + row_of(e)] = state[k].x[e];
     }
 }
 // The bf16 mode's outputs: block (head, chunk, slice of 128 value columns), 256 threads, O = diag(e^γ) Q S₀ + P Δ with
