@@ -406,12 +406,11 @@ __device__ __forceinline__ void with_row_tiles(int tiles, const Pass& pass) {
 }
 
 // One pass of an expert's rows: chunk after chunk, the next chunk's copies in flight during the current one's
-// products. Every thread of the block calls it (copies and barriers); warps without matrix rows only copy.
-template <int Bits, int Tiles, int Staged, typename Cut>
-__device__ __forceinline__ void expert_pass(WarpLoads& current, const WarpTile& tile, bool has_rows, const uint4* split,
-                                            const long long* records, ExpertStage<Cut::kChunkGroups>* stages,
-                                            float (&acc)[kRowTiles][2]) {
-  const int groups = tile.groups;
+// products (products(chunk, end, fragments, terms): groups [chunk, end) from the chunk's stage). Every thread of the
+// block calls it (copies and barriers); warps without matrix rows only copy.
+template <int Staged, typename Cut, typename Products>
+__device__ __forceinline__ void expert_pass(int groups, bool has_rows, const uint4* split, const long long* records,
+                                            ExpertStage<Cut::kChunkGroups>* stages, Products products) {
   copy_chunk<Cut, Staged>(stages[0], split, records, 0, min(Cut::kChunkGroups, groups));
   for (int chunk = 0, k = 0; chunk < groups; chunk += Cut::kChunkGroups, ++k) {
     const int end = min(chunk + Cut::kChunkGroups, groups);
@@ -419,8 +418,7 @@ __device__ __forceinline__ void expert_pass(WarpLoads& current, const WarpTile& 
     __syncthreads();  // every thread's copies of this chunk have landed; the other stage is used up
     if (end < groups)
       copy_chunk<Cut, Staged>(stages[(k + 1) & 1], split, records, end, min(end + Cut::kChunkGroups, groups));
-    if (has_rows)
-      chunk_products<Bits, Tiles, Staged>(current, tile, chunk, end, stages[k & 1].fragments, stages[k & 1].terms, acc);
+    if (has_rows) products(chunk, end, stages[k & 1].fragments, stages[k & 1].terms);
   }
 }
 
@@ -547,24 +545,6 @@ __device__ inline void pair_chunk_products(PairLoads& current, const PairTile& t
   }
 }
 
-template <int Bits, int Tiles, int Staged, typename Cut>
-__device__ __forceinline__ void pair_pass(PairLoads& current, const PairTile& tile, bool has_rows, const uint4* split,
-                                          const long long* records, ExpertStage<Cut::kChunkGroups>* stages,
-                                          float (&acc)[2][kRowTiles][2]) {
-  const int groups = tile.groups;
-  copy_chunk<Cut, Staged>(stages[0], split, records, 0, min(Cut::kChunkGroups, groups));
-  for (int chunk = 0, k = 0; chunk < groups; chunk += Cut::kChunkGroups, ++k) {
-    const int end = min(chunk + Cut::kChunkGroups, groups);
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
-    __syncthreads();  // every thread's copies of this chunk have landed; the other stage is used up
-    if (end < groups)
-      copy_chunk<Cut, Staged>(stages[(k + 1) & 1], split, records, end, min(end + Cut::kChunkGroups, groups));
-    if (has_rows)
-      pair_chunk_products<Bits, Tiles, Staged>(current, tile, chunk, end, stages[k & 1].fragments, stages[k & 1].terms,
-                                               acc);
-  }
-}
-
 // Where a block's expert and rows are.
 struct ExpertRows {
   const DeviceMatrix* experts;  // device array
@@ -617,7 +597,11 @@ __global__ void __launch_bounds__(Cut::kThreads, kMinBlocks* Cut::kWarpMTiles)
       float acc[kRowTiles][2] = {};
       with_row_tiles(tiles, [&](auto row_tiles) {
         constexpr int Tiles = decltype(row_tiles)::value;
-        expert_pass<Bits, Tiles, 4 * Tiles, Cut>(current, tile, has_rows, split, pass_rows, stages, acc);
+        expert_pass<4 * Tiles, Cut>(groups, has_rows, split, pass_rows, stages,
+                                    [&](int chunk, int end, const uint4* fragments, const float2* terms) {
+                                      chunk_products<Bits, Tiles, 4 * Tiles>(current, tile, chunk, end, fragments,
+                                                                             terms, acc);
+                                    });
       });
       if (has_rows) store_pass(acc, y, rows_out, tile_row, offset + first_row, rows, experts.map.y_rows);
     }
@@ -631,7 +615,11 @@ __global__ void __launch_bounds__(Cut::kThreads, kMinBlocks* Cut::kWarpMTiles)
       float acc[2][kRowTiles][2] = {};
       with_row_tiles(tiles, [&](auto row_tiles) {
         constexpr int Tiles = decltype(row_tiles)::value;
-        pair_pass<Bits, Tiles, 4 * Tiles, Cut>(current, tile, has_rows, split, pass_rows, stages, acc);
+        expert_pass<4 * Tiles, Cut>(groups, has_rows, split, pass_rows, stages,
+                                    [&](int chunk, int end, const uint4* fragments, const float2* terms) {
+                                      pair_chunk_products<Bits, Tiles, 4 * Tiles>(current, tile, chunk, end, fragments,
+                                                                                  terms, acc);
+                                    });
       });
       if (!has_rows) continue;
 #pragma unroll
