@@ -1769,27 +1769,27 @@ __device__ inline void store_a_bf16(bf16* a, int ld, const uint32_t (&f)[4]) {
                : "memory");
 }
 
-// copy(r, v) for each 16-byte vector v (< vectors) of each row r (< rows) of a tile, by a block of kCount threads:
-// where the threads cover whole rows and the rows a whole number of times (the release's tiles), each thread keeps
-// one vector and steps kCount / vectors rows a constant number of times, so that the unrolled copies differ by
-// constant offsets (a loop over e = thread + i · threads, r = e / vectors took ~20 instructions a copy in the scan
-// and the outputs).
+// copy(r, v) for each 16-byte vector v (< vectors) of each row r (< rows) of a tile, by kCount threads (a block, or
+// a warp's lanes; `thread` < kCount): where the threads cover whole rows and the rows a whole number of times (the
+// release's tiles), each thread keeps one vector and steps kCount / vectors rows a constant number of times, so that
+// the unrolled copies differ by constant offsets (a loop over e = thread + i · threads, r = e / vectors took ~20
+// instructions a copy in the scan and the outputs).
 template <int kCount, typename Copy>
-__device__ inline void for_each_vector(int rows, int vectors, Copy copy) {
+__device__ inline void for_each_vector(int thread, int rows, int vectors, Copy copy) {
   if (kCount % vectors == 0 && rows % (kCount / vectors) == 0) {
-    const int step = kCount / vectors, first = int(threadIdx.x) / vectors, v = int(threadIdx.x) % vectors;
+    const int step = kCount / vectors, first = thread / vectors, v = thread % vectors;
 #pragma unroll
     for (int i = 0; i < rows / step; ++i) copy(first + i * step, v);
     return;
   }
-  for (int e = threadIdx.x; e < rows * vectors; e += kCount) copy(e / vectors, e % vectors);
+  for (int e = thread; e < rows * vectors; e += kCount) copy(e / vectors, e % vectors);
 }
 
 // rows × width bf16 (width a multiple of 8; source rows width apart, 16-byte aligned) into tile (row stride ld) by
-// cp.async, 16 bytes a copy, by a block of kCount threads.
+// cp.async, 16 bytes a copy, by kCount threads (for_each_vector).
 template <int kCount>
-__device__ inline void stage_bf16_rows(bf16* tile, int ld, const bf16* source, int rows, int width) {
-  for_each_vector<kCount>(rows, width / 8, [&](int r, int v) {
+__device__ inline void stage_bf16_rows(bf16* tile, int ld, const bf16* source, int rows, int width, int thread) {
+  for_each_vector<kCount>(thread, rows, width / 8, [&](int r, int v) {
     __pipeline_memcpy_async(tile + r * ld + 8 * v, source + r * width + 8 * v, 16);
   });
 }
@@ -1802,46 +1802,14 @@ __device__ inline void publish_progress_release(unsigned* counter, unsigned chun
   asm volatile("st.release.gpu.global.u32 [%0], %1;" : : "l"(counter), "r"(chunks_done) : "memory");
 }
 
-// rows × width bf16 (width a multiple of 8; source rows width apart, 16-byte aligned) into tile (row stride ld) by
-// cp.async, 16 bytes a copy, by one warp: where the lanes cover whole rows and the rows a whole number of times (the
-// release's tiles), each lane keeps one vector and steps 32 / vectors rows (constant offsets, as for_each_vector).
-__device__ inline void stage_bf16_rows_of_warp(bf16* tile, int ld, const bf16* source, int rows, int width, int lane) {
-  const int vectors = width / 8;
-  if (32 % vectors == 0 && rows % (32 / vectors) == 0) {
-    const int step = 32 / vectors, first = lane / vectors, v = lane % vectors;
-#pragma unroll
-    for (int i = 0; i < rows / step; ++i) {
-      const int r = first + i * step;
-      __pipeline_memcpy_async(tile + r * ld + 8 * v, source + r * width + 8 * v, 16);
-    }
-    return;
-  }
-  for (int e = lane; e < rows * vectors; e += 32) {
-    const int r = e / vectors, v = e % vectors;
-    __pipeline_memcpy_async(tile + r * ld + 8 * v, source + r * width + 8 * v, 16);
-  }
-}
-
 // The first `valid` of rows × width bf16 of tile (row stride ld) to target (rows width apart, 16-byte aligned), 16
-// bytes a copy, by one warp (the lanes as in stage_bf16_rows_of_warp): each store covers whole 128-byte lines.
+// bytes a copy, by one warp (for_each_vector over its lanes): each store covers whole 128-byte lines.
 __device__ inline void write_bf16_rows_of_warp(bf16* target, const bf16* tile, int ld, int rows, int width, int valid,
                                                int lane) {
-  const int vectors = width / 8;
-  if (32 % vectors == 0 && rows % (32 / vectors) == 0) {
-    const int step = 32 / vectors, first = lane / vectors, v = lane % vectors;
-#pragma unroll
-    for (int i = 0; i < rows / step; ++i) {
-      const int r = first + i * step;
-      if (r < valid)
-        *reinterpret_cast<uint4*>(target + r * width + 8 * v) = *reinterpret_cast<const uint4*>(tile + r * ld + 8 * v);
-    }
-    return;
-  }
-  for (int e = lane; e < rows * vectors; e += 32) {
-    const int r = e / vectors, v = e % vectors;
+  for_each_vector<32>(lane, rows, width / 8, [&](int r, int v) {
     if (r < valid)
       *reinterpret_cast<uint4*>(target + r * width + 8 * v) = *reinterpret_cast<const uint4*>(tile + r * ld + 8 * v);
-  }
+  });
 }
 
 template <bool kRelease>
@@ -1867,9 +1835,9 @@ __global__ void __launch_bounds__(kScanBf16Threads, 1)
     auto stage_chunk = [&](int chunk) {
       bf16* w = stage_w(chunk);
       const size_t block = size_t(chunk) * s.heads + h;
-      stage_bf16_rows_of_warp(w, ldw, w_bf16(x, s, block), kC, kdp, lane);
-      stage_bf16_rows_of_warp(stage_keys(w), ldt, keys_bf16(x, s, chunk, key_head), kdp, kC, lane);
-      stage_bf16_rows_of_warp(stage_u(w), ldt, delta_bf16(x, s, block) + size_t(j0) * kC, scratch_rows, kC, lane);
+      stage_bf16_rows<32>(w, ldw, w_bf16(x, s, block), kC, kdp, lane);
+      stage_bf16_rows<32>(stage_keys(w), ldt, keys_bf16(x, s, chunk, key_head), kdp, kC, lane);
+      stage_bf16_rows<32>(stage_u(w), ldt, delta_bf16(x, s, block) + size_t(j0) * kC, scratch_rows, kC, lane);
       if (lane < kC / 4)
         __pipeline_memcpy_async(stage_decays(w) + 4 * lane, x.key_decay + block * kC + 4 * lane, 4 * sizeof(float));
       if (lane == kC / 4) __pipeline_memcpy_async(stage_decays(w) + kC, x.decay + block, sizeof(float));
@@ -2077,8 +2045,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   const size_t block = size_t(chunk) * s.heads + h, row_stride = size_t(s.heads) * s.dv;
   const unsigned seen = look_at_scan(x, h, chunk);
   // Prepare's (complete before the scan began), then the scan's.
-  stage_bf16_rows<kThreads>(queries, ldk, queries_bf16(x, s, chunk, key_head), kC, kdp);
-  stage_bf16_rows<kThreads>(p, ldt, p_bf16(x, block), kC, kC);
+  stage_bf16_rows<kThreads>(queries, ldk, queries_bf16(x, s, chunk, key_head), kC, kdp, int(threadIdx.x));
+  stage_bf16_rows<kThreads>(p, ldt, p_bf16(x, block), kC, kC, int(threadIdx.x));
   if (tid < kC / 4) __pipeline_memcpy_async(factors + 4 * tid, x.q_factor + block * kC + 4 * tid, 4 * sizeof(float));
   // Lane (g, t) of warp w holds O's rows 16r + 8i + g at columns column + 8hh + j (acc[r].x[4hh + 2i + j]).
   const bool computes = warp * kTile < slice_rows;
@@ -2090,13 +2058,13 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int j = 0; j < 2; ++j) weight[hh][j] = valid(4 * hh + j) ? in.norm[column + 8 * hh + j] : 0.0f;
   wait_for_scan_after(x, h, chunk, seen);
-  stage_bf16_rows<kThreads>(s0, ldk, s0_bf16(x, s, block) + size_t(j0) * kdp, slice_rows, kdp);
-  stage_bf16_rows<kThreads>(delta, ldt, delta_bf16(x, s, block) + size_t(j0) * kC, slice_rows, kC);
+  stage_bf16_rows<kThreads>(s0, ldk, s0_bf16(x, s, block) + size_t(j0) * kdp, slice_rows, kdp, int(threadIdx.x));
+  stage_bf16_rows<kThreads>(delta, ldt, delta_bf16(x, s, block) + size_t(j0) * kC, slice_rows, kC, int(threadIdx.x));
   __pipeline_commit();   // the products' operands
   if (gridDim.z == 1) {  // the norm's gate inputs, last: they arrive while the products run
     const float* z = in.z + size_t(t0) * row_stride + size_t(h) * s.dv;
     if (kRelease && reinterpret_cast<uintptr_t>(z) % 16 == 0)  // stage_tile's result, at constant offsets
-      for_each_vector<kThreads>(kC, kReleaseDim / 4, [&](int t, int v) {
+      for_each_vector<kThreads>(int(threadIdx.x), kC, kReleaseDim / 4, [&](int t, int v) {
         float* target = gate + t * kGateStride + 4 * v;
         if (t < n)
           __pipeline_memcpy_async(target, z + t * row_stride + 4 * v, 4 * sizeof(float));
