@@ -22,6 +22,7 @@
 
 #include "check.cuh"
 #include "cuda/expert_decode.cuh"
+#include "event_times.cuh"
 
 namespace {
 
@@ -106,21 +107,7 @@ double time_launches(const std::vector<Store*>& stores, bool cycle, Picks&& pick
   for (const ExpertDecode& p : params) CHECK(vavilov::cuda::expert_gate_up(p, 1, kTopK, stream));
   CHECK(cudaStreamEndCapture(stream, &graph));
   CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
-  float best = 1e30f;
-  for (int r = 0; r < kReplays; ++r) {
-    CHECK(cudaEventRecord(start, stream));
-    CHECK(cudaGraphLaunch(exec, stream));
-    CHECK(cudaEventRecord(stop, stream));
-    CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    CHECK(cudaEventElapsedTime(&ms, start, stop));
-    best = std::min(best, ms);
-  }
-  CHECK(cudaEventDestroy(start));
-  CHECK(cudaEventDestroy(stop));
+  const float best = fastest(event_times_ms(stream, kReplays, [&](int) { CHECK(cudaGraphLaunch(exec, stream)); }));
   CHECK(cudaGraphExecDestroy(exec));
   CHECK(cudaGraphDestroy(graph));
   CHECK(cudaFree(device));

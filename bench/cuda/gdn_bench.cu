@@ -31,6 +31,7 @@
 #include "check.cuh"
 #include "cuda/gated_deltanet.cuh"
 #include "cuda/random_fill.cuh"
+#include "event_times.cuh"
 
 namespace {
 
@@ -72,24 +73,9 @@ GdnInputs random_inputs(int rows) {
 // Median microseconds of `repeats` calls of `body(i)` on `stream`, after `warmup` untimed ones.
 double median_us(int warmup, int repeats, const std::function<void(int)>& body, cudaStream_t stream = nullptr) {
   for (int i = 0; i < warmup; ++i) body(i);
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
-  std::vector<double> times;
-  for (int i = 0; i < repeats; ++i) {
-    CHECK(cudaEventRecord(start, stream));
-    body(warmup + i);
-    CHECK(cudaEventRecord(stop, stream));
-    CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(double(ms) * 1e3);
-  }
+  const std::vector<float> times = event_times_ms(stream, repeats, [&](int i) { body(warmup + i); });
   CHECK(cudaGetLastError());
-  std::sort(times.begin(), times.end());
-  CHECK(cudaEventDestroy(start));
-  CHECK(cudaEventDestroy(stop));
-  return times[times.size() / 2];
+  return double(median(times)) * 1e3;
 }
 
 // The median of launches of a CUDA graph that holds body(stream), as a decode step runs its kernels: the GPU's time

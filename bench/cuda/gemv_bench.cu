@@ -27,6 +27,7 @@
 #include "cuda/gemv.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/linear.cuh"
+#include "event_times.cuh"
 
 using vavilov::cuda::GemvMatrix;
 
@@ -160,22 +161,8 @@ cudaError_t launch(const Buffers& b, Format format, int batch) {
 
 // Median time of `reps` runs of body(rep), in ms.
 float time_ms(const std::function<void(int)>& body, int reps) {
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
   for (int i = 0; i < 3; ++i) body(i);
-  std::vector<float> times;
-  for (int i = 0; i < reps; ++i) {
-    CHECK(cudaEventRecord(start));
-    body(i);
-    CHECK(cudaEventRecord(stop));
-    CHECK(cudaEventSynchronize(stop));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(ms);
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return median(event_times_ms(nullptr, reps, body));
 }
 
 double copy_bandwidth_gbs() {
@@ -359,26 +346,13 @@ float time_graph(int calls, const std::function<void(cudaStream_t, int)>& body) 
   CHECK(cudaStreamEndCapture(stream, &graph));
   cudaGraphExec_t exec;
   CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
-  std::vector<float> times;
-  for (int rep = 0; rep < 13; ++rep) {
-    CHECK(cudaEventRecord(start, stream));
-    CHECK(cudaGraphLaunch(exec, stream));
-    CHECK(cudaEventRecord(stop, stream));
-    CHECK(cudaEventSynchronize(stop));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (rep >= 3) times.push_back(ms);
-  }
-  std::sort(times.begin(), times.end());
-  CHECK(cudaEventDestroy(start));
-  CHECK(cudaEventDestroy(stop));
+  const auto replay = [&](int) { CHECK(cudaGraphLaunch(exec, stream)); };
+  for (int rep = 0; rep < 3; ++rep) replay(rep);  // untimed
+  const float replay_ms = median(event_times_ms(stream, 10, replay));
   CHECK(cudaGraphExecDestroy(exec));
   CHECK(cudaGraphDestroy(graph));
   CHECK(cudaStreamDestroy(stream));
-  return times[times.size() / 2] * 1e3f / float(calls);
+  return replay_ms * 1e3f / float(calls);
 }
 
 // Every cuda::linear shape of a Flash-Next decode step (src/cuda/synthetic.cpp), Q4 as the model stores them, and the

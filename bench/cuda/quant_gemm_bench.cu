@@ -21,6 +21,7 @@
 #include "check.cuh"
 #include "cuda/quant_gemm.cuh"
 #include "cuda/quant_mma.cuh"
+#include "event_times.cuh"
 
 namespace {
 
@@ -115,21 +116,9 @@ std::vector<float> download(const float* y, size_t count) {
 template <typename Launch>
 double time_calls_us(const Launch& launch, cudaStream_t stream) {
   for (int i = 0; i < 3; ++i) CHECK(launch());
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
-  float best = 1e30f;
-  for (int r = 0; r < kRepeats; ++r) {
-    CHECK(cudaEventRecord(start, stream));
+  const float best = fastest(event_times_ms(stream, kRepeats, [&](int) {
     for (int i = 0; i < kLaunches; ++i) CHECK(launch());
-    CHECK(cudaEventRecord(stop, stream));
-    CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, start, stop));
-    best = std::min(best, ms);
-  }
-  CHECK(cudaEventDestroy(start));
-  CHECK(cudaEventDestroy(stop));
+  }));
   return 1000.0 * best / kLaunches;
 }
 
