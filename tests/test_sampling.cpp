@@ -2,8 +2,11 @@
 // sampled generation (plain and speculative) on the MTP fixtures: stop tokens, determinism, batching.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <numeric>
+#include <random>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -182,6 +185,79 @@ TEST(Sampling, DrawFollowsWeightsAndSkipsZeros) {
   for (int i = 0; i < 20000; ++i) ++counts[size_t(draw(weights, rng))];
   EXPECT_EQ(counts[0] + counts[2], 0);
   EXPECT_NEAR(counts[3] / 20000.0, 0.75, 0.015);  // > 4.8 standard deviations
+}
+
+// docs/SAMPLING.md's filters written the plain way: every token sorted by (falling logit, rising id), top-k and top-p
+// as prefixes of that order, min-p against the top weight. distribution() sorts only the bucket a cut falls in.
+std::vector<double> full_sort_distribution(const std::vector<float>& logits, const SamplingOptions& o) {
+  const size_t vocab = logits.size();
+  std::vector<int32_t> order(vocab);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
+  });
+  if (o.top_k > 0 && size_t(o.top_k) < vocab) order.resize(size_t(o.top_k));
+  const double top = logits[size_t(order[0])];
+  std::vector<double> weight(vocab, 0.0);
+  for (int32_t id : order) weight[size_t(id)] = std::exp((logits[size_t(id)] - top) / o.temperature);
+  if (o.top_p < 1) {
+    double total = 0, kept = 0;
+    for (int32_t id : order) total += weight[size_t(id)];
+    size_t n = 0;
+    while (n < order.size() && kept < o.top_p * total) kept += weight[size_t(order[n++])];
+    for (size_t i = n; i < order.size(); ++i) weight[size_t(order[i])] = 0;
+  }
+  for (double& w : weight)
+    if (w < o.min_p) w = 0;  // the top token's weight is 1
+  const double total = std::accumulate(weight.begin(), weight.end(), 0.0);
+  for (double& w : weight) w /= total;
+  return weight;
+}
+
+// At Flash-Next's vocabulary: spread logits, logits on a coarse grid (many exact ties, crowded buckets, the cuts inside
+// them), all equal, banned tokens, and a tail whose weights underflow to 0; every filter and their combinations.
+TEST(Sampling, LargeVocabularyFiltersMatchAFullSort) {
+  constexpr int64_t kVocab = 248320;
+  std::mt19937 generator(11);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<std::vector<float>> cases(5, std::vector<float>(size_t(kVocab)));
+  for (int64_t i = 0; i < kVocab; ++i) {
+    const float x = normal(generator);
+    cases[0][size_t(i)] = x;
+    cases[1][size_t(i)] = std::round(x * 2) / 2;
+    cases[2][size_t(i)] = 1.5f;
+    cases[3][size_t(i)] = i % 3 ? -INFINITY : x;
+    cases[4][size_t(i)] = i % 1000 ? x - 2000.0f : x;
+  }
+  struct Filters {
+    float temperature, top_p, min_p;
+    int top_k;
+  };
+  const Filters filters[] = {{1, 1, 0, 0},     {0.7f, 1, 0, 20},   {0.7f, 0.8f, 0, 20},  {0.7f, 0.95f, 0, 0},
+                             {2, 0.5f, 0, 0},  {0.3f, 0.999f, 0, 0}, {1, 1, 0.05f, 0},   {1, 0.9f, 0.01f, 5000},
+                             {1, 1, 0, 1},     {1, 0.1f, 0, 0},    {1, 1, 0, kVocab - 1}};
+  std::vector<double> got;
+  for (size_t c = 0; c < cases.size(); ++c) {
+    for (const Filters& f : filters) {
+      SamplingOptions o = sampled(f.temperature);
+      o.top_k = f.top_k, o.top_p = f.top_p, o.min_p = f.min_p;
+      distribution(cases[c].data(), kVocab, o, {}, got);
+      const std::vector<double> want = full_sort_distribution(cases[c], o);
+      size_t kept = 0, wrong = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        kept += want[i] > 0;
+        // Zero where the reference is zero; elsewhere equal but for the order of the normalising sums.
+        wrong += want[i] == 0 ? got[i] != 0 : std::abs(got[i] - want[i]) > 1e-12 * want[i];
+      }
+      EXPECT_EQ(wrong, 0u) << "case " << c << ", T " << f.temperature << ", top_k " << f.top_k << ", top_p "
+                           << f.top_p << ", min_p " << f.min_p << " (" << kept << " tokens kept)";
+    }
+  }
+}
+
+TEST(Sampling, NanLogitIsAnError) {
+  std::vector<float> logits{1, 2, NAN, 0};
+  EXPECT_THROW(probs_of(logits, sampled()), Error);
 }
 
 TEST(Sampling, ValidateRejectsBadSettings) {

@@ -76,6 +76,9 @@ std::vector<float> adjusted_logits(const float* logits, int64_t vocab, const Sam
 // (temperature > 0).
 std::vector<double> distribution(const float* logits, int64_t vocab, const SamplingOptions& options,
                                  const TokenHistory& history);
+// The same into `probs`, whose memory is reused (a decoder keeps its buffers from row to row).
+void distribution(const float* logits, int64_t vocab, const SamplingOptions& options, const TokenHistory& history,
+                  std::vector<double>& probs);
 
 // Step 7 on a distribution (need not be normalised; must have positive mass).
 int32_t draw(std::span<const double> weights, Rng& rng);

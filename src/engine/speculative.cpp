@@ -133,7 +133,8 @@ int32_t Decoder::verify_row(const float* logits, int64_t row) {
   const int64_t vocab = c_.vocab_size;
   const bool has_draft = row + 1 < int64_t(rows_.size());
   if (options_.sampling.greedy() || !has_draft) return choose(logits, vocab, options_.sampling, history_, rng_);
-  const std::vector<double> p = distribution(logits, vocab, options_.sampling, history_);
+  std::vector<double>& p = verify_p_;
+  distribution(logits, vocab, options_.sampling, history_, p);
   std::vector<double>& q = draft_q_[size_t(row)];
   const int32_t x = rows_[size_t(row) + 1];
   const double px = p[size_t(x)], qx = q[size_t(x)];
@@ -215,7 +216,6 @@ void Decoder::fold_head(const float* trunk_stacks, std::span<const int32_t> next
   truncate_head(committed - rows);
   std::vector<float> chain(static_cast<size_t>(sh)), logits(greedy_ids_ ? 0 : static_cast<size_t>(vocab));
   sequence_->mtp_forward(trunk_stacks, next_ids, chain.data(), MtpRows::Last);
-  draft_q_.clear();
   for (int j = 0; draft && j < drafts_wanted_; ++j) {
     if (j > 0) {
       std::vector<float> chained(static_cast<size_t>(sh));
@@ -223,7 +223,7 @@ void Decoder::fold_head(const float* trunk_stacks, std::span<const int32_t> next
       chain.swap(chained);
     }
     if (greedy_ids_) {
-      add_draft(sequence_->draft_greedy(chain.data()), {}, committed + j + 1);
+      add_draft(sequence_->draft_greedy(chain.data()), false, committed + j + 1);
       continue;
     }
     sequence_->draft_logits(chain.data(), logits.data());
@@ -239,19 +239,20 @@ void Decoder::add_draft(const float* head_logits, int64_t position) {
   const int64_t vocab = c_.vocab_size;
   const SamplingOptions& sampling = options_.sampling;
   if (sampling.greedy()) {
-    add_draft(choose(head_logits, vocab, sampling, history_, rng_), {}, position);
+    add_draft(choose(head_logits, vocab, sampling, history_, rng_), false, position);
     return;
   }
-  std::vector<double> q = distribution(head_logits, vocab, sampling, history_);
-  const int32_t draft = draw(q, rng_);
-  add_draft(draft, std::move(q), position);
+  std::vector<double>& q = draft_distribution(rows_.size() - 1);
+  distribution(head_logits, vocab, sampling, history_, q);
+  add_draft(draw(q, rng_), true, position);
 }
 
-// q: the distribution the draft was drawn from (empty when greedy).
-void Decoder::add_draft(int32_t draft, std::vector<double> q, int64_t position) {
+// sampled: the draft was drawn from draft_distribution(its index), which an override replaces by a point mass.
+void Decoder::add_draft(int32_t draft, bool sampled, int64_t position) {
   if (spec_.draft_override) {
     const int32_t replaced = spec_.draft_override(position, draft);
-    if (replaced != draft && !q.empty()) {
+    if (replaced != draft && sampled) {
+      std::vector<double>& q = draft_distribution(rows_.size() - 1);
       q.assign(size_t(c_.vocab_size), 0.0);
       q[size_t(replaced)] = 1.0;
     }
@@ -259,7 +260,12 @@ void Decoder::add_draft(int32_t draft, std::vector<double> q, int64_t position) 
   }
   history_.push(draft);
   rows_.push_back(draft);
-  draft_q_.push_back(std::move(q));
+}
+
+// Draft j's q, kept from step to step so that its memory is reused.
+std::vector<double>& Decoder::draft_distribution(size_t j) {
+  if (draft_q_.size() <= j) draft_q_.resize(j + 1);
+  return draft_q_[j];
 }
 
 void Decoder::truncate_head(int64_t position) { sequence_->truncate_head(position); }

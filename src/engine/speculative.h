@@ -104,7 +104,8 @@ class Decoder {
  private:
   void fold_head(const float* trunk_stacks, std::span<const int32_t> next_ids, bool draft = true);
   void add_draft(const float* head_logits, int64_t position);
-  void add_draft(int32_t draft, std::vector<double> q, int64_t position);
+  void add_draft(int32_t draft, bool sampled, int64_t position);
+  std::vector<double>& draft_distribution(size_t j);
   int32_t verify_row(const float* logits, int64_t row);
   void count_step(int64_t proposed, int64_t accepted);
   std::vector<int32_t> step_greedy();
@@ -123,7 +124,9 @@ class Decoder {
   std::vector<int32_t> rows_;    // [last, drafts...]
   // The verify pass's outputs, kept from step to step: [rows, vocab] and [rows, S·H].
   std::vector<float> verify_logits_, verify_stacks_;
-  std::vector<std::vector<double>> draft_q_;  // when sampling: the distribution each draft was drawn from
+  // When sampling: the distribution each draft of rows_ was drawn from, and the verify row's (buffers reused).
+  std::vector<std::vector<double>> draft_q_;
+  std::vector<double> verify_p_;
   TokenHistory history_;                      // prompt and emitted tokens (the penalties' input)
   Rng rng_;                                   // this sequence's own stream: batching cannot change it
   int drafts_wanted_;
