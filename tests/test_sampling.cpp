@@ -178,6 +178,17 @@ TEST(Sampling, RngIsSeededAndUniform) {
   EXPECT_NEAR(sum / 10000, 0.5, 0.01);
 }
 
+// A device that draws uniforms itself starts from state() and the host skips them (cuda/sampling.cuh).
+TEST(Sampling, RngAdvanceSkipsUniforms) {
+  Rng drawn(5), skipped(5);
+  for (int i = 0; i < 7; ++i) drawn.uniform();
+  skipped.advance(7);
+  EXPECT_EQ(skipped.state(), drawn.state());
+  EXPECT_EQ(skipped.uniform(), drawn.uniform());
+  Rng copy(drawn.state());
+  EXPECT_EQ(copy.uniform(), drawn.uniform());
+}
+
 TEST(Sampling, DrawFollowsWeightsAndSkipsZeros) {
   Rng rng(7);
   std::vector<double> weights{0, 0.5, 0, 1.5};

@@ -133,6 +133,13 @@ void run_bench(const BenchArgs& args) {
     out["greedy_step_fused_ms"] = fused;
     out["greedy_step_composed_ms"] = composed;
   }
+  const cuda::SamplingMeasurement& s = r.sampling;
+  out["sampling_ms"] = {
+      {"settings", "temperature 0.7, top_p 0.95; per backend call, mean after warm-up"},
+      {"trunk_row", {{"greedy_ids", s.row_greedy_ms}, {"device", s.row_device_ms}, {"host", s.row_host_ms}}},
+      {"trunk_4_rows",
+       {{"greedy_ids", s.verify4_greedy_ms}, {"device", s.verify4_device_ms}, {"host", s.verify4_host_ms}}},
+      {"draft", {{"greedy_ids", s.draft_greedy_ms}, {"device", s.draft_device_ms}, {"host", s.draft_host_ms}}}};
   nlohmann::json prefill;
   for (const auto& [length, speed] : r.prefill_tokens_per_second) prefill[std::to_string(length)] = speed;
   out["prefill_tok_s"] = prefill;

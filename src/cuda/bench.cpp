@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <string>
 
 #include "core/error.h"
@@ -175,6 +176,62 @@ static GreedyStepMeasurement measure_greedy_steps(const SequenceFactory& sequenc
   return m;
 }
 
+// The mean time of `count` calls of `call` after three untimed ones.
+static double mean_ms(int count, const std::function<void()>& call) {
+  for (int i = 0; i < 3; ++i) call();
+  const double start = now_ms();
+  for (int i = 0; i < count; ++i) call();
+  return (now_ms() - start) / count;
+}
+
+static SamplingMeasurement measure_sampling(const SequenceFactory& sequences, const ModelConfig& c, bool has_head,
+                                            const BenchOptions& options, uint64_t& rng, StepBuffers& buffers) {
+  SamplingOptions sampling;
+  sampling.temperature = 0.7f;
+  sampling.top_p = 0.95f;
+  TokenHistory history;
+  Rng generator(options.seed);
+  const SampleRequest request{&sampling, &history, generator.state(), {}};
+  const int64_t vocab = c.vocab_size;
+  std::vector<float> logits(size_t(StepBuffers::kVerifyRows * vocab));
+  std::vector<double> probs;
+  auto host_sample = [&](int rows) {
+    for (int r = 0; r < rows; ++r) {
+      distribution(logits.data() + r * vocab, vocab, sampling, history, probs);
+      draw(probs, generator);
+    }
+  };
+  auto seq = sequences();
+  start_sequence(*seq, c, options.context, has_head, rng, buffers);
+  SamplingMeasurement m;
+  // Recorded trunk passes that keep one row (a rejected verify step).
+  auto pass = [&](int rows, int mode) {  // 0: greedy ids, 1: sampled on the device, 2: logits to the host
+    const std::vector<int32_t> ids = random_ids(rows, vocab, rng);
+    int32_t greedy[StepBuffers::kVerifyRows];
+    TrunkOutputs out{true, mode == 2 ? logits.data() : nullptr, nullptr, true, mode == 0 ? greedy : nullptr, mode == 1};
+    const int64_t first = seq->position();
+    seq->forward(ids, out);
+    if (mode == 1) seq->verify_sampled(ids, request);
+    if (mode == 2) host_sample(rows);
+    seq->keep_rows(first, 1);
+  };
+  for (int rows : {1, int(StepBuffers::kVerifyRows)}) {
+    double* ms[3] = {rows == 1 ? &m.row_greedy_ms : &m.verify4_greedy_ms, rows == 1 ? &m.row_device_ms : &m.verify4_device_ms,
+                     rows == 1 ? &m.row_host_ms : &m.verify4_host_ms};
+    for (int mode = 0; mode < 3; ++mode) *ms[mode] = mean_ms(options.decode_steps, [&] { pass(rows, mode); });
+  }
+  if (has_head) {
+    const float* head = buffers.head.data();
+    m.draft_greedy_ms = mean_ms(options.decode_steps, [&] { seq->draft_greedy(head); });
+    m.draft_device_ms = mean_ms(options.decode_steps, [&] { seq->draft_sampled(head, 0, request); });
+    m.draft_host_ms = mean_ms(options.decode_steps, [&] {
+      seq->draft_logits(head, logits.data());
+      host_sample(1);
+    });
+  }
+  return m;
+}
+
 void start_sequence(SequenceBackend& seq, const ModelConfig& c, int64_t context, bool head, uint64_t& rng,
                     StepBuffers& buffers) {
   std::vector<int32_t> prompt = random_ids(context, c.vocab_size, rng);
@@ -287,6 +344,7 @@ BenchResult run_bench(std::shared_ptr<const DeviceModel> model, const BenchOptio
   }
   for (int drafts = 1; has_head && drafts < StepBuffers::kVerifyRows; ++drafts)
     result.greedy_steps.push_back(measure_greedy_steps(sequences, c, options, drafts, rng, buffers));
+  result.sampling = measure_sampling(sequences, c, has_head, options, rng, buffers);
   if (!options.prefill_lengths.empty()) {  // first-use costs (module loading, library handles) stay out of the timings
     auto seq = sequences();
     int32_t first = 0;

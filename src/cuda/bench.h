@@ -37,6 +37,16 @@ struct GreedyStepMeasurement {
   double fused_ms = 0, composed_ms = 0;
 };
 
+// Sampled decoding (temperature 0.7, top-p 0.95, as a chat client sends) against greedy, per backend call: a 1-row
+// trunk pass and its token, a 4-row verify pass and its rows' tokens, one draft from a head stack; sampled on the
+// device (verify_sampled, draft_sampled) or by the host from downloaded logits (the Decoder with
+// VAVILOV_DEVICE_SAMPLING=0). Each the mean of `decode_steps` calls after warm-up.
+struct SamplingMeasurement {
+  double row_greedy_ms = 0, row_device_ms = 0, row_host_ms = 0;
+  double verify4_greedy_ms = 0, verify4_device_ms = 0, verify4_host_ms = 0;
+  double draft_greedy_ms = 0, draft_device_ms = 0, draft_host_ms = 0;
+};
+
 struct BenchResult {
   std::string gpu;
   double copy_bandwidth_gbs = 0;  // device-to-device copy, bytes read + written per second
@@ -44,6 +54,7 @@ struct BenchResult {
   std::vector<DecodeMeasurement> decode;            // drafts 0..3 (1..3 only with an MTP head)
   double chained_pass_ms = 0;                       // one chained MTP draft pass (head layer + lm_head, one row)
   std::vector<GreedyStepMeasurement> greedy_steps;  // drafts 1..3, with an MTP head
+  SamplingMeasurement sampling;
   std::vector<std::pair<int64_t, double>> prefill_tokens_per_second;
   nlohmann::json trace;  // with BenchOptions::trace: one kernel_trace::summarise() per traced step kind
   // With an expert cache (DeviceModel::expert_cache): per draft count, over its timed steps, the hit rate, the bytes

@@ -13,6 +13,7 @@
 #include "cuda/attention.cuh"
 #include "cuda/backend.h"
 #include "cuda/device_model.h"
+#include "cuda/device_sampler.h"
 #include "cuda/expert_cache.h"
 #include "cuda/expert_prefill.cuh"
 #include "cuda/gated_deltanet.cuh"
@@ -313,7 +314,7 @@ class CudaSequence final : public SequenceBackend {
       const bool last = begin + rows == n;
       // Every row's logits (prompt scoring) come in kLogitRows-row products after the pass; otherwise the pass
       // computes the ones wanted itself. Greedy ids are the argmax of those logits, on the device.
-      const bool lm_head = out.logits || out.greedy;
+      const bool lm_head = out.logits || out.greedy || out.keep_logits;
       const bool logits_after = lm_head && out.all_rows && rows > kLogitRows;
       const int logit_rows = !lm_head || logits_after || !(out.all_rows || last) ? 0 : out.all_rows ? rows : 1;
       const bool greedy = out.greedy && logit_rows;
@@ -334,6 +335,7 @@ class CudaSequence final : public SequenceBackend {
       }
       runner_.finish();
       position_ += rows;
+      kept_logit_rows_ = out.keep_logits && last ? logit_rows : 0;
     }
     cuda_check(cudaGetLastError(), "forward");
     // The step's picks are counted; the cache moves experts beside the next calls (expert_cache.h).
@@ -358,6 +360,7 @@ class CudaSequence final : public SequenceBackend {
     for (int32_t id : next_ids) check(id >= 0 && id < c_.vocab_size, "token id {} is outside the vocabulary", id);
     const int64_t n = int64_t(next_ids.size()), sh = c_.hc_hidden();
     if (model_->expert_cache) model_->expert_cache->before_call(stream_);
+    kept_logit_rows_ = 0;
     for (int64_t begin = 0; begin < n; begin += kChunkRows) {
       const int rows = int(std::min<int64_t>(kChunkRows, n - begin));
       if (model_->mtp->layer.kind == LayerKind::SparseAttention)
@@ -375,6 +378,19 @@ class CudaSequence final : public SequenceBackend {
     cuda_check(cudaGetLastError(), "MTP head");
   }
 
+  bool samples_on_device() const override { return true; }
+  SampledVerify verify_sampled(std::span<const int32_t> rows, const SampleRequest& request) override {
+    check(kept_logit_rows_ == int(rows.size()), "verify_sampled: the last pass kept {} rows of logits, not {}",
+          kept_logit_rows_, rows.size());
+    kept_logit_rows_ = 0;
+    return sampler().verify(work_.logits, rows, request, runner_);
+  }
+  int32_t draft_sampled(const float* head_stack, int index, const SampleRequest& request) override {
+    head_outputs(head_stack, 1, nullptr, nullptr);  // the draft's logits stay in work_.logits
+    return sampler().draft(work_.logits, index, request, runner_);
+  }
+  void replace_draft(int index, int32_t token) override { sampler().replace(index, token, runner_); }
+
   void mtp_logits(const float* head_stacks, int64_t rows, float* logits) override {
     head_outputs(head_stacks, rows, logits, nullptr);
   }
@@ -385,6 +401,7 @@ class CudaSequence final : public SequenceBackend {
   // The whole step as one pass (one graph when graphs are on), one download and one synchronisation; the default
   // composition where the fused one does not apply (fused_step_applies).
   GreedyStepResult greedy_step(const GreedyStep& step) override {
+    kept_logit_rows_ = 0;
     if (!fused_step_applies(step)) return SequenceBackend::greedy_step(step);
     for (int32_t id : step.rows)
       check(id >= 0 && id < c_.vocab_size, "token id {} is outside the vocabulary [0, {})", id, c_.vocab_size);
@@ -490,6 +507,7 @@ class CudaSequence final : public SequenceBackend {
   // The head's logits of `rows` host head stacks and/or their greedy ids (either may be null).
   void head_outputs(const float* head_stacks, int64_t rows, float* logits, int32_t* ids) {
     check(model_->mtp.has_value(), "{}: the checkpoint has no MTP head (mtp.* tensors)", model_->name);
+    kept_logit_rows_ = 0;
     const int64_t sh = c_.hc_hidden(), vocab = c_.vocab_size;
     for (int64_t begin = 0; begin < rows; begin += kLogitRows) {
       const int count = int(std::min<int64_t>(kLogitRows, rows - begin));
@@ -593,6 +611,13 @@ class CudaSequence final : public SequenceBackend {
   // The stack still lacks the last hyper-connection write (work_.inject's gates times work_.output): the next read,
   // a fused one, applies it (hyper_write).
   bool write_pending_ = false;
+  // Rows of logits the last forward left in work_.logits for verify_sampled (TrunkOutputs::keep_logits), else 0.
+  int kept_logit_rows_ = 0;
+  std::unique_ptr<DeviceSampler> sampler_;  // made on the first sampled call
+  DeviceSampler& sampler() {
+    if (!sampler_) sampler_ = std::make_unique<DeviceSampler>(c_.vocab_size);
+    return *sampler_;
+  }
 };
 
 void CudaSequence::trunk_pass(int rows, bool record, int logit_rows, bool greedy) {

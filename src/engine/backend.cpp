@@ -80,6 +80,18 @@ class CpuSequence final : public SequenceBackend {
 
 }  // namespace
 
+SampledVerify SequenceBackend::verify_sampled(std::span<const int32_t>, const SampleRequest&) {
+  fail("this device does not sample on the device (samples_on_device)");
+}
+
+int32_t SequenceBackend::draft_sampled(const float*, int, const SampleRequest&) {
+  fail("this device does not sample on the device (samples_on_device)");
+}
+
+void SequenceBackend::replace_draft(int, int32_t) {
+  fail("this device does not sample on the device (samples_on_device)");
+}
+
 GreedyStepResult SequenceBackend::greedy_step(const GreedyStep& step) {
   const int64_t count = int64_t(step.rows.size()), first = position();
   std::vector<float> stacks(static_cast<size_t>(count * step.stack_size));

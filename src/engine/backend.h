@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "engine/sampling.h"
 #include "engine/state.h"
 #include "model/weights.h"
 
@@ -26,6 +27,22 @@ struct TrunkOutputs {
   // index among equal maxima, NaN as std::max_element). Without `logits` a device returns only these ids (4 bytes a
   // row instead of the vocabulary's logits).
   int32_t* greedy = nullptr;
+  // The wanted rows' logits stay on the device for verify_sampled (a backend that samples_on_device()).
+  bool keep_logits = false;
+};
+
+// What sampling on the device needs besides the logits (SequenceBackend::verify_sampled, draft_sampled): the
+// settings, the tokens the penalties look at, the sequence's generator state (engine::Rng), and the stop tokens.
+struct SampleRequest {
+  const SamplingOptions* options = nullptr;
+  const TokenHistory* history = nullptr;
+  uint64_t rng_state = 0;
+  std::span<const int64_t> stops;
+};
+
+struct SampledVerify {
+  std::vector<int32_t> emitted;  // as Decoder::accept emits them
+  int64_t uniforms = 0;          // drawn from the generator
 };
 
 // One greedy verify step (SequenceBackend::greedy_step): verify `rows` = [last token, drafts…], keep the accepted
@@ -77,6 +94,16 @@ class SequenceBackend {
   }
   // Drops the head's cache entries from `position` on.
   virtual void truncate_head(int64_t position) = 0;
+  // Sampling on the device, by the Decoder's rules (engine/sampling.h, speculative.cpp) with its generator's uniforms
+  // in its order, so that no logits cross to the host. verify_sampled: the rows [last, drafts…] of the forward pass
+  // just run with keep_logits, each penalised by request.history plus the drafts before it, verified against the
+  // drafts' distributions from draft_sampled (draft j of the step: index j) or replace_draft. draft_sampled: a draft
+  // drawn from distribution(draft_logits(head_stack)), kept as draft `index`'s q. replace_draft: draft `index`'s q
+  // becomes a point mass at `token` (an overridden draft).
+  virtual bool samples_on_device() const { return false; }
+  virtual SampledVerify verify_sampled(std::span<const int32_t> rows, const SampleRequest& request);
+  virtual int32_t draft_sampled(const float* head_stack, int index, const SampleRequest& request);
+  virtual void replace_draft(int index, int32_t token);
   // One greedy verify step: a recorded trunk pass over step.rows (greedy ids, stacks), the accepted prefix kept
   // (draft r + 1 is accepted while it equals row r's greedy id and that id is no stop; the emitted tokens are the
   // greedy ids up to and including the first mismatch or stop), the rest rolled back, the head over the kept rows

@@ -40,7 +40,7 @@ void TokenHistory::pop(int32_t token) {
 }
 
 double Rng::uniform() {
-  uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+  uint64_t z = (state_ += kIncrement);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   z ^= z >> 31;

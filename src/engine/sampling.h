@@ -63,6 +63,11 @@ class Rng {
  public:
   explicit Rng(uint64_t seed) : state_(seed) {}
   double uniform();  // [0, 1), 53 random bits
+  // The stream's position: a device that draws the next n uniforms itself (cuda/sampling.cuh) starts from state(),
+  // and the host then skips them with advance(n).
+  uint64_t state() const { return state_; }
+  void advance(int64_t n) { state_ += uint64_t(n) * kIncrement; }
+  static constexpr uint64_t kIncrement = 0x9e3779b97f4a7c15ull;
 
  private:
   uint64_t state_;

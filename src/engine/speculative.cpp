@@ -2,11 +2,18 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <string_view>
 
 #include "core/error.h"
 #include "cpu/forward.h"
 
 namespace vavilov {
+
+bool device_sampling_enabled_by_environment() {
+  const char* value = std::getenv("VAVILOV_DEVICE_SAMPLING");
+  return !value || std::string_view(value) != "0";
+}
 
 double SpeculativeStats::mean_accepted() const {
   int64_t total = 0;
@@ -37,7 +44,9 @@ Decoder::Decoder(const Model& model, const GenerateOptions& options, const Specu
       stops_(stop_token_ids(model)),
       rng_(options.sampling.seed),
       drafts_wanted_(speculative.drafts),
-      greedy_ids_(options.sampling.greedy() && !options.sampling.adjusts_logits()) {
+      greedy_ids_(options.sampling.greedy() && !options.sampling.adjusts_logits()),
+      device_sampling_(!options.sampling.greedy() && sequence_->samples_on_device() && !speculative.acceptance_override &&
+                       device_sampling_enabled_by_environment()) {
   validate(options.sampling, c_.vocab_size);
   check(spec_.drafts >= 0 && spec_.drafts <= 3, "--drafts must be 0..3, got {}", spec_.drafts);
   check(spec_.drafts == 0 || model.mtp.has_value(), "{}: speculative decoding needs the MTP head (mtp.* tensors)",
@@ -149,7 +158,6 @@ int32_t Decoder::verify_row(const float* logits, int64_t row) {
 
 std::vector<int32_t> Decoder::accept(const float* logits, const float* stacks) {
   const int64_t count = int64_t(rows_.size()), proposed = count - 1, vocab = c_.vocab_size;
-  const int64_t first = sequence_->position() - count;
   std::vector<int32_t> emitted;
   for (int64_t r = 0; r < count; ++r) {
     const int32_t token = verify_row(logits + r * vocab, r);
@@ -157,6 +165,29 @@ std::vector<int32_t> Decoder::accept(const float* logits, const float* stacks) {
     history_.push(token);
     if (r == proposed || token != rows_[size_t(r) + 1] || is_stop(token)) break;
   }
+  return commit(std::move(emitted), stacks);
+}
+
+// The device's verification of the rows (SequenceBackend::verify_sampled), the Decoder's rule with the same uniforms.
+std::vector<int32_t> Decoder::step_sampled_on_device() {
+  float* stacks = verify_stacks();
+  sequence_->forward(rows_, {true, nullptr, stacks, true, nullptr, true});
+  SampledVerify verified = sequence_->verify_sampled(rows_, sample_request());
+  rng_.advance(verified.uniforms);
+  for (int32_t token : verified.emitted) history_.push(token);
+  return commit(std::move(verified.emitted), stacks);
+}
+
+SampleRequest Decoder::sample_request() const {
+  static const std::vector<int64_t> no_stops;
+  return {&options_.sampling, &history_, rng_.state(), options_.ignore_eos ? no_stops : stops_};
+}
+
+// The verify step's emitted tokens (already in the history): keeps their rows, rolls back the rest, drafts the next
+// step.
+std::vector<int32_t> Decoder::commit(std::vector<int32_t> emitted, const float* stacks) {
+  const int64_t count = int64_t(rows_.size()), proposed = count - 1;
+  const int64_t first = sequence_->position() - count;
   const int64_t accepted = int64_t(emitted.size()) - 1;
   sequence_->keep_rows(first, accepted + 1);
   count_step(proposed, accepted);
@@ -226,6 +257,12 @@ void Decoder::fold_head(const float* trunk_stacks, std::span<const int32_t> next
       add_draft(sequence_->draft_greedy(chain.data()), false, committed + j + 1);
       continue;
     }
+    if (device_sampling_) {
+      const int32_t draft = sequence_->draft_sampled(chain.data(), j, sample_request());
+      rng_.advance(1);
+      add_draft(draft, true, committed + j + 1);
+      continue;
+    }
     sequence_->draft_logits(chain.data(), logits.data());
     add_draft(logits.data(), committed + j + 1);
   }
@@ -251,7 +288,9 @@ void Decoder::add_draft(const float* head_logits, int64_t position) {
 void Decoder::add_draft(int32_t draft, bool sampled, int64_t position) {
   if (spec_.draft_override) {
     const int32_t replaced = spec_.draft_override(position, draft);
-    if (replaced != draft && sampled) {
+    if (replaced != draft && sampled && device_sampling_) {
+      sequence_->replace_draft(int(rows_.size() - 1), replaced);
+    } else if (replaced != draft && sampled) {
       std::vector<double>& q = draft_distribution(rows_.size() - 1);
       q.assign(size_t(c_.vocab_size), 0.0);
       q[size_t(replaced)] = 1.0;
@@ -282,6 +321,7 @@ float* Decoder::verify_stacks() {
 
 std::vector<int32_t> Decoder::step_alone() {
   if (greedy_ids_) return step_greedy();
+  if (device_sampling_) return step_sampled_on_device();
   float* stacks = verify_stacks();
   float* logits = verify_logits();
   sequence_->forward(rows_, {true, logits, stacks, true});

@@ -109,6 +109,9 @@ class Decoder {
   int32_t verify_row(const float* logits, int64_t row);
   void count_step(int64_t proposed, int64_t accepted);
   std::vector<int32_t> step_greedy();
+  std::vector<int32_t> step_sampled_on_device();
+  std::vector<int32_t> commit(std::vector<int32_t> emitted, const float* stacks);
+  SampleRequest sample_request() const;
   void truncate_head(int64_t position);
   const SequenceState& chunk_state();
   bool wants_chunk_state(int64_t end) const;
@@ -131,8 +134,13 @@ class Decoder {
   Rng rng_;                                   // this sequence's own stream: batching cannot change it
   int drafts_wanted_;
   bool greedy_ids_;         // greedy without logit adjustments: the backend returns ids, not logits
+  bool device_sampling_;    // sampling on a backend that samples_on_device(): no logits reach the host
   SequenceState exported_;  // a device backend's state at the last prompt chunk boundary (on_chunk's argument)
 };
+
+// False when the environment sets VAVILOV_DEVICE_SAMPLING=0: a device's sampled steps then download logits and sample
+// on the host (A/B measurements, tests comparing both).
+bool device_sampling_enabled_by_environment();
 
 // Whether a device-resident sequence offers its state to on_chunk at prompt position `end` (a boundary of `chunk`-token
 // chunks before the last chunk of a `prompt_size`-token prompt): after 1, 2, 4, ... chunks and before the last one.
