@@ -1,13 +1,21 @@
 #include <cfloat>
 #include <climits>
 
+#include <cooperative_groups.h>
+
+#include "cuda/launch.cuh"
 #include "cuda/sampling.cuh"
 
 namespace vavilov::cuda {
 
 namespace {
 
-constexpr int kThreads = 1024, kWarps = kThreads / 32, kDigits = 256;
+namespace cg = cooperative_groups;
+
+// A row is one cluster of kCluster blocks of kThreads threads (a multiprocessor each): block `rank` owns the ids
+// [rank·span, (rank + 1)·span), and what the row needs as a whole (a maximum, a sum, a prefix in id order, a digit
+// histogram) is combined over the cluster's shared memory in rank order.
+constexpr int kThreads = 1024, kWarps = kThreads / 32, kDigits = 256, kCluster = 16;
 constexpr unsigned kAll = 0xffffffffu;
 
 // engine::Rng::uniform (SplitMix64, 53 bits): the same doubles in the same order as the host's generator.
@@ -25,15 +33,41 @@ __device__ uint32_t order_key(float logit) {
   return bits & 0x80000000u ? ~bits : bits | 0x80000000u;
 }
 
-// Block-wide reductions and scans over one value a thread, in a fixed order (a butterfly in each warp, then the
-// warps' results in warp order): the same inputs give the same bits whatever the schedule. Every thread calls them.
-struct BlockShared {
-  double values[kWarps];
-  float floats[kWarps];
-  int ints[kWarps];
+// The per-warp digit sums of a radix level, in a fixed order: each warp takes 32 consecutive tokens at a time, the
+// lanes of a digit add up in lane order, and the warps' sums are added in warp order.
+struct MassShared {
+  double warp_digits[kWarps][kDigits];
+  double staged[kWarps][32];
 };
 
-__device__ double block_sum(double v, BlockShared& s) {
+struct Shared {
+  double values[kWarps];
+  double slot, result;           // this block's part of a cluster-wide combine, and the combined value
+  int counts[kDigits];           // this block's digit counts of a radix level
+  double digit_mass[kDigits];    // this block's digit masses of a radix level
+  double digit_totals[kDigits];  // the cluster's (counts or masses)
+  int chosen;
+  MassShared mass;
+};
+
+struct Team {
+  cg::cluster_group cluster;
+  int rank;
+  int64_t begin, end;  // this block's ids
+  Shared& s;
+};
+
+__device__ Team make_team(int64_t vocab, Shared& s) {
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = int(cluster.block_rank());
+  const int64_t span = (vocab + kCluster - 1) / kCluster;
+  const int64_t begin = min(vocab, rank * span);
+  return {cluster, rank, begin, min(vocab, begin + span), s};
+}
+
+// The block's sum of v (a butterfly in each warp, then the warps in warp order): the same bits whatever the
+// schedule; every thread gets it.
+__device__ double block_sum(double v, Shared& s) {
   for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(kAll, v, offset);
   __syncthreads();
   if (threadIdx.x % 32 == 0) s.values[threadIdx.x / 32] = v;
@@ -43,28 +77,8 @@ __device__ double block_sum(double v, BlockShared& s) {
   return total;
 }
 
-__device__ float block_max(float v, BlockShared& s) {
-  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(kAll, v, offset));
-  __syncthreads();
-  if (threadIdx.x % 32 == 0) s.floats[threadIdx.x / 32] = v;
-  __syncthreads();
-  float best = -INFINITY;
-  for (int w = 0; w < kWarps; ++w) best = fmaxf(best, s.floats[w]);
-  return best;
-}
-
-__device__ int block_min(int v, BlockShared& s) {
-  v = __reduce_min_sync(kAll, v);
-  __syncthreads();
-  if (threadIdx.x % 32 == 0) s.ints[threadIdx.x / 32] = v;
-  __syncthreads();
-  int least = INT_MAX;
-  for (int w = 0; w < kWarps; ++w) least = min(least, s.ints[w]);
-  return least;
-}
-
-// The sum of v over the threads before this one.
-__device__ double block_exclusive_scan(double v, BlockShared& s) {
+// The sum of v over the block's threads before this one.
+__device__ double block_exclusive_scan(double v, Shared& s) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   double inclusive = v;
   for (int offset = 1; offset < 32; offset *= 2) {
@@ -79,46 +93,71 @@ __device__ double block_exclusive_scan(double v, BlockShared& s) {
   return before + inclusive - v;
 }
 
-// Thread t's run of ids in id order: [t·chunk, (t+1)·chunk) ∩ [0, vocab).
+// op over the blocks' values in rank order (every value is exact in a double: sums, counts, ids, floats); every
+// thread of the cluster gets it. `upto` < kCluster: only the ranks before it (a prefix).
+template <typename Op>
+__device__ double team_combine(double block_value, Team& t, double first, Op op, int upto = kCluster) {
+  if (threadIdx.x == 0) t.s.slot = block_value;
+  t.cluster.sync();
+  if (threadIdx.x == 0) {
+    double acc = first;
+    for (int r = 0; r < upto; ++r) acc = op(acc, *t.cluster.map_shared_rank(&t.s.slot, r));
+    t.s.result = acc;
+  }
+  t.cluster.sync();
+  return t.s.result;
+}
+
+__device__ double team_sum(double v, Team& t) {
+  return team_combine(block_sum(v, t.s), t, 0.0, [](double a, double b) { return a + b; });
+}
+
+__device__ double team_max(double v, Team& t) {
+  for (int offset = 16; offset > 0; offset /= 2) v = fmax(v, __shfl_xor_sync(kAll, v, offset));
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) t.s.values[threadIdx.x / 32] = v;
+  __syncthreads();
+  double block = -INFINITY;
+  for (int w = 0; w < kWarps; ++w) block = fmax(block, t.s.values[w]);
+  return team_combine(block, t, -INFINITY, [](double a, double b) { return fmax(a, b); });
+}
+
+// The sum of v over the threads before this one in id order (the lower ranks', then this block's).
+__device__ double team_exclusive_scan(double v, Team& t) {
+  const double within = block_exclusive_scan(v, t.s), total = block_sum(v, t.s);
+  return team_combine(total, t, 0.0, [](double a, double b) { return a + b; }, t.rank) + within;
+}
+
+// Thread t's run of the block's ids in id order.
 struct Run {
   int64_t begin, end;
 };
 
-__device__ Run thread_run(int64_t vocab) {
-  const int64_t chunk = (vocab + kThreads - 1) / kThreads;
-  const int64_t begin = min(vocab, int64_t(threadIdx.x) * chunk);
-  return {begin, min(vocab, begin + chunk)};
-}
-
-__device__ int block_max_int(int v, BlockShared& s) {
-  v = __reduce_max_sync(kAll, v);
-  __syncthreads();
-  if (threadIdx.x % 32 == 0) s.ints[threadIdx.x / 32] = v;
-  __syncthreads();
-  int most = INT_MIN;
-  for (int w = 0; w < kWarps; ++w) most = max(most, s.ints[w]);
-  return most;
+__device__ Run thread_run(const Team& t) {
+  const int64_t chunk = (t.end - t.begin + kThreads - 1) / kThreads;
+  const int64_t begin = min(t.end, t.begin + int64_t(threadIdx.x) * chunk);
+  return {begin, min(t.end, begin + chunk)};
 }
 
 // engine::draw over weight(id) with uniform u: the first id (in id order) where the running sum passes u · total; the
 // last id of positive weight when rounding leaves the target past the end. The run that holds the target is the last
-// run of positive weight starting at or before it (one run, whatever the scan's rounding). Every thread calls it; all
-// get the id.
+// run of positive weight starting at or before it (one run, whatever the scans' rounding). Every thread of the
+// cluster calls it; all get the id.
 template <typename Weight>
-__device__ int32_t block_draw(const Weight& weight, int64_t vocab, double u, BlockShared& s, int* chosen) {
-  const Run run = thread_run(vocab);
+__device__ int32_t team_draw(const Weight& weight, double u, Team& t) {
+  const Run run = thread_run(t);
   double local = 0;
   for (int64_t i = run.begin; i < run.end; ++i) {
     const double w = weight(i);
     if (w > 0) local += w;
   }
-  const double target = u * block_sum(local, s);
-  const double before = block_exclusive_scan(local, s);
-  if (threadIdx.x == 0) *chosen = -1;
-  const int owner = block_max_int(local > 0 && before <= target ? int(threadIdx.x) : -1, s);
-  if (int(threadIdx.x) == owner) {
+  const double target = u * team_sum(local, t);
+  const double before = team_exclusive_scan(local, t);
+  const int mine = local > 0 && before <= target ? t.rank * kThreads + int(threadIdx.x) : -1;
+  const int owner = int(team_max(double(mine), t));
+  int64_t pick = -1;
+  if (mine == owner && owner >= 0) {
     double left = target - before;
-    int64_t pick = -1;
     for (int64_t i = run.begin; i < run.end; ++i) {
       const double w = weight(i);
       if (w <= 0) continue;
@@ -126,62 +165,88 @@ __device__ int32_t block_draw(const Weight& weight, int64_t vocab, double u, Blo
       if (left < w) break;
       left -= w;
     }
-    *chosen = int(pick);
   }
-  __syncthreads();
-  const int pick = *chosen;
-  __syncthreads();
-  return pick;
+  return int32_t(team_max(double(pick), t));
 }
 
-struct SelectShared {
-  BlockShared block;
-  int counts[kDigits];
-  double digit_mass[kDigits];
-  uint32_t prefix;
-  int64_t above_count;
-  double above_mass;
-  int chosen;
-};
-
-// The key K of the k-th token in the filters' order and how many tokens have a larger key (radix select, 8 bits a
-// level, counts added by shared atomics: integers, so in any order).
-__device__ void select_kth_key(const float* adjusted, int64_t vocab, int64_t k, SelectShared& s) {
+// Radix select over the row's keys, 8 bits a level from the top: at each level the block histograms the digit of the
+// keys that match the chosen prefix (count: tokens; else their weight), the cluster adds the blocks' histograms in
+// rank order, and choose(totals) picks the digit (the same in every block: the same sums). Returns the key.
+template <bool Count, typename Choose>
+__device__ uint32_t radix_select(const float* adjusted, const double* weight, Team& t, const Choose& choose) {
+  Shared& s = t.s;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   uint32_t prefix = 0, mask = 0;
-  int64_t above = 0;
   for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int d = threadIdx.x; d < kDigits; d += kThreads) s.counts[d] = 0;
-    __syncthreads();
-    for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
-      const uint32_t key = order_key(adjusted[i]);
-      if ((key & mask) == prefix) atomicAdd(&s.counts[(key >> shift) & 0xff], 1);
+    if constexpr (Count) {
+      for (int d = threadIdx.x; d < kDigits; d += kThreads) s.counts[d] = 0;
+      __syncthreads();
+      for (int64_t i = t.begin + threadIdx.x; i < t.end; i += kThreads) {
+        const uint32_t key = order_key(adjusted[i]);
+        if ((key & mask) == prefix) atomicAdd(&s.counts[(key >> shift) & 0xff], 1);  // integers: any order
+      }
+      __syncthreads();
+    } else {
+      for (int d = lane; d < kDigits; d += 32) s.mass.warp_digits[warp][d] = 0;
+      __syncwarp();
+      for (int64_t base = t.begin + int64_t(warp) * 32; base < t.end; base += kThreads) {
+        const int64_t i = base + lane;
+        int digit = -1;
+        double w = 0;
+        if (i < t.end) {
+          const uint32_t key = order_key(adjusted[i]);
+          w = weight[i];
+          if ((key & mask) == prefix && w > 0) digit = int((key >> shift) & 0xff);
+        }
+        s.mass.staged[warp][lane] = w;
+        __syncwarp();
+        const unsigned peers = __match_any_sync(kAll, digit);
+        if (digit >= 0 && lane == __ffs(peers) - 1) {
+          double sum = 0;
+          for (unsigned rest = peers; rest; rest &= rest - 1) sum += s.mass.staged[warp][__ffs(rest) - 1];
+          s.mass.warp_digits[warp][digit] += sum;
+        }
+        __syncwarp();
+      }
+      __syncthreads();
+      for (int d = threadIdx.x; d < kDigits; d += kThreads) {
+        double sum = 0;
+        for (int w = 0; w < kWarps; ++w) sum += s.mass.warp_digits[w][d];
+        s.digit_mass[d] = sum;
+      }
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int d = kDigits - 1;
-      while (d > 0 && above + s.counts[d] < k) above += s.counts[d--];
-      s.chosen = d;
-      s.above_count = above;
+    t.cluster.sync();
+    for (int d = threadIdx.x; d < kDigits; d += kThreads) {
+      double total = 0;
+      for (int r = 0; r < kCluster; ++r)
+        total += Count ? double(*t.cluster.map_shared_rank(&s.counts[d], r))
+                       : *t.cluster.map_shared_rank(&s.digit_mass[d], r);
+      s.digit_totals[d] = total;
     }
+    t.cluster.sync();  // every block has read the others' histograms, which the next level overwrites
+    if (threadIdx.x == 0) s.chosen = choose(s.digit_totals);
     __syncthreads();
     prefix |= uint32_t(s.chosen) << shift;
     mask |= 0xffu << shift;
-    above = s.above_count;
     __syncthreads();
   }
-  if (threadIdx.x == 0) s.prefix = prefix;
-  __syncthreads();
+  return prefix;
 }
 
-// Top-k: zero weight for every token past the k first (keys above K, then the `need` lowest ids of key K).
-__device__ void keep_first_k(const float* adjusted, double* weight, int64_t vocab, int64_t k, SelectShared& s) {
-  select_kth_key(adjusted, vocab, k, s);
-  const uint32_t cut = s.prefix;
-  const int64_t need = k - s.above_count;
-  const Run run = thread_run(vocab);
+// Top-k: zero weight for every token past the k first (keys above the k-th's, then its key's lowest ids).
+__device__ void keep_first_k(const float* adjusted, double* weight, int64_t k, Team& t) {
+  double above = 0;  // tokens with a larger key than the chosen prefix's, over the levels so far
+  const uint32_t cut = radix_select<true>(adjusted, weight, t, [&](const double* counts) {
+    int d = kDigits - 1;
+    while (d > 0 && above + counts[d] < double(k)) above += counts[d--];
+    return d;
+  });
+  // `above` lives in thread 0, which chose: share it.
+  const int64_t need = k - int64_t(team_max(threadIdx.x == 0 ? above : -1.0, t));
+  const Run run = thread_run(t);
   double ties = 0;
   for (int64_t i = run.begin; i < run.end; ++i) ties += order_key(adjusted[i]) == cut;
-  int64_t rank = int64_t(block_exclusive_scan(ties, s.block));  // exact: counts far below 2^53
+  int64_t rank = int64_t(team_exclusive_scan(ties, t));  // exact: counts far below 2^53
   for (int64_t i = run.begin; i < run.end; ++i) {
     const uint32_t key = order_key(adjusted[i]);
     if (key < cut || (key == cut && rank++ >= need)) weight[i] = 0;
@@ -189,83 +254,34 @@ __device__ void keep_first_k(const float* adjusted, double* weight, int64_t voca
   __syncthreads();
 }
 
-// The per-warp digit sums of one level, in a fixed order: each warp takes 32 consecutive tokens at a time, the lanes
-// of a digit add up in lane order, and the warps' sums are added in warp order.
-struct MassShared {
-  double warp_digits[kWarps][kDigits];
-  double staged[kWarps][32];
-};
-
-// Top-p: keeps the shortest prefix (in the filters' order) whose weight reaches `target`, zero weight elsewhere.
-// Radix by mass: each level picks the digit where the running mass (from the largest key down) reaches the target;
-// the tokens of the final key are walked in id order.
-__device__ void keep_mass(const float* adjusted, double* weight, int64_t vocab, double target, SelectShared& s,
-                          MassShared& m) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  uint32_t prefix = 0, mask = 0;
+// Top-p: keeps the shortest prefix (in the filters' order) whose weight reaches `target`, zero weight elsewhere. Each
+// level picks the digit where the running mass (from the largest key down) reaches the target (should rounding keep
+// it below everywhere, the lowest digit that holds weight: everything is then kept down to it); the tokens of the
+// final key are walked in id order.
+__device__ void keep_mass(const float* adjusted, double* weight, double target, Team& t) {
   double above = 0;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int d = lane; d < kDigits; d += 32) m.warp_digits[warp][d] = 0;
-    __syncwarp();
-    for (int64_t base = int64_t(warp) * 32; base < vocab; base += kThreads) {
-      const int64_t i = base + lane;
-      int digit = -1;
-      double w = 0;
-      if (i < vocab) {
-        const uint32_t key = order_key(adjusted[i]);
-        w = weight[i];
-        if ((key & mask) == prefix && w > 0) digit = int((key >> shift) & 0xff);
+  const uint32_t cut = radix_select<false>(adjusted, weight, t, [&](const double* mass) {
+    int lowest = kDigits - 1;
+    for (int e = 0; e < kDigits; ++e)
+      if (mass[e] > 0) {
+        lowest = e;
+        break;
       }
-      m.staged[warp][lane] = w;
-      __syncwarp();
-      const unsigned peers = __match_any_sync(kAll, digit);
-      if (digit >= 0 && lane == __ffs(peers) - 1) {
-        double sum = 0;
-        for (unsigned rest = peers; rest; rest &= rest - 1) sum += m.staged[warp][__ffs(rest) - 1];
-        m.warp_digits[warp][digit] += sum;
-      }
-      __syncwarp();
-    }
-    __syncthreads();
-    for (int d = threadIdx.x; d < kDigits; d += kThreads) {
-      double sum = 0;
-      for (int w = 0; w < kWarps; ++w) sum += m.warp_digits[w][d];
-      s.digit_mass[d] = sum;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      // The digit where the running mass reaches the target; should rounding keep it below everywhere, the lowest
-      // digit that holds weight (everything is then kept down to it).
-      double running = above;
-      int d = kDigits - 1, lowest = -1;
-      for (int e = 0; e < kDigits; ++e)
-        if (s.digit_mass[e] > 0) {
-          lowest = e;
-          break;
-        }
-      while (d > 0 && running + s.digit_mass[d] < target) {
-        if (d == lowest) break;
-        running += s.digit_mass[d--];
-      }
-      s.chosen = d;
-      s.above_mass = running;
-    }
-    __syncthreads();
-    prefix |= uint32_t(s.chosen) << shift;
-    mask |= 0xffu << shift;
-    above = s.above_mass;
-    __syncthreads();
-  }
-  const Run run = thread_run(vocab);
+    int d = kDigits - 1;
+    while (d > lowest && above + mass[d] < target) above += mass[d--];
+    return d;
+  });
+  double kept = team_max(threadIdx.x == 0 ? above : -1.0, t);
+  const Run run = thread_run(t);
   double tie_mass = 0;
   for (int64_t i = run.begin; i < run.end; ++i)
-    if (order_key(adjusted[i]) == prefix) tie_mass += weight[i];
-  double kept = above + block_exclusive_scan(tie_mass, s.block);
+    if (order_key(adjusted[i]) == cut) tie_mass += weight[i];
+  kept += team_exclusive_scan(tie_mass, t);
   for (int64_t i = run.begin; i < run.end; ++i) {
     const uint32_t key = order_key(adjusted[i]);
-    if (key < prefix) {
+    if (key < cut) {
       weight[i] = 0;
-    } else if (key == prefix) {
+    } else if (key == cut) {
       if (kept < target)
         kept += weight[i];
       else
@@ -283,68 +299,61 @@ __device__ float adjust(float logit, const LogitAdjustment& a, const float* bias
   return logit;
 }
 
-struct DistributionShared {
-  SelectShared select;
-  MassShared mass;
-};
-
 __global__ void __launch_bounds__(kThreads, 1)
     distribution_kernel(DistributionRows rows, int64_t vocab, DeviceSamplingOptions o) {
   extern __shared__ unsigned char raw[];
-  DistributionShared& s = *reinterpret_cast<DistributionShared*>(raw);
-  BlockShared& block = s.select.block;
-  const int r = blockIdx.x;
+  Team t = make_team(vocab, *reinterpret_cast<Shared*>(raw));
+  const int r = blockIdx.x / kCluster;
   const float* logits = rows.logits + r * rows.logits_stride;
   float* adjusted = rows.adjusted + r * vocab;
   double* weight = rows.probs + r * vocab;
-  for (int64_t i = threadIdx.x; i < vocab; i += kThreads) adjusted[i] = logits[i];
+  for (int64_t i = t.begin + threadIdx.x; i < t.end; i += kThreads) adjusted[i] = logits[i];
   __syncthreads();
   for (int e = rows.row_begin[r] + threadIdx.x; e < rows.row_begin[r + 1]; e += kThreads) {
     const LogitAdjustment a = rows.adjustments[e];
-    adjusted[a.id] = adjust(adjusted[a.id], a, rows.biases, o);
+    if (a.id >= t.begin && a.id < t.end) adjusted[a.id] = adjust(adjusted[a.id], a, rows.biases, o);
   }
   __syncthreads();
   float top = -INFINITY;
-  int nan = INT_MAX;
-  for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
+  double nan = INFINITY;
+  for (int64_t i = t.begin + threadIdx.x; i < t.end; i += kThreads) {
     const float x = adjusted[i];
-    if (x != x) nan = min(nan, int(i));
+    if (x != x) nan = fmin(nan, double(i));
     top = fmaxf(top, x);
   }
-  nan = block_min(nan, block);
-  top = block_max(top, block);
-  if (nan != INT_MAX || top == -INFINITY) {
-    if (threadIdx.x == 0) rows.status[r] = nan != INT_MAX ? nan : kSampleAllBanned;
+  nan = -team_max(-nan, t);
+  top = float(team_max(top, t));
+  if (nan != INFINITY || top == -INFINITY) {
+    if (t.rank == 0 && threadIdx.x == 0) rows.status[r] = nan != INFINITY ? int32_t(nan) : kSampleAllBanned;
     return;
   }
   // Weight 1 marks a survivor of top-k until the weights replace the marks; top-k keeps the largest logit.
-  for (int64_t i = threadIdx.x; i < vocab; i += kThreads) weight[i] = 1;
+  for (int64_t i = t.begin + threadIdx.x; i < t.end; i += kThreads) weight[i] = 1;
   __syncthreads();
-  if (o.top_k > 0 && o.top_k < vocab) keep_first_k(adjusted, weight, vocab, o.top_k, s.select);
+  if (o.top_k > 0 && o.top_k < vocab) keep_first_k(adjusted, weight, o.top_k, t);
   double local = 0;
-  for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
+  for (int64_t i = t.begin + threadIdx.x; i < t.end; i += kThreads) {
     double w = weight[i];
     if (w > 0) w = exp((double(adjusted[i]) - top) / o.temperature);
     weight[i] = w;
     local += w;
   }
-  const double total = block_sum(local, block);
-  __syncthreads();
-  if (o.top_p < 1) keep_mass(adjusted, weight, vocab, double(o.top_p) * total, s.select, s.mass);
+  const double total = team_sum(local, t);
+  if (o.top_p < 1) keep_mass(adjusted, weight, double(o.top_p) * total, t);
   local = 0;
-  for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
+  for (int64_t i = t.begin + threadIdx.x; i < t.end; i += kThreads) {
     double w = weight[i];
     if (w < double(o.min_p)) weight[i] = w = 0;  // · the largest weight, exp(0) = 1
     local += w;
   }
-  const double kept = block_sum(local, block);
+  const double kept = team_sum(local, t);
   if (!(kept > 0 && kept <= DBL_MAX)) {
-    if (threadIdx.x == 0) rows.status[r] = kSampleNoMass;
+    if (t.rank == 0 && threadIdx.x == 0) rows.status[r] = kSampleNoMass;
     return;
   }
   const double scale = 1 / kept;
-  for (int64_t i = threadIdx.x; i < vocab; i += kThreads) weight[i] *= scale;
-  if (threadIdx.x == 0) rows.status[r] = kSampleOk;
+  for (int64_t i = t.begin + threadIdx.x; i < t.end; i += kThreads) weight[i] *= scale;
+  if (t.rank == 0 && threadIdx.x == 0) rows.status[r] = kSampleOk;
 }
 
 __device__ bool is_stop(int32_t token, const int64_t* stops, int count) {
@@ -356,8 +365,8 @@ __device__ bool is_stop(int32_t token, const int64_t* stops, int count) {
 __global__ void __launch_bounds__(kThreads, 1)
     verify_kernel(const double* p, const double* q, const int32_t* tokens, int rows, int64_t vocab,
                   const int64_t* stops, int stop_count, uint64_t state, SampledVerifyOutcome* outcome) {
-  __shared__ BlockShared block;
-  __shared__ int chosen;
+  extern __shared__ unsigned char raw[];
+  Team t = make_team(vocab, *reinterpret_cast<Shared*>(raw));
   int used = 0, r = 0;
   for (;; ++r) {
     const double* pr = p + r * vocab;
@@ -371,31 +380,28 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (!(next_uniform(state) < keep)) {
         const auto residual = [&](int64_t i) { return fmax(0.0, pr[i] - qr[i]); };
         double local = 0;
-        const Run run = thread_run(vocab);
-        for (int64_t i = run.begin; i < run.end; ++i) local += residual(i);
-        const bool empty = !(block_sum(local, block) > 0);
+        for (int64_t i = t.begin + threadIdx.x; i < t.end; i += kThreads) local += residual(i);
+        const bool empty = !(team_sum(local, t) > 0);
         ++used;
         const double u = next_uniform(state);
-        token = empty ? block_draw([&](int64_t i) { return pr[i]; }, vocab, u, block, &chosen)
-                      : block_draw(residual, vocab, u, block, &chosen);
+        token = empty ? team_draw([&](int64_t i) { return pr[i]; }, u, t) : team_draw(residual, u, t);
       }
     } else {
       ++used;
-      token = block_draw([&](int64_t i) { return pr[i]; }, vocab, next_uniform(state), block, &chosen);
+      token = team_draw([&](int64_t i) { return pr[i]; }, next_uniform(state), t);
     }
-    if (threadIdx.x == 0) outcome->emitted[r] = token;
+    if (t.rank == 0 && threadIdx.x == 0) outcome->emitted[r] = token;
     if (r + 1 == rows || token != tokens[r + 1] || is_stop(token, stops, stop_count)) break;
   }
-  if (threadIdx.x == 0) outcome->kept = r + 1, outcome->uniforms = used;
+  if (t.rank == 0 && threadIdx.x == 0) outcome->kept = r + 1, outcome->uniforms = used;
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
     draw_kernel(const double* probs, int64_t vocab, uint64_t state, int32_t* token) {
-  __shared__ BlockShared block;
-  __shared__ int chosen;
-  const int32_t pick =
-      block_draw([&](int64_t i) { return probs[i]; }, vocab, next_uniform(state), block, &chosen);
-  if (threadIdx.x == 0) *token = pick;
+  extern __shared__ unsigned char raw[];
+  Team t = make_team(vocab, *reinterpret_cast<Shared*>(raw));
+  const int32_t pick = team_draw([&](int64_t i) { return probs[i]; }, next_uniform(state), t);
+  if (t.rank == 0 && threadIdx.x == 0) *token = pick;
 }
 
 __global__ void point_mass_kernel(double* probs, int64_t vocab, int32_t token) {
@@ -403,31 +409,39 @@ __global__ void point_mass_kernel(double* probs, int64_t vocab, int32_t token) {
     probs[i] = i == token ? 1.0 : 0.0;
 }
 
+// Each kernel in clusters of kCluster blocks (16: above the portable 8, so allowed explicitly) with Shared in
+// dynamic shared memory.
+template <typename... Params, typename... Args>
+cudaError_t launch_rows(void (*kernel)(Params...), int rows, cudaStream_t stream, Args&&... args) {
+  static const cudaError_t allowed = [kernel] {
+    const cudaError_t a = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    const cudaError_t b =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Shared)));
+    return a != cudaSuccess ? a : b;
+  }();
+  if (allowed != cudaSuccess) return allowed;
+  return launch_clustered(kernel, dim3(unsigned(rows * kCluster)), dim3(kThreads), sizeof(Shared), stream,
+                          dim3(kCluster, 1, 1), false, std::forward<Args>(args)...);
+}
+
 }  // namespace
 
 cudaError_t sample_distributions(const DistributionRows& rows, int count, int64_t vocab,
                                  const DeviceSamplingOptions& options, cudaStream_t stream) {
   if (count <= 0 || vocab <= 0 || vocab > INT_MAX || !(options.temperature > 0)) return cudaErrorInvalidValue;
-  constexpr size_t shared = sizeof(DistributionShared);
-  static const cudaError_t opted_in =
-      cudaFuncSetAttribute(distribution_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared));
-  if (opted_in != cudaSuccess) return opted_in;
-  distribution_kernel<<<count, kThreads, shared, stream>>>(rows, vocab, options);
-  return cudaGetLastError();
+  return launch_rows(distribution_kernel, count, stream, rows, vocab, options);
 }
 
 cudaError_t sampled_verify(const double* p, const double* q, const int32_t* tokens, int rows, int64_t vocab,
                            const int64_t* stops, int stop_count, uint64_t rng_state, SampledVerifyOutcome* outcome,
                            cudaStream_t stream) {
   if (rows < 1 || rows > 4 || vocab <= 0 || vocab > INT_MAX) return cudaErrorInvalidValue;
-  verify_kernel<<<1, kThreads, 0, stream>>>(p, q, tokens, rows, vocab, stops, stop_count, rng_state, outcome);
-  return cudaGetLastError();
+  return launch_rows(verify_kernel, 1, stream, p, q, tokens, rows, vocab, stops, stop_count, rng_state, outcome);
 }
 
 cudaError_t sampled_draw(const double* probs, int64_t vocab, uint64_t rng_state, int32_t* token, cudaStream_t stream) {
   if (vocab <= 0 || vocab > INT_MAX) return cudaErrorInvalidValue;
-  draw_kernel<<<1, kThreads, 0, stream>>>(probs, vocab, rng_state, token);
-  return cudaGetLastError();
+  return launch_rows(draw_kernel, 1, stream, probs, vocab, rng_state, token);
 }
 
 cudaError_t point_mass(double* probs, int64_t vocab, int32_t token, cudaStream_t stream) {
