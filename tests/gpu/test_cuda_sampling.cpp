@@ -142,8 +142,37 @@ void expect_distributions_match_the_host(int64_t vocab) {
 
 TEST_F(DeviceSampling, DistributionsMatchTheHostAtFlashNextsVocabulary) { expect_distributions_match_the_host(248320); }
 
-// The same on rows short enough for racecheck (every filter's shared-memory path on few tokens).
 TEST_F(DeviceSampling, DistributionsMatchTheHostOnShortRows) { expect_distributions_match_the_host(1500); }
+
+// Few launches for racecheck: one short row with exact ties through top-k, top-p and min-p with a bias and a penalty,
+// then a draft from it and a two-row verify step through DeviceSampler (every kernel and shared-memory path).
+TEST_F(DeviceSampling, EveryKernelOnAShortRow) {
+  constexpr int64_t kVocab = 1500;
+  const std::vector<float> logits = logit_rows(kVocab, 5)[1];
+  SamplingOptions o;
+  o.temperature = 0.8f, o.top_k = 400, o.top_p = 0.9f, o.min_p = 0.01f, o.presence_penalty = 0.5f;
+  o.logit_bias = {{3, 2.0f}};
+  TokenHistory history;
+  history.push(11);
+  std::vector<int32_t> status;
+  const std::vector<double> want = distribution(logits.data(), kVocab, o, history);
+  EXPECT_EQ(mismatches(device_distribution(logits, o, history, status), want), 0u);
+  cuda::StepRunner runner(1 << 20, 1 << 20, false);
+  cuda::DeviceSampler sampler(kVocab);
+  DeviceAllocation d_logits = upload(std::vector<float>(logits.begin(), logits.end()), "logits");
+  std::vector<float> two(logits);
+  two.insert(two.end(), logits.begin(), logits.end());
+  DeviceAllocation d_two = upload(two, "logits");
+  Rng host(3);
+  const int32_t draft = sampler.draft(static_cast<const float*>(d_logits.get()), 0, {&o, &history, host.state(), {}},
+                                      runner);
+  EXPECT_EQ(draft, draw(want, host));
+  const std::vector<int32_t> rows{1, draft};
+  const SampledVerify verified =
+      sampler.verify(static_cast<const float*>(d_two.get()), rows, {&o, &history, host.state(), {}}, runner);
+  EXPECT_EQ(verified.emitted.front(), draft);  // the trunk's distribution is the draft's: always accepted
+  EXPECT_EQ(verified.emitted.size(), 2u);
+}
 
 TEST_F(DeviceSampling, BadRowsReportTheHostsErrors) {
   SamplingOptions o;
