@@ -6,7 +6,6 @@
 #include <cmath>
 #include <fstream>
 #include <numeric>
-#include <random>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -14,6 +13,7 @@
 #include "engine/sampling.h"
 #include "engine/speculative.h"
 #include "fixture_paths.h"
+#include "sampling_rows.h"
 #include "model/weights.h"
 
 namespace vavilov {
@@ -225,21 +225,10 @@ std::vector<double> full_sort_distribution(const std::vector<float>& logits, con
   return weight;
 }
 
-// At Flash-Next's vocabulary: spread logits, logits on a coarse grid (many exact ties, crowded buckets, the cuts inside
-// them), all equal, banned tokens, and a tail whose weights underflow to 0; every filter and their combinations.
+// At Flash-Next's vocabulary, on tests/sampling_rows.h's rows: every filter and their combinations.
 TEST(Sampling, LargeVocabularyFiltersMatchAFullSort) {
   constexpr int64_t kVocab = 248320;
-  std::mt19937 generator(11);
-  std::normal_distribution<float> normal(0.0f, 3.0f);
-  std::vector<std::vector<float>> cases(5, std::vector<float>(size_t(kVocab)));
-  for (int64_t i = 0; i < kVocab; ++i) {
-    const float x = normal(generator);
-    cases[0][size_t(i)] = x;
-    cases[1][size_t(i)] = std::round(x * 2) / 2;
-    cases[2][size_t(i)] = 1.5f;
-    cases[3][size_t(i)] = i % 3 ? -INFINITY : x;
-    cases[4][size_t(i)] = i % 1000 ? x - 2000.0f : x;
-  }
+  const std::vector<std::vector<float>> cases = test::sampling_rows(kVocab, 11);
   struct Filters {
     float temperature, top_p, min_p;
     int top_k;

@@ -17,6 +17,7 @@
 #include "decoded.h"
 #include "engine/sampling.h"
 #include "fixture_paths.h"
+#include "sampling_rows.h"
 #include "model/weights.h"
 
 namespace vavilov {
@@ -42,23 +43,6 @@ std::vector<T> download(const void* device, size_t count) {
   std::vector<T> host(count);
   cuda::cuda_check(cudaMemcpy(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost), "download");
   return host;
-}
-
-// Rows of logits: spread, on a coarse grid (exact ties, the cuts inside them), all equal, two thirds banned, and a
-// tail whose weights underflow.
-std::vector<std::vector<float>> logit_rows(int64_t vocab, uint32_t seed) {
-  std::mt19937 generator(seed);
-  std::normal_distribution<float> normal(0.0f, 3.0f);
-  std::vector<std::vector<float>> rows(5, std::vector<float>(size_t(vocab)));
-  for (int64_t i = 0; i < vocab; ++i) {
-    const float x = normal(generator);
-    rows[0][size_t(i)] = x;
-    rows[1][size_t(i)] = std::round(x * 2) / 2;
-    rows[2][size_t(i)] = 1.5f;
-    rows[3][size_t(i)] = i % 3 ? -INFINITY : x;
-    rows[4][size_t(i)] = i % 1000 ? x - 2000.0f : x;
-  }
-  return rows;
 }
 
 struct Filters {
@@ -115,7 +99,7 @@ size_t mismatches(const std::vector<double>& got, const std::vector<double>& wan
 }
 
 void expect_distributions_match_the_host(int64_t vocab) {
-  const std::vector<std::vector<float>> rows = logit_rows(vocab, 11);
+  const std::vector<std::vector<float>> rows = test::sampling_rows(vocab, 11);
   TokenHistory history;
   std::vector<int32_t> prompt;
   for (int32_t i = 0; i < 300; ++i) prompt.push_back(i * 811 % int32_t(vocab));
@@ -148,7 +132,7 @@ TEST_F(DeviceSampling, DistributionsMatchTheHostOnShortRows) { expect_distributi
 // then a draft from it and a two-row verify step through DeviceSampler (every kernel and shared-memory path).
 TEST_F(DeviceSampling, EveryKernelOnAShortRow) {
   constexpr int64_t kVocab = 1500;
-  const std::vector<float> logits = logit_rows(kVocab, 5)[1];
+  const std::vector<float> logits = test::sampling_rows(kVocab, 5)[1];
   SamplingOptions o;
   o.temperature = 0.8f, o.top_k = 400, o.top_p = 0.9f, o.min_p = 0.01f, o.presence_penalty = 0.5f;
   o.logit_bias = {{3, 2.0f}};
@@ -189,7 +173,7 @@ TEST_F(DeviceSampling, BadRowsReportTheHostsErrors) {
 // draw() on the host and the device's draw over the same probabilities, with the same uniforms.
 TEST_F(DeviceSampling, DrawsMatchTheHostWithTheSameUniforms) {
   for (int64_t vocab : {int64_t(3), int64_t(1000), int64_t(248320)}) {
-    const std::vector<float> logits = logit_rows(vocab, 3)[1];
+    const std::vector<float> logits = test::sampling_rows(vocab, 3)[1];
     SamplingOptions o;
     o.temperature = 1.5f;
     const std::vector<double> probs = distribution(logits.data(), vocab, o, {});
@@ -241,14 +225,14 @@ TEST_F(DeviceSampling, VerifyStepsMatchTheDecodersRule) {
   cuda::StepRunner runner(1 << 20, 1 << 20, false);
   cuda::DeviceSampler sampler(kVocab);
   SamplingOptions o;
-  o.temperature = 0.9f, o.top_k = 300, o.top_p = 0.97f, o.presence_penalty = 0.7f, o.logit_bias = {{5, 1.0f}};
+  o.temperature = 0.9f, o.top_k = 300, o.top_p = 0.97f, o.presence_penalty = 0.7f, o.logit_bias = {{5, 3.0f}};
   TokenHistory history;
   history.add_prompt(std::vector<int32_t>{1, 2, 3, 5});
-  const std::vector<int64_t> stops{17};
+  const std::vector<int64_t> stops{17, 5};  // 5 is biased up: steps that end at a stop
   std::mt19937 generator(4);
   std::normal_distribution<float> normal(0.0f, 1.5f);
   DeviceAllocation d_logits = device_alloc(size_t(4 * kVocab) * 4, "logits");
-  int accepted = 0, rejected = 0;
+  int accepted = 0, rejected = 0, stopped = 0;
   for (int step = 0; step < 200; ++step) {
     const int drafts = step % 4;
     std::vector<float> draft_logits(static_cast<size_t>(kVocab)), logits(static_cast<size_t>((drafts + 1) * kVocab));
@@ -290,9 +274,11 @@ TEST_F(DeviceSampling, VerifyStepsMatchTheDecodersRule) {
     ASSERT_EQ(got.uniforms, want.uniforms) << "step " << step;
     accepted += int(want.emitted.size()) - 1;
     rejected += want.emitted.size() < rows.size();
+    stopped += std::count(stops.begin(), stops.end(), want.emitted.back()) > 0;
   }
-  EXPECT_GT(accepted, 50);  // both branches of the rule ran many times
+  EXPECT_GT(accepted, 50);  // both branches of the rule ran many times, and steps ended at a stop
   EXPECT_GT(rejected, 50);
+  EXPECT_GT(stopped, 3);
 }
 
 // Whole decodings through the Decoder: the device's sampling against the same GPU's logits sampled on the host
