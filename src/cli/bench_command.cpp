@@ -139,7 +139,11 @@ void run_bench(const BenchArgs& args) {
       {"trunk_row", {{"greedy_ids", s.row_greedy_ms}, {"device", s.row_device_ms}, {"host", s.row_host_ms}}},
       {"trunk_4_rows",
        {{"greedy_ids", s.verify4_greedy_ms}, {"device", s.verify4_device_ms}, {"host", s.verify4_host_ms}}},
-      {"draft", {{"greedy_ids", s.draft_greedy_ms}, {"device", s.draft_device_ms}, {"host", s.draft_host_ms}}}};
+      {"draft", {{"greedy_ids", s.draft_greedy_ms}, {"device", s.draft_device_ms}, {"host", s.draft_host_ms}}},
+      {"step_3_drafts",
+       {{"greedy_fused", s.step3_greedy_ms},
+        {"sampled_fused", s.step3_sampled_fused_ms},
+        {"sampled_calls", s.step3_sampled_calls_ms}}}};
   nlohmann::json prefill;
   for (const auto& [length, speed] : r.prefill_tokens_per_second) prefill[std::to_string(length)] = speed;
   out["prefill_tok_s"] = prefill;

@@ -220,15 +220,60 @@ static SamplingMeasurement measure_sampling(const SequenceFactory& sequences, co
                      rows == 1 ? &m.row_host_ms : &m.verify4_host_ms};
     for (int mode = 0; mode < 3; ++mode) *ms[mode] = mean_ms(options.decode_steps, [&] { pass(rows, mode); });
   }
-  if (has_head) {
-    const float* head = buffers.head.data();
-    m.draft_greedy_ms = mean_ms(options.decode_steps, [&] { seq->draft_greedy(head); });
-    m.draft_device_ms = mean_ms(options.decode_steps, [&] { seq->draft_sampled(head, 0, request); });
-    m.draft_host_ms = mean_ms(options.decode_steps, [&] {
-      seq->draft_logits(head, logits.data());
-      host_sample(1);
+  if (!has_head) return m;
+  const float* head = buffers.head.data();
+  m.draft_greedy_ms = mean_ms(options.decode_steps, [&] { seq->draft_greedy(head); });
+  m.draft_device_ms = mean_ms(options.decode_steps, [&] { seq->draft_sampled(head, 0, request); });
+  m.draft_host_ms = mean_ms(options.decode_steps, [&] {
+    seq->draft_logits(head, logits.data());
+    host_sample(1);
+  });
+  // Whole 3-draft steps, each verifying the drafts the step before proposed (rejections as they come): the greedy
+  // fused step, the sampled one fused (sampled_step), and the sampled one as the Decoder's calls.
+  constexpr int kDrafts = 3;
+  GreedyStep step;
+  step.stack_size = c.hc_hidden();
+  step.head = true;
+  step.drafts = step.drafts_after_rejection = kDrafts;
+  const int64_t sh = c.hc_hidden();
+  std::vector<float> chain(static_cast<size_t>(sh)), chained(chain.size());
+  auto steps = [&](int mode) {  // 0: greedy fused, 1: sampled fused, 2: sampled through the calls
+    auto s = sequences();
+    start_sequence(*s, c, options.context, true, rng, buffers);
+    std::vector<int32_t> rows = random_ids(kDrafts + 1, vocab, rng);
+    step.rows = rows;
+    SampledStepResult fused;
+    if (mode == 1 && !s->sampled_step(step, request, fused)) return 0.0;  // not fused for this model (0 in the JSON)
+    return mean_ms(options.decode_steps, [&] {
+      step.rows = rows;
+      if (mode == 0) fused.step = s->greedy_step(step);
+      if (mode == 1) s->sampled_step(step, request, fused);
+      if (mode < 2) {
+        rows = {fused.step.emitted.back()};
+        rows.insert(rows.end(), fused.step.drafts.begin(), fused.step.drafts.end());
+        return;
+      }
+      const int64_t first = s->position();
+      s->forward(rows, {true, nullptr, buffers.stacks.data(), true, nullptr, true});
+      const std::vector<int32_t> emitted = s->verify_sampled(rows, request).emitted;
+      s->keep_rows(first, int64_t(emitted.size()));
+      const int64_t committed = s->position();
+      s->truncate_head(committed - int64_t(emitted.size()));
+      s->mtp_forward(buffers.stacks.data(), emitted, chain.data(), MtpRows::Last);
+      rows = {emitted.back()};
+      for (int j = 0; j < kDrafts; ++j) {
+        if (j > 0) {
+          s->mtp_forward(chain.data(), std::span<const int32_t>(&rows.back(), 1), chained.data(), MtpRows::Last);
+          chain.swap(chained);
+        }
+        rows.push_back(s->draft_sampled(chain.data(), j, request));
+      }
+      s->truncate_head(committed);
     });
-  }
+  };
+  m.step3_greedy_ms = steps(0);
+  m.step3_sampled_fused_ms = steps(1);
+  m.step3_sampled_calls_ms = steps(2);
   return m;
 }
 

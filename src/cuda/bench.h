@@ -45,6 +45,9 @@ struct SamplingMeasurement {
   double row_greedy_ms = 0, row_device_ms = 0, row_host_ms = 0;
   double verify4_greedy_ms = 0, verify4_device_ms = 0, verify4_host_ms = 0;
   double draft_greedy_ms = 0, draft_device_ms = 0, draft_host_ms = 0;
+  // Whole 3-draft steps with the rejections a random model gives: greedy (greedy_step), sampled as one graph
+  // (sampled_step) and sampled through the Decoder's calls.
+  double step3_greedy_ms = 0, step3_sampled_fused_ms = 0, step3_sampled_calls_ms = 0;
 };
 
 struct BenchResult {

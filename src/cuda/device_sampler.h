@@ -19,17 +19,29 @@ class DeviceSampler {
 
   explicit DeviceSampler(int64_t vocab);
 
-  // `logits`: the rows' logits on the device, [rows.size(), vocab].
+  // Backend calls, one synchronisation each. `logits`: the rows' logits on the device, [rows.size(), vocab].
   SampledVerify verify(const float* logits, std::span<const int32_t> rows, const SampleRequest& request,
                        StepRunner& runner);
   // `logits`: one row on the device.
   int32_t draft(const float* logits, int index, const SampleRequest& request, StepRunner& runner);
   void replace(int index, int32_t token, StepRunner& runner);
 
+  // A step's parts, for a captured step (CudaSequence::sampled_step). prepare() uploads what the launches read (the
+  // rows' adjustments, row r penalised by the history and the drafts before it, the tokens, the stops, the generator)
+  // outside the graph; the launches read it from addresses that stay put while generation() is unchanged. Drafts use
+  // row 0's adjustments (a fused step has no penalties, whose tokens the device would decide).
+  void prepare(std::span<const int32_t> rows, const SampleRequest& request, StepRunner& runner);
+  const int32_t* launch_verify(const float* logits, int rows, cudaStream_t stream);  // the rows' tokens on the device
+  const int32_t* launch_draft(const float* logits, int index, cudaStream_t stream);   // draft `index` on the device
+  // Downloads the uniforms drawn since prepare() and the rows' statuses (delivered by the runner's finish()).
+  void download_outcome(int rows, StepRunner& runner);
+  int uniforms() const { return host_generator_.uniforms; }
+  // Checks the statuses of the last launches' rows: engine::distribution's errors.
+  void check_status(int rows) const;
+  uint64_t generation() const { return generation_; }
+
  private:
-  // What one call uploads (one copy): the rows' adjustments (row r penalised by the history and the first r of
-  // `extra`), the rows' tokens and the stop tokens; where each landed on the device.
-  struct Uploaded {
+  struct Uploaded {  // where prepare()'s inputs landed on the device
     const int32_t* row_begin;
     const LogitAdjustment* adjustments;
     const float* biases;
@@ -37,22 +49,24 @@ class DeviceSampler {
     const int64_t* stops;
     int stop_count;
   };
-  Uploaded upload(int count, std::span<const int32_t> extra, std::span<const int32_t> tokens,
-                  const SampleRequest& request, StepRunner& runner);
-  void launch_distributions(const float* logits, int count, const Uploaded& uploaded, const SampleRequest& request,
-                            double* probs, StepRunner& runner);
-  void check_status(int count) const;
+  void launch_distributions(const float* logits, int count, double* probs, cudaStream_t stream);
 
   int64_t vocab_;
-  DeviceAllocation memory_;  // p, q, adjusted logits, status, outcome, draft token
+  DeviceAllocation memory_;  // p, q, adjusted logits, statuses, outcome, draft tokens, generator: fixed for life
   double *p_ = nullptr, *q_ = nullptr;
   float* adjusted_ = nullptr;
-  int32_t *status_ = nullptr, *draft_token_ = nullptr;
+  int32_t *status_ = nullptr, *draft_tokens_ = nullptr;
   SampledVerifyOutcome* outcome_ = nullptr;
-  DeviceAllocation inputs_;  // Uploaded's memory, grown on demand
-  size_t input_capacity_ = 0;
+  SamplerState* generator_ = nullptr;
+  DeviceAllocation inputs_;  // Uploaded's memory, grown on demand (a growth bumps generation_)
+  size_t input_capacity_ = 0, part_room_[5] = {};
+  int stop_count_ = -1;
+  Uploaded uploaded_{};
+  DeviceSamplingOptions options_{};
+  uint64_t generation_ = 0;
   std::vector<unsigned char> staging_;
   int32_t host_status_[kMaxRows] = {};
+  SamplerState host_generator_{};
 };
 
 // The logit adjustments (sampling.cuh) of one row penalised by `history` plus `extra` generated tokens, appended to

@@ -353,7 +353,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   const double scale = 1 / kept;
   for (int64_t i = t.begin + threadIdx.x; i < t.end; i += kThreads) weight[i] *= scale;
-  if (t.rank == 0 && threadIdx.x == 0) rows.status[r] = kSampleOk;
 }
 
 __device__ bool is_stop(int32_t token, const int64_t* stops, int count) {
@@ -362,11 +361,19 @@ __device__ bool is_stop(int32_t token, const int64_t* stops, int count) {
   return false;
 }
 
+// The generator's state and the count of uniforms drawn live in device memory (SamplerState), so that the kernels of
+// a captured step advance them in turn; every block reads them first and rank 0 writes them back last.
+__device__ void save_generator(const Team& t, SamplerState* generator, uint64_t state, int used) {
+  t.cluster.sync();  // every block has read the state
+  if (t.rank == 0 && threadIdx.x == 0) generator->state = state, generator->uniforms += used;
+}
+
 __global__ void __launch_bounds__(kThreads, 1)
     verify_kernel(const double* p, const double* q, const int32_t* tokens, int rows, int64_t vocab,
-                  const int64_t* stops, int stop_count, uint64_t state, SampledVerifyOutcome* outcome) {
+                  const int64_t* stops, int stop_count, SamplerState* generator, SampledVerifyOutcome* outcome) {
   extern __shared__ unsigned char raw[];
   Team t = make_team(vocab, *reinterpret_cast<Shared*>(raw));
+  uint64_t state = generator->state;
   int used = 0, r = 0;
   for (;; ++r) {
     const double* pr = p + r * vocab;
@@ -393,15 +400,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (t.rank == 0 && threadIdx.x == 0) outcome->emitted[r] = token;
     if (r + 1 == rows || token != tokens[r + 1] || is_stop(token, stops, stop_count)) break;
   }
-  if (t.rank == 0 && threadIdx.x == 0) outcome->kept = r + 1, outcome->uniforms = used;
+  if (t.rank == 0 && threadIdx.x == 0) {
+    outcome->kept = r + 1;
+    for (int later = r + 1; later < rows; ++later) outcome->emitted[later] = tokens[later];  // any valid id
+  }
+  save_generator(t, generator, state, used);
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
-    draw_kernel(const double* probs, int64_t vocab, uint64_t state, int32_t* token) {
+    draw_kernel(const double* probs, int64_t vocab, SamplerState* generator, int32_t* token) {
   extern __shared__ unsigned char raw[];
   Team t = make_team(vocab, *reinterpret_cast<Shared*>(raw));
+  uint64_t state = generator->state;
   const int32_t pick = team_draw([&](int64_t i) { return probs[i]; }, next_uniform(state), t);
   if (t.rank == 0 && threadIdx.x == 0) *token = pick;
+  save_generator(t, generator, state, 1);
 }
 
 __global__ void point_mass_kernel(double* probs, int64_t vocab, int32_t token) {
@@ -433,15 +446,16 @@ cudaError_t sample_distributions(const DistributionRows& rows, int count, int64_
 }
 
 cudaError_t sampled_verify(const double* p, const double* q, const int32_t* tokens, int rows, int64_t vocab,
-                           const int64_t* stops, int stop_count, uint64_t rng_state, SampledVerifyOutcome* outcome,
-                           cudaStream_t stream) {
+                           const int64_t* stops, int stop_count, SamplerState* generator,
+                           SampledVerifyOutcome* outcome, cudaStream_t stream) {
   if (rows < 1 || rows > 4 || vocab <= 0 || vocab > INT_MAX) return cudaErrorInvalidValue;
-  return launch_rows(verify_kernel, 1, stream, p, q, tokens, rows, vocab, stops, stop_count, rng_state, outcome);
+  return launch_rows(verify_kernel, 1, stream, p, q, tokens, rows, vocab, stops, stop_count, generator, outcome);
 }
 
-cudaError_t sampled_draw(const double* probs, int64_t vocab, uint64_t rng_state, int32_t* token, cudaStream_t stream) {
+cudaError_t sampled_draw(const double* probs, int64_t vocab, SamplerState* generator, int32_t* token,
+                         cudaStream_t stream) {
   if (vocab <= 0 || vocab > INT_MAX) return cudaErrorInvalidValue;
-  return launch_rows(draw_kernel, 1, stream, probs, vocab, rng_state, token);
+  return launch_rows(draw_kernel, 1, stream, probs, vocab, generator, token);
 }
 
 cudaError_t point_mass(double* probs, int64_t vocab, int32_t token, cudaStream_t stream) {

@@ -51,7 +51,7 @@ static_assert(kRecordedRows <= kGdnDecodeMaxRows, "recorded rows run through the
 
 // The passes a sequence captures as graphs (kStep: a whole greedy verify step, greedy_step; kStepDrafts: the rest of
 // its chained drafts after a fully accepted adaptive step).
-enum PassKind { kTrunk, kHead, kHeadLogits, kStep, kStepDrafts };
+enum PassKind { kTrunk, kHead, kHeadLogits, kStep, kStepDrafts, kSampledStep, kSampledStepDrafts };
 static_assert(kRecordedRows <= kGreedyStepMaxRows, "a greedy step's rows are recorded rows");
 
 // Scratch buffers of one pass of up to kChunkRows rows. Sized from the config; the attention scratch grows with the
@@ -403,6 +403,28 @@ class CudaSequence final : public SequenceBackend {
   GreedyStepResult greedy_step(const GreedyStep& step) override {
     kept_logit_rows_ = 0;
     if (!fused_step_applies(step)) return SequenceBackend::greedy_step(step);
+    return run_fused_step(step, nullptr);
+  }
+
+  // greedy_step's graph with the tokens sampled on the device (sampling.cuh) instead of the argmax; not with penalties,
+  // whose tokens (the step's emitted ones) the host would have to send before the drafts.
+  bool sampled_step(const GreedyStep& step, const SampleRequest& request, SampledStepResult& result) override {
+    kept_logit_rows_ = 0;
+    const SamplingOptions& o = *request.options;
+    if (!fused_step_applies(step) || step.accept_all || o.repetition_penalty != 1 || o.presence_penalty != 0 ||
+        o.frequency_penalty != 0)
+      return false;
+    sampler().prepare(step.rows, request, runner_);
+    if (sampler().generation() != sampler_generation_) sampler_generation_ = sampler().generation(), ++generation_;
+    result.step = run_fused_step(step, &request);
+    result.uniforms = sampler().uniforms();
+    return true;
+  }
+
+  // The fused step: one graph (two after a fully accepted adaptive step), one synchronisation; greedy without
+  // `sampling`, else sampled by the prepared sampler.
+  GreedyStepResult run_fused_step(const GreedyStep& step, const SampleRequest* sampling) {
+    const bool sampled = sampling != nullptr;
     for (int32_t id : step.rows)
       check(id >= 0 && id < c_.vocab_size, "token id {} is outside the vocabulary [0, {})", id, c_.vocab_size);
     check(mtp_position_ == position_, "greedy_step: the head is at {}, the trunk at {}", mtp_position_, position_);
@@ -418,20 +440,25 @@ class CudaSequence final : public SequenceBackend {
     reserve_attention(mtp_state_.attention, first + rows + most - 1);
     upload_stops(step.stops);
     stage(step.rows, first);
-    run_pass({kStep, rows, true, drafts, step.accept_all}, [&] { fused_step(rows, drafts, step.accept_all); });
+    run_pass({sampled ? kSampledStep : kStep, rows, true, drafts, step.accept_all},
+             [&] { fused_step(rows, drafts, step.accept_all, sampled); });
     GreedyStepState outcome{};
     runner_.download(&outcome, work_.step_state, sizeof outcome);
+    if (sampled) sampler().download_outcome(DeviceSampler::kMaxRows, runner_);
     runner_.finish();
     cuda_check(cudaGetLastError(), "greedy step");
+    if (sampled) sampler().check_status(DeviceSampler::kMaxRows);
     check(outcome.kept >= 1 && outcome.kept <= rows, "greedy step: the device kept {} of {} rows", outcome.kept, rows);
     const int wanted = outcome.kept == rows ? step.drafts : step.drafts_after_rejection;
     if (wanted > drafts) {  // kStepDrafts' shape: the first draft it makes (as rows) and the count (as logits)
-      run_pass({kStepDrafts, drafts, false, wanted, false}, [&] {
-        for (int j = drafts; j < wanted; ++j) draft_pass(j);
+      run_pass({sampled ? kSampledStepDrafts : kStepDrafts, drafts, false, wanted, false}, [&] {
+        for (int j = drafts; j < wanted; ++j) draft_pass(j, sampled);
       });
       runner_.download(&outcome, work_.step_state, sizeof outcome);
+      if (sampled) sampler().download_outcome(DeviceSampler::kMaxRows, runner_);
       runner_.finish();
       cuda_check(cudaGetLastError(), "greedy step drafts");
+      if (sampled) sampler().check_status(DeviceSampler::kMaxRows);
     }
     position_ = first + outcome.kept;  // rolled back on the device; attention caches are truncated by the position
     mtp_position_ = position_;
@@ -572,8 +599,8 @@ class CudaSequence final : public SequenceBackend {
   void plan_layer(const DeviceLayer& w, LayerState& state) const;
   ProductGroup read_products(const DeviceGatedResidual& w) const;
   void trunk_pass(int rows, bool record, int logit_rows, bool greedy);
-  void fused_step(int rows, int drafts, bool accept_all);
-  void draft_pass(int j);
+  void fused_step(int rows, int drafts, bool accept_all, bool sampled);
+  void draft_pass(int j, bool sampled);
   void head_pass(int rows);
   void run_layer(const DeviceLayer& w, LayerState& state, int64_t first, int rows, bool record, float* stack,
                  bool normed, const DeviceGatedResidual* next_read);
@@ -614,6 +641,7 @@ class CudaSequence final : public SequenceBackend {
   // Rows of logits the last forward left in work_.logits for verify_sampled (TrunkOutputs::keep_logits), else 0.
   int kept_logit_rows_ = 0;
   std::unique_ptr<DeviceSampler> sampler_;  // made on the first sampled call
+  uint64_t sampler_generation_ = 0;         // the sampler's generation the captured graphs hold
   DeviceSampler& sampler() {
     if (!sampler_) sampler_ = std::make_unique<DeviceSampler>(c_.vocab_size);
     return *sampler_;
@@ -645,12 +673,15 @@ void CudaSequence::trunk_pass(int rows, bool record, int logit_rows, bool greedy
 // the chained passes and later steps overwrite before any row reads them (attention reads its cache causally, by
 // position) — then `drafts` drafts: the head logits' argmax of the last kept row's head stack, and for each further
 // draft a one-row head pass at committed + j − 1 on the previous draft and head stack.
-void CudaSequence::fused_step(int rows, int drafts, bool accept_all) {
+// sampled: the rows' tokens by the device sampler's verification (its emitted tokens are what greedy_accept keeps:
+// each accepted draft, then the first other token) instead of the trunk's argmax.
+void CudaSequence::fused_step(int rows, int drafts, bool accept_all, bool sampled) {
   const int64_t sh = c_.hc_hidden();
   const char* what = "greedy step";
-  trunk_pass(rows, true, rows, true);
-  cuda_check(greedy_accept(work_.ids, work_.greedy, work_.step_stops, rows, accept_all, work_.position,
-                           work_.step_state, work_.ids, stream_),
+  trunk_pass(rows, true, rows, !sampled);
+  const int32_t* chosen = sampled ? sampler().launch_verify(work_.logits, rows, stream_) : work_.greedy;
+  cuda_check(greedy_accept(work_.ids, chosen, work_.step_stops, rows, accept_all, work_.position, work_.step_state,
+                           work_.ids, stream_),
              what);
   cuda_check(greedy_rollback(static_cast<const RollbackBuffer*>(rollback_table_.get()), rollback_count_,
                              work_.step_state, rows, stream_),
@@ -658,12 +689,12 @@ void CudaSequence::fused_step(int rows, int drafts, bool accept_all) {
   cuda_check(greedy_copy_row(work_.stack, 0, false, work_.step_state, work_.mtp_normed, rows * sh, stream_), what);
   head_pass(rows);
   cuda_check(greedy_copy_row(work_.stack, sh, true, work_.step_state, work_.step_stack, sh, stream_), what);
-  for (int j = 0; j < drafts; ++j) draft_pass(j);
+  for (int j = 0; j < drafts; ++j) draft_pass(j, sampled);
 }
 
 // Draft j of a fused step: for j > 0 a one-row head pass on draft j − 1 and the head stack it came from (the position
 // greedy_take_draft left), then the head's logits and argmax of the stack.
-void CudaSequence::draft_pass(int j) {
+void CudaSequence::draft_pass(int j, bool sampled) {
   const int64_t sh = c_.hc_hidden();
   const char* what = "greedy step draft";
   if (j > 0) {
@@ -672,8 +703,12 @@ void CudaSequence::draft_pass(int j) {
     cuda_check(greedy_copy_row(work_.stack, sh, false, work_.step_state, work_.step_stack, sh, stream_), what);
   }
   logits_from_stacks(model_->mtp->final_mixer, mtp_final_read_, work_.step_stack, 1, false);
-  greedy_ids(1);
-  cuda_check(greedy_take_draft(j, work_.greedy, work_.step_state, work_.ids, work_.position, stream_), what);
+  const int32_t* draft = work_.greedy;
+  if (sampled)
+    draft = sampler().launch_draft(work_.logits, j, stream_);
+  else
+    greedy_ids(1);
+  cuda_check(greedy_take_draft(j, draft, work_.step_state, work_.ids, work_.position, stream_), what);
 }
 
 // e = fc_embedding · RMS0(embed[next]);  R'[s] = fc_hidden · RMS0(R)[s] + e; then the head's layer. The stacks R

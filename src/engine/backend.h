@@ -67,6 +67,11 @@ struct GreedyStepResult {
   std::vector<int32_t> drafts;   // the next step's drafts
 };
 
+struct SampledStepResult {
+  GreedyStepResult step;  // the emitted tokens (verify_sampled's) and the next drafts (draft_sampled's)
+  int64_t uniforms = 0;   // drawn from the generator
+};
+
 class SequenceBackend {
  public:
   virtual ~SequenceBackend() = default;
@@ -104,6 +109,10 @@ class SequenceBackend {
   virtual SampledVerify verify_sampled(std::span<const int32_t> rows, const SampleRequest& request);
   virtual int32_t draft_sampled(const float* head_stack, int index, const SampleRequest& request);
   virtual void replace_draft(int index, int32_t token);
+  // A whole sampled verify step with greedy_step's shape and the rules of the calls above (the drafts' distributions
+  // kept as their q), fused on the device where the backend can (the CUDA one: one graph, without penalties); false,
+  // leaving everything as it was, where it cannot, and the caller composes the calls above.
+  virtual bool sampled_step(const GreedyStep&, const SampleRequest&, SampledStepResult&) { return false; }
   // One greedy verify step: a recorded trunk pass over step.rows (greedy ids, stacks), the accepted prefix kept
   // (draft r + 1 is accepted while it equals row r's greedy id and that id is no stop; the emitted tokens are the
   // greedy ids up to and including the first mismatch or stop), the rest rolled back, the head over the kept rows

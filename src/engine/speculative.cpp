@@ -168,8 +168,15 @@ std::vector<int32_t> Decoder::accept(const float* logits, const float* stacks) {
   return commit(std::move(emitted), stacks);
 }
 
-// The device's verification of the rows (SequenceBackend::verify_sampled), the Decoder's rule with the same uniforms.
+// The device's verification of the rows (SequenceBackend::verify_sampled), the Decoder's rule with the same uniforms:
+// the whole step fused where the backend can (sampled_step), else its calls.
 std::vector<int32_t> Decoder::step_sampled_on_device() {
+  const std::vector<int64_t> no_stops;
+  SampledStepResult fused;
+  if (spec_.drafts > 0 && sequence_->sampled_step(fused_step_request(no_stops), sample_request(), fused)) {
+    rng_.advance(fused.uniforms);
+    return take_fused_step(std::move(fused.step));
+  }
   float* stacks = verify_stacks();
   sequence_->forward(rows_, {true, nullptr, stacks, true, nullptr, true});
   SampledVerify verified = sequence_->verify_sampled(rows_, sample_request());
@@ -211,19 +218,23 @@ void Decoder::count_step(int64_t proposed, int64_t accepted) {
 
 // Greedy ids only: the whole step is the backend's (SequenceBackend::greedy_step), which a device runs without the
 // host in between; the drafts it returns follow the rules fold_head applies on the logits path.
-std::vector<int32_t> Decoder::step_greedy() {
-  const std::vector<int64_t> no_stops;
+// The step greedy_step and sampled_step take: verify rows_, then draft as fold_head would.
+GreedyStep Decoder::fused_step_request(std::span<const int64_t> no_stops) const {
   GreedyStep step;
   step.rows = rows_;
-  step.stops = options_.ignore_eos ? std::span<const int64_t>(no_stops) : std::span<const int64_t>(stops_);
+  step.stops = options_.ignore_eos ? no_stops : std::span<const int64_t>(stops_);
   step.stack_size = c_.hc_hidden();
   step.head = spec_.drafts > 0;
   step.drafts = spec_.drafts;
   step.drafts_after_rejection = spec_.adaptive ? std::min(spec_.drafts, 1) : spec_.drafts;
   step.draft_override = spec_.draft_override ? &spec_.draft_override : nullptr;
-  GreedyStepResult result = sequence_->greedy_step(step);
+  return step;
+}
+
+// A step the backend ran whole: its emitted tokens into the history, the statistics, the next rows.
+std::vector<int32_t> Decoder::take_fused_step(GreedyStepResult result) {
   const int64_t proposed = int64_t(rows_.size()) - 1, accepted = int64_t(result.emitted.size()) - 1;
-  check(accepted >= 0 && accepted <= proposed, "greedy_step: {} tokens emitted for {} rows", result.emitted.size(),
+  check(accepted >= 0 && accepted <= proposed, "a fused step: {} tokens emitted for {} rows", result.emitted.size(),
         rows_.size());
   for (int32_t token : result.emitted) history_.push(token);
   count_step(proposed, accepted);
@@ -232,6 +243,13 @@ std::vector<int32_t> Decoder::step_greedy() {
   rows_.insert(rows_.end(), result.drafts.begin(), result.drafts.end());
   if (spec_.on_step) spec_.on_step(state(), committed);
   return std::move(result.emitted);
+}
+
+// Greedy ids only: the whole step is the backend's (SequenceBackend::greedy_step), which a device runs without the
+// host in between; the drafts it returns follow the rules fold_head applies on the logits path.
+std::vector<int32_t> Decoder::step_greedy() {
+  const std::vector<int64_t> no_stops;
+  return take_fused_step(sequence_->greedy_step(fused_step_request(no_stops)));
 }
 
 std::vector<int32_t> Decoder::step() {

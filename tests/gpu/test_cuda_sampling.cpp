@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -170,7 +171,8 @@ TEST_F(DeviceSampling, BadRowsReportTheHostsErrors) {
   EXPECT_EQ(status[0], cuda::kSampleNoMass);
 }
 
-// draw() on the host and the device's draw over the same probabilities, with the same uniforms.
+// draw() on the host and the device's draw over the same probabilities, with the same uniforms; the device's generator
+// advanced by the one uniform drawn.
 TEST_F(DeviceSampling, DrawsMatchTheHostWithTheSameUniforms) {
   for (int64_t vocab : {int64_t(3), int64_t(1000), int64_t(248320)}) {
     const std::vector<float> logits = test::sampling_rows(vocab, 3)[1];
@@ -178,14 +180,20 @@ TEST_F(DeviceSampling, DrawsMatchTheHostWithTheSameUniforms) {
     o.temperature = 1.5f;
     const std::vector<double> probs = distribution(logits.data(), vocab, o, {});
     DeviceAllocation d_probs = upload(probs, "p"), token = device_alloc(4, "token");
+    DeviceAllocation generator = device_alloc(sizeof(cuda::SamplerState), "generator");
     Rng host(99);
     for (int i = 0; i < (vocab > 1000 ? 40 : 300); ++i) {
-      const uint64_t state = host.state();
+      const cuda::SamplerState start{host.state(), 0};
+      cuda::cuda_check(cudaMemcpy(generator.get(), &start, sizeof start, cudaMemcpyHostToDevice), "generator");
       const int32_t want = draw(probs, host);
-      cuda::cuda_check(cuda::sampled_draw(static_cast<const double*>(d_probs.get()), vocab, state,
+      cuda::cuda_check(cuda::sampled_draw(static_cast<const double*>(d_probs.get()), vocab,
+                                          static_cast<cuda::SamplerState*>(generator.get()),
                                           static_cast<int32_t*>(token.get()), nullptr),
                        "draw");
       EXPECT_EQ(download<int32_t>(token.get(), 1)[0], want) << "vocabulary " << vocab << ", draw " << i;
+      const cuda::SamplerState end = download<cuda::SamplerState>(generator.get(), 1)[0];
+      EXPECT_EQ(end.state, host.state());
+      EXPECT_EQ(end.uniforms, 1);
     }
   }
 }
@@ -282,12 +290,23 @@ TEST_F(DeviceSampling, VerifyStepsMatchTheDecodersRule) {
 }
 
 // Whole decodings through the Decoder: the device's sampling against the same GPU's logits sampled on the host
-// (ComposedSequence does not sample on the device), at 0–3 drafts, fixed and adaptive, with every filter, a bias,
-// penalties and a stop token, and with drafts replaced by an override.
+// (ComposedSequence does not sample on the device), at 0–3 drafts, fixed and adaptive, with every filter, a bias, with
+// penalties (the device's calls) and without (the whole step as one graph where the fixture's head allows:
+// sampled_step), with CUDA graphs and eagerly, and with drafts replaced by an override.
 class GpuSampledDecoding : public ::testing::TestWithParam<std::filesystem::path> {
  protected:
   void SetUp() override { ASSERT_GT(cuda::device_count(), 0) << "the GPU tests need a CUDA device"; }
 };
+
+// A factory whose sequences replay graphs or, with graphs = false, launch eagerly (read when a sequence is made).
+SequenceFactory with_graphs(const SequenceFactory& gpu, bool graphs) {
+  return [gpu, graphs] {
+    if (!graphs) setenv("VAVILOV_CUDA_GRAPH", "0", 1);
+    std::unique_ptr<SequenceBackend> sequence = gpu();
+    unsetenv("VAVILOV_CUDA_GRAPH");
+    return sequence;
+  };
+}
 
 TEST_P(GpuSampledDecoding, DeviceSamplingEqualsHostSamplingOfTheSameLogits) {
   auto model = load_model(GetParam().string());
@@ -300,27 +319,32 @@ TEST_P(GpuSampledDecoding, DeviceSamplingEqualsHostSamplingOfTheSameLogits) {
   options.max_tokens = 40;
   options.sampling.temperature = 0.8f;
   options.sampling.top_k = 40, options.sampling.top_p = 0.9f, options.sampling.min_p = 0.02f;
-  options.sampling.presence_penalty = 0.5f, options.sampling.repetition_penalty = 1.1f;
   options.sampling.logit_bias = {{4, 2.0f}};
-  for (uint64_t seed : {uint64_t(1), uint64_t(2)})
-    for (int drafts = 0; drafts <= (model->mtp ? 3 : 0); ++drafts)
-      for (bool adaptive : {false, true})
-        for (bool override_drafts : {false, true}) {
-          if ((adaptive || override_drafts) && drafts == 0) continue;
-          options.sampling.seed = seed;
-          SpeculativeOptions speculative;
-          speculative.drafts = drafts;
-          speculative.adaptive = adaptive;
-          if (override_drafts)
-            speculative.draft_override = [](int64_t position, int32_t draft) {
-              return position % 3 ? draft : int32_t(position % 7);
-            };
-          const std::string what = "seed " + std::to_string(seed) + ", drafts " + std::to_string(drafts) +
-                                   (adaptive ? " adaptive" : " fixed") + (override_drafts ? ", overridden" : "");
-          const test::Decoded device = test::decode(*model, prompt, options, speculative, gpu);
-          const test::Decoded host = test::decode(*model, prompt, options, speculative, host_sampled);
-          test::expect_same_decoding(device, host, what);
-        }
+  for (bool penalties : {true, false})
+    for (bool graphs : {true, false})
+      for (uint64_t seed : {uint64_t(1), uint64_t(2)})
+        for (int drafts = 0; drafts <= (model->mtp ? 3 : 0); ++drafts)
+          for (bool adaptive : {false, true})
+            for (bool override_drafts : {false, true}) {
+              if ((adaptive || override_drafts) && drafts == 0) continue;
+              options.sampling.seed = seed;
+              options.sampling.presence_penalty = penalties ? 0.5f : 0.0f;
+              options.sampling.repetition_penalty = penalties ? 1.1f : 1.0f;
+              SpeculativeOptions speculative;
+              speculative.drafts = drafts;
+              speculative.adaptive = adaptive;
+              if (override_drafts)
+                speculative.draft_override = [](int64_t position, int32_t draft) {
+                  return position % 3 ? draft : int32_t(position % 7);
+                };
+              const std::string what = std::string(penalties ? "penalties" : "no penalties") +
+                                       (graphs ? ", graphs" : ", eager") + ", seed " + std::to_string(seed) +
+                                       ", drafts " + std::to_string(drafts) + (adaptive ? " adaptive" : " fixed") +
+                                       (override_drafts ? ", overridden" : "");
+              const test::Decoded device = test::decode(*model, prompt, options, speculative, with_graphs(gpu, graphs));
+              const test::Decoded host = test::decode(*model, prompt, options, speculative, host_sampled);
+              test::expect_same_decoding(device, host, what);
+            }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuSampledDecoding, ::testing::ValuesIn(test::fixture_dirs(test::mtp_fixtures())),
