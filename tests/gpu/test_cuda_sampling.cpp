@@ -66,7 +66,7 @@ std::vector<double> device_distribution(const std::vector<float>& logits, const 
   DeviceAllocation d_logits = upload(logits, "logits"), d_adjust = upload(adjustments, "adjustments");
   DeviceAllocation d_begin = upload(row_begin, "rows"), d_biases = upload(biases, "biases");
   DeviceAllocation adjusted = device_alloc(size_t(vocab) * 4, "adjusted"), probs = device_alloc(size_t(vocab) * 8, "p");
-  DeviceAllocation d_status = device_alloc(4, "status");
+  DeviceAllocation d_status = upload(std::vector<int32_t>{cuda::kSampleOk}, "status");  // written only when bad
   cuda::DistributionRows rows;
   rows.logits = static_cast<const float*>(d_logits.get());
   rows.logits_stride = vocab;
@@ -345,6 +345,46 @@ TEST_P(GpuSampledDecoding, DeviceSamplingEqualsHostSamplingOfTheSameLogits) {
               const test::Decoded host = test::decode(*model, prompt, options, speculative, host_sampled);
               test::expect_same_decoding(device, host, what);
             }
+}
+
+// The whole sampled step as one graph (no penalties) on a few steps, short enough for memcheck.
+TEST_P(GpuSampledDecoding, FusedSampledStepsEqualHostSamplingShort) {
+  auto model = load_model(GetParam().string());
+  if (!model->mtp) GTEST_SKIP() << "no MTP head in this fixture";
+  const SequenceFactory gpu = cuda::sequence_factory(*model);
+  const SequenceFactory host_sampled = [gpu]() -> std::unique_ptr<SequenceBackend> {
+    return std::make_unique<test::ComposedSequence>(gpu());
+  };
+  GenerateOptions options;
+  options.max_tokens = 12;
+  options.sampling.temperature = 0.8f, options.sampling.top_k = 40, options.sampling.top_p = 0.9f;
+  SpeculativeOptions speculative;
+  speculative.drafts = 3;
+  speculative.adaptive = true;
+  const std::vector<int32_t> prompt{1, 5, 9, 14};
+  test::expect_same_decoding(test::decode(*model, prompt, options, speculative, gpu),
+                             test::decode(*model, prompt, options, speculative, host_sampled), "adaptive, 3 drafts");
+  // The decodings above took the fused step: a sequence runs it (one verify uniform at least, one a draft).
+  auto seq = gpu();
+  const int64_t sh = model->config.hc_hidden();
+  std::vector<float> stacks(prompt.size() * size_t(sh)), head(static_cast<size_t>(sh));
+  int32_t first = 0;
+  seq->forward(prompt, {false, nullptr, stacks.data(), false, &first});
+  std::vector<int32_t> next(prompt.begin() + 1, prompt.end());
+  next.push_back(first);
+  seq->mtp_forward(stacks.data(), next, head.data(), MtpRows::Last);
+  const std::vector<int32_t> rows{first, 2, 3};
+  GreedyStep step;
+  step.rows = rows;
+  step.stack_size = sh;
+  step.head = true;
+  step.drafts = step.drafts_after_rejection = 2;
+  TokenHistory history;
+  SampledStepResult fused;
+  ASSERT_TRUE(seq->sampled_step(step, {&options.sampling, &history, 7, {}}, fused));
+  EXPECT_GE(fused.step.emitted.size(), 1u);
+  EXPECT_EQ(fused.step.drafts.size(), 2u);
+  EXPECT_GE(fused.uniforms, 3);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuSampledDecoding, ::testing::ValuesIn(test::fixture_dirs(test::mtp_fixtures())),
