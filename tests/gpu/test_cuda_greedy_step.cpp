@@ -16,6 +16,7 @@
 #include "cuda/backend.h"
 #include "cuda/synthetic.h"
 #include "decoded.h"
+#include "graph_modes.h"
 #include "engine/generate.h"
 #include "engine/speculative.h"
 #include "fixture_paths.h"
@@ -26,15 +27,7 @@
 namespace vavilov {
 namespace {
 
-// A factory whose sequences replay graphs or, with graphs = false, launch eagerly (read when a sequence is made).
-SequenceFactory with_graphs(const SequenceFactory& gpu, bool graphs) {
-  return [gpu, graphs] {
-    if (!graphs) setenv("VAVILOV_CUDA_GRAPH", "0", 1);
-    std::unique_ptr<SequenceBackend> sequence = gpu();
-    unsetenv("VAVILOV_CUDA_GRAPH");
-    return sequence;
-  };
-}
+using test::with_graphs;
 
 SequenceFactory composed(const SequenceFactory& gpu) {
   return [gpu]() -> std::unique_ptr<SequenceBackend> { return std::make_unique<test::ComposedSequence>(gpu()); };

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -16,6 +15,7 @@
 #include "cuda/device_model.h"
 #include "cuda/device_sampler.h"
 #include "decoded.h"
+#include "graph_modes.h"
 #include "engine/sampling.h"
 #include "fixture_paths.h"
 #include "sampling_rows.h"
@@ -23,6 +23,8 @@
 
 namespace vavilov {
 namespace {
+
+using test::with_graphs;
 
 using cuda::DeviceAllocation;
 using cuda::device_alloc;
@@ -297,16 +299,6 @@ class GpuSampledDecoding : public ::testing::TestWithParam<std::filesystem::path
  protected:
   void SetUp() override { ASSERT_GT(cuda::device_count(), 0) << "the GPU tests need a CUDA device"; }
 };
-
-// A factory whose sequences replay graphs or, with graphs = false, launch eagerly (read when a sequence is made).
-SequenceFactory with_graphs(const SequenceFactory& gpu, bool graphs) {
-  return [gpu, graphs] {
-    if (!graphs) setenv("VAVILOV_CUDA_GRAPH", "0", 1);
-    std::unique_ptr<SequenceBackend> sequence = gpu();
-    unsetenv("VAVILOV_CUDA_GRAPH");
-    return sequence;
-  };
-}
 
 TEST_P(GpuSampledDecoding, DeviceSamplingEqualsHostSamplingOfTheSameLogits) {
   auto model = load_model(GetParam().string());
