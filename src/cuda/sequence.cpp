@@ -50,7 +50,8 @@ constexpr int kMaxDecodeRows = 4;  // passes of more rows take the prefill branc
 static_assert(kRecordedRows <= kGdnDecodeMaxRows, "recorded rows run through the GDN decode kernel");
 
 // The passes a sequence captures as graphs (kStep: a whole greedy verify step, greedy_step; kStepDrafts: the rest of
-// its chained drafts after a fully accepted adaptive step).
+// its chained drafts after a fully accepted adaptive step; kSampledStep, kSampledStepDrafts: the same sampled,
+// sampled_step).
 enum PassKind { kTrunk, kHead, kHeadLogits, kStep, kStepDrafts, kSampledStep, kSampledStepDrafts };
 static_assert(kRecordedRows <= kGreedyStepMaxRows, "a greedy step's rows are recorded rows");
 
@@ -403,7 +404,7 @@ class CudaSequence final : public SequenceBackend {
   GreedyStepResult greedy_step(const GreedyStep& step) override {
     kept_logit_rows_ = 0;
     if (!fused_step_applies(step)) return SequenceBackend::greedy_step(step);
-    return run_fused_step(step, nullptr);
+    return run_fused_step(step, false);
   }
 
   // greedy_step's graph with the tokens sampled on the device (sampling.cuh) instead of the argmax; not with penalties,
@@ -416,15 +417,14 @@ class CudaSequence final : public SequenceBackend {
       return false;
     sampler().prepare(step.rows, request, runner_);
     if (sampler().generation() != sampler_generation_) sampler_generation_ = sampler().generation(), ++generation_;
-    result.step = run_fused_step(step, &request);
+    result.step = run_fused_step(step, true);
     result.uniforms = sampler().uniforms();
     return true;
   }
 
-  // The fused step: one graph (two after a fully accepted adaptive step), one synchronisation; greedy without
-  // `sampling`, else sampled by the prepared sampler.
-  GreedyStepResult run_fused_step(const GreedyStep& step, const SampleRequest* sampling) {
-    const bool sampled = sampling != nullptr;
+  // The fused step: one graph (two after a fully accepted adaptive step), one synchronisation; `sampled`: by the
+  // prepared sampler instead of the argmax.
+  GreedyStepResult run_fused_step(const GreedyStep& step, bool sampled) {
     for (int32_t id : step.rows)
       check(id >= 0 && id < c_.vocab_size, "token id {} is outside the vocabulary [0, {})", id, c_.vocab_size);
     check(mtp_position_ == position_, "greedy_step: the head is at {}, the trunk at {}", mtp_position_, position_);

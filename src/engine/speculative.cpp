@@ -171,9 +171,8 @@ std::vector<int32_t> Decoder::accept(const float* logits, const float* stacks) {
 // The device's verification of the rows (SequenceBackend::verify_sampled), the Decoder's rule with the same uniforms:
 // the whole step fused where the backend can (sampled_step), else its calls.
 std::vector<int32_t> Decoder::step_sampled_on_device() {
-  const std::vector<int64_t> no_stops;
   SampledStepResult fused;
-  if (spec_.drafts > 0 && sequence_->sampled_step(fused_step_request(no_stops), sample_request(), fused)) {
+  if (spec_.drafts > 0 && sequence_->sampled_step(fused_step_request(), sample_request(), fused)) {
     rng_.advance(fused.uniforms);
     return take_fused_step(std::move(fused.step));
   }
@@ -185,9 +184,11 @@ std::vector<int32_t> Decoder::step_sampled_on_device() {
   return commit(std::move(verified.emitted), stacks);
 }
 
-SampleRequest Decoder::sample_request() const {
-  static const std::vector<int64_t> no_stops;
-  return {&options_.sampling, &history_, rng_.state(), options_.ignore_eos ? no_stops : stops_};
+SampleRequest Decoder::sample_request() const { return {&options_.sampling, &history_, rng_.state(), stops()}; }
+
+// The tokens that end a step (none when EOS is ignored).
+std::span<const int64_t> Decoder::stops() const {
+  return options_.ignore_eos ? std::span<const int64_t>() : std::span<const int64_t>(stops_);
 }
 
 // The verify step's emitted tokens (already in the history): keeps their rows, rolls back the rest, drafts the next
@@ -216,13 +217,11 @@ void Decoder::count_step(int64_t proposed, int64_t accepted) {
   stats_.emitted += accepted + 1;
 }
 
-// Greedy ids only: the whole step is the backend's (SequenceBackend::greedy_step), which a device runs without the
-// host in between; the drafts it returns follow the rules fold_head applies on the logits path.
 // The step greedy_step and sampled_step take: verify rows_, then draft as fold_head would.
-GreedyStep Decoder::fused_step_request(std::span<const int64_t> no_stops) const {
+GreedyStep Decoder::fused_step_request() const {
   GreedyStep step;
   step.rows = rows_;
-  step.stops = options_.ignore_eos ? no_stops : std::span<const int64_t>(stops_);
+  step.stops = stops();
   step.stack_size = c_.hc_hidden();
   step.head = spec_.drafts > 0;
   step.drafts = spec_.drafts;
@@ -247,10 +246,7 @@ std::vector<int32_t> Decoder::take_fused_step(GreedyStepResult result) {
 
 // Greedy ids only: the whole step is the backend's (SequenceBackend::greedy_step), which a device runs without the
 // host in between; the drafts it returns follow the rules fold_head applies on the logits path.
-std::vector<int32_t> Decoder::step_greedy() {
-  const std::vector<int64_t> no_stops;
-  return take_fused_step(sequence_->greedy_step(fused_step_request(no_stops)));
-}
+std::vector<int32_t> Decoder::step_greedy() { return take_fused_step(sequence_->greedy_step(fused_step_request())); }
 
 std::vector<int32_t> Decoder::step() {
   Decoder* self = this;

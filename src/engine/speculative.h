@@ -108,7 +108,8 @@ class Decoder {
   std::vector<double>& draft_distribution(size_t j);
   int32_t verify_row(const float* logits, int64_t row);
   void count_step(int64_t proposed, int64_t accepted);
-  GreedyStep fused_step_request(std::span<const int64_t> no_stops) const;
+  GreedyStep fused_step_request() const;
+  std::span<const int64_t> stops() const;
   std::vector<int32_t> take_fused_step(GreedyStepResult result);
   std::vector<int32_t> step_greedy();
   std::vector<int32_t> step_sampled_on_device();
