@@ -5,16 +5,16 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
-#include <numeric>
 #include <nlohmann/json.hpp>
+#include <numeric>
 
 #include "core/error.h"
 #include "engine/generate.h"
 #include "engine/sampling.h"
 #include "engine/speculative.h"
 #include "fixture_paths.h"
-#include "sampling_rows.h"
 #include "model/weights.h"
+#include "sampling_rows.h"
 
 namespace vavilov {
 namespace {
@@ -233,9 +233,9 @@ TEST(Sampling, LargeVocabularyFiltersMatchAFullSort) {
     float temperature, top_p, min_p;
     int top_k;
   };
-  const Filters filters[] = {{1, 1, 0, 0},     {0.7f, 1, 0, 20},   {0.7f, 0.8f, 0, 20},  {0.7f, 0.95f, 0, 0},
-                             {2, 0.5f, 0, 0},  {0.3f, 0.999f, 0, 0}, {1, 1, 0.05f, 0},   {1, 0.9f, 0.01f, 5000},
-                             {1, 1, 0, 1},     {1, 0.1f, 0, 0},    {1, 1, 0, kVocab - 1}};
+  const Filters filters[] = {{1, 1, 0, 0},    {0.7f, 1, 0, 20},     {0.7f, 0.8f, 0, 20},  {0.7f, 0.95f, 0, 0},
+                             {2, 0.5f, 0, 0}, {0.3f, 0.999f, 0, 0}, {1, 1, 0.05f, 0},     {1, 0.9f, 0.01f, 5000},
+                             {1, 1, 0, 1},    {1, 0.1f, 0, 0},      {1, 1, 0, kVocab - 1}};
   std::vector<double> got;
   for (size_t c = 0; c < cases.size(); ++c) {
     for (const Filters& f : filters) {
@@ -249,8 +249,8 @@ TEST(Sampling, LargeVocabularyFiltersMatchAFullSort) {
         // Zero where the reference is zero; elsewhere equal but for the order of the normalising sums.
         wrong += want[i] == 0 ? got[i] != 0 : std::abs(got[i] - want[i]) > 1e-12 * want[i];
       }
-      EXPECT_EQ(wrong, 0u) << "case " << c << ", T " << f.temperature << ", top_k " << f.top_k << ", top_p "
-                           << f.top_p << ", min_p " << f.min_p << " (" << kept << " tokens kept)";
+      EXPECT_EQ(wrong, 0u) << "case " << c << ", T " << f.temperature << ", top_k " << f.top_k << ", top_p " << f.top_p
+                           << ", min_p " << f.min_p << " (" << kept << " tokens kept)";
     }
   }
 }

@@ -216,7 +216,8 @@ static SamplingMeasurement measure_sampling(const SequenceFactory& sequences, co
     seq->keep_rows(first, 1);
   };
   for (int rows : {1, int(StepBuffers::kVerifyRows)}) {
-    double* ms[3] = {rows == 1 ? &m.row_greedy_ms : &m.verify4_greedy_ms, rows == 1 ? &m.row_device_ms : &m.verify4_device_ms,
+    double* ms[3] = {rows == 1 ? &m.row_greedy_ms : &m.verify4_greedy_ms,
+                     rows == 1 ? &m.row_device_ms : &m.verify4_device_ms,
                      rows == 1 ? &m.row_host_ms : &m.verify4_host_ms};
     for (int mode = 0; mode < 3; ++mode) *ms[mode] = mean_ms(options.decode_steps, [&] { pass(rows, mode); });
   }

@@ -44,12 +44,13 @@ void append_row_adjustments(const SamplingOptions& o, const TokenHistory& histor
 
 DeviceSampler::DeviceSampler(int64_t vocab) : vocab_(vocab) {
   const size_t row = size_t(vocab);
-  const size_t p_bytes = aligned(kMaxRows * row * sizeof(double)), q_bytes = aligned((kMaxRows - 1) * row * sizeof(double));
+  const size_t p_bytes = aligned(kMaxRows * row * sizeof(double)),
+               q_bytes = aligned((kMaxRows - 1) * row * sizeof(double));
   const size_t adjusted_bytes = aligned(kMaxRows * row * sizeof(float));
   const size_t small[] = {aligned(kMaxRows * sizeof(int32_t)), aligned(sizeof(SampledVerifyOutcome)),
                           aligned(kMaxRows * sizeof(int32_t)), aligned(sizeof(SamplerState))};
-  memory_ = device_alloc(p_bytes + q_bytes + adjusted_bytes + small[0] + small[1] + small[2] + small[3],
-                         "device sampling");
+  memory_ =
+      device_alloc(p_bytes + q_bytes + adjusted_bytes + small[0] + small[1] + small[2] + small[3], "device sampling");
   char* at = static_cast<char*>(memory_.get());
   p_ = reinterpret_cast<double*>(at);
   q_ = reinterpret_cast<double*>(at += p_bytes);
@@ -186,8 +187,8 @@ int32_t DeviceSampler::draft(const float* logits, int index, const SampleRequest
 }
 
 void DeviceSampler::replace(int index, int32_t token, StepRunner& runner) {
-  check(index >= 0 && index < kMaxRows - 1 && token >= 0 && token < vocab_, "replace_draft: draft {} token {}",
-        index, token);
+  check(index >= 0 && index < kMaxRows - 1 && token >= 0 && token < vocab_, "replace_draft: draft {} token {}", index,
+        token);
   cuda_check(point_mass(q_ + size_t(index) * size_t(vocab_), vocab_, token, runner.stream()), "replace draft");
   runner.finish();
 }

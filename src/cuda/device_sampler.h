@@ -32,7 +32,7 @@ class DeviceSampler {
   // row 0's adjustments (a fused step has no penalties, whose tokens the device would decide).
   void prepare(std::span<const int32_t> rows, const SampleRequest& request, StepRunner& runner);
   const int32_t* launch_verify(const float* logits, int rows, cudaStream_t stream);  // the rows' tokens on the device
-  const int32_t* launch_draft(const float* logits, int index, cudaStream_t stream);   // draft `index` on the device
+  const int32_t* launch_draft(const float* logits, int index, cudaStream_t stream);  // draft `index` on the device
   // Downloads the uniforms drawn since prepare() and the rows' statuses (delivered by the runner's finish()).
   void download_outcome(int rows, StepRunner& runner);
   int uniforms() const { return host_generator_.uniforms; }
@@ -71,8 +71,7 @@ class DeviceSampler {
 
 // The logit adjustments (sampling.cuh) of one row penalised by `history` plus `extra` generated tokens, appended to
 // `out` (biases into `biases`): one entry a token that has a bias or, with penalties on, was seen.
-void append_row_adjustments(const SamplingOptions& options, const TokenHistory& history,
-                            std::span<const int32_t> extra, std::vector<LogitAdjustment>& out,
-                            std::vector<float>& biases);
+void append_row_adjustments(const SamplingOptions& options, const TokenHistory& history, std::span<const int32_t> extra,
+                            std::vector<LogitAdjustment>& out, std::vector<float>& biases);
 
 }  // namespace vavilov::cuda

@@ -1,7 +1,7 @@
+#include <cooperative_groups.h>
+
 #include <cfloat>
 #include <climits>
-
-#include <cooperative_groups.h>
 
 #include "cuda/launch.cuh"
 #include "cuda/sampling.cuh"
@@ -125,7 +125,9 @@ __device__ double team_max(double v, Team& t) {
 // The sum of v over the threads before this one in id order (the lower ranks', then this block's).
 __device__ double team_exclusive_scan(double v, Team& t) {
   const double within = block_exclusive_scan(v, t.s), total = block_sum(v, t.s);
-  return team_combine(total, t, 0.0, [](double a, double b) { return a + b; }, t.rank) + within;
+  return team_combine(
+             total, t, 0.0, [](double a, double b) { return a + b; }, t.rank) +
+         within;
 }
 
 // Thread t's run of the block's ids in id order.
@@ -446,8 +448,8 @@ cudaError_t sample_distributions(const DistributionRows& rows, int count, int64_
 }
 
 cudaError_t sampled_verify(const double* p, const double* q, const int32_t* tokens, int rows, int64_t vocab,
-                           const int64_t* stops, int stop_count, SamplerState* generator,
-                           SampledVerifyOutcome* outcome, cudaStream_t stream) {
+                           const int64_t* stops, int stop_count, SamplerState* generator, SampledVerifyOutcome* outcome,
+                           cudaStream_t stream) {
   if (rows < 1 || rows > 4 || vocab <= 0 || vocab > INT_MAX) return cudaErrorInvalidValue;
   return launch_rows(verify_kernel, 1, stream, p, q, tokens, rows, vocab, stops, stop_count, generator, outcome);
 }

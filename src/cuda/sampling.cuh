@@ -63,8 +63,8 @@ struct SamplerState {
 // ends; the last row draws the bonus token from p_r; a stop token ends the step. p: [rows, vocab], q: [rows − 1,
 // vocab]. The uniforms come from `generator`, which is advanced. One cluster.
 cudaError_t sampled_verify(const double* p, const double* q, const int32_t* tokens, int rows, int64_t vocab,
-                           const int64_t* stops, int stop_count, SamplerState* generator,
-                           SampledVerifyOutcome* outcome, cudaStream_t stream);
+                           const int64_t* stops, int stop_count, SamplerState* generator, SampledVerifyOutcome* outcome,
+                           cudaStream_t stream);
 
 // *token = draw(probs) with the generator's next uniform (engine/sampling.h's draw). One cluster.
 cudaError_t sampled_draw(const double* probs, int64_t vocab, SamplerState* generator, int32_t* token,

@@ -45,8 +45,8 @@ Decoder::Decoder(const Model& model, const GenerateOptions& options, const Specu
       rng_(options.sampling.seed),
       drafts_wanted_(speculative.drafts),
       greedy_ids_(options.sampling.greedy() && !options.sampling.adjusts_logits()),
-      device_sampling_(!options.sampling.greedy() && sequence_->samples_on_device() && !speculative.acceptance_override &&
-                       device_sampling_enabled_by_environment()) {
+      device_sampling_(!options.sampling.greedy() && sequence_->samples_on_device() &&
+                       !speculative.acceptance_override && device_sampling_enabled_by_environment()) {
   validate(options.sampling, c_.vocab_size);
   check(spec_.drafts >= 0 && spec_.drafts <= 3, "--drafts must be 0..3, got {}", spec_.drafts);
   check(spec_.drafts == 0 || model.mtp.has_value(), "{}: speculative decoding needs the MTP head (mtp.* tensors)",

@@ -133,8 +133,8 @@ class Decoder {
   // When sampling: the distribution each draft of rows_ was drawn from, and the verify row's (buffers reused).
   std::vector<std::vector<double>> draft_q_;
   std::vector<double> verify_p_;
-  TokenHistory history_;                      // prompt and emitted tokens (the penalties' input)
-  Rng rng_;                                   // this sequence's own stream: batching cannot change it
+  TokenHistory history_;  // prompt and emitted tokens (the penalties' input)
+  Rng rng_;               // this sequence's own stream: batching cannot change it
   int drafts_wanted_;
   bool greedy_ids_;         // greedy without logit adjustments: the backend returns ids, not logits
   bool device_sampling_;    // sampling on a backend that samples_on_device(): no logits reach the host

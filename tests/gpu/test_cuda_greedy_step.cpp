@@ -16,11 +16,11 @@
 #include "cuda/backend.h"
 #include "cuda/synthetic.h"
 #include "decoded.h"
-#include "graph_modes.h"
 #include "engine/generate.h"
 #include "engine/speculative.h"
 #include "fixture_paths.h"
 #include "flash_next_config.h"
+#include "graph_modes.h"
 #include "model/config.h"
 #include "model/weights.h"
 

@@ -15,19 +15,19 @@
 #include "cuda/device_model.h"
 #include "cuda/device_sampler.h"
 #include "decoded.h"
-#include "graph_modes.h"
 #include "engine/sampling.h"
 #include "fixture_paths.h"
-#include "sampling_rows.h"
+#include "graph_modes.h"
 #include "model/weights.h"
+#include "sampling_rows.h"
 
 namespace vavilov {
 namespace {
 
 using test::with_graphs;
 
-using cuda::DeviceAllocation;
 using cuda::device_alloc;
+using cuda::DeviceAllocation;
 
 class DeviceSampling : public ::testing::Test {
  protected:
@@ -53,9 +53,9 @@ struct Filters {
   int top_k;
 };
 
-const Filters kFilters[] = {{1, 1, 0, 0},     {0.7f, 1, 0, 20},     {0.7f, 0.8f, 0, 20}, {0.7f, 0.95f, 0, 0},
-                            {2, 0.5f, 0, 0},  {0.3f, 0.999f, 0, 0}, {1, 1, 0.05f, 0},    {1, 0.9f, 0.01f, 5000},
-                            {1, 1, 0, 1},     {1, 0.1f, 0, 0}};
+const Filters kFilters[] = {{1, 1, 0, 0},    {0.7f, 1, 0, 20},     {0.7f, 0.8f, 0, 20}, {0.7f, 0.95f, 0, 0},
+                            {2, 0.5f, 0, 0}, {0.3f, 0.999f, 0, 0}, {1, 1, 0.05f, 0},    {1, 0.9f, 0.01f, 5000},
+                            {1, 1, 0, 1},    {1, 0.1f, 0, 0}};
 
 // The device's distribution of one row with `options` and `history`, as engine::distribution computes it.
 std::vector<double> device_distribution(const std::vector<float>& logits, const SamplingOptions& options,
@@ -151,8 +151,8 @@ TEST_F(DeviceSampling, EveryKernelOnAShortRow) {
   two.insert(two.end(), logits.begin(), logits.end());
   DeviceAllocation d_two = upload(two, "logits");
   Rng host(3);
-  const int32_t draft = sampler.draft(static_cast<const float*>(d_logits.get()), 0, {&o, &history, host.state(), {}},
-                                      runner);
+  const int32_t draft =
+      sampler.draft(static_cast<const float*>(d_logits.get()), 0, {&o, &history, host.state(), {}}, runner);
   EXPECT_EQ(draft, draw(want, host));
   const std::vector<int32_t> rows{1, draft};
   const SampledVerify verified =
@@ -253,12 +253,12 @@ TEST_F(DeviceSampling, VerifyStepsMatchTheDecodersRule) {
     std::vector<std::vector<double>> q;
     TokenHistory drafted = history;
     for (int j = 0; j < drafts; ++j) {  // drafts from q on the device, as draft_sampled draws them
-      for (int64_t i = 0; i < kVocab; ++i) draft_logits[size_t(i)] = logits[size_t(j * kVocab + i)] + 0.3f * normal(generator);
+      for (int64_t i = 0; i < kVocab; ++i)
+        draft_logits[size_t(i)] = logits[size_t(j * kVocab + i)] + 0.3f * normal(generator);
       cuda::cuda_check(cudaMemcpy(d_logits.get(), draft_logits.data(), draft_logits.size() * 4, cudaMemcpyHostToDevice),
                        "logits");
       const uint64_t state = host.state();
-      int32_t draft = sampler.draft(static_cast<const float*>(d_logits.get()), j,
-                                    {&o, &drafted, state, stops}, runner);
+      int32_t draft = sampler.draft(static_cast<const float*>(d_logits.get()), j, {&o, &drafted, state, stops}, runner);
       q.push_back(distribution(draft_logits.data(), kVocab, o, drafted));
       ASSERT_EQ(draft, draw(q.back(), host)) << "step " << step << ", draft " << j;
       if (step % 3 == 1) {  // a draft not from q: rejected more often than not, and replaced on the device too
