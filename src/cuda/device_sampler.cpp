@@ -174,7 +174,7 @@ SampledVerify DeviceSampler::verify(const float* logits, std::span<const int32_t
 }
 
 int32_t DeviceSampler::draft(const float* logits, int index, const SampleRequest& request, StepRunner& runner) {
-  const int32_t none = 0;
+  const int32_t none = 0;  // one row, penalised by the history alone; a draw reads no row tokens
   prepare(std::span<const int32_t>(&none, 1), request, runner);
   const int32_t* device_token = launch_draft(logits, index, runner.stream());
   int32_t token = -1;
