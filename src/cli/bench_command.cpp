@@ -172,8 +172,8 @@ void run_bench(const BenchArgs&) { fail("bench: this binary was built without CU
 
 void register_bench(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
-  CLI::App* command =
-      app.add_subcommand("bench", "GPU decode and prefill speed against the memory-bandwidth limit, and sampling's cost (JSON)");
+  CLI::App* command = app.add_subcommand(
+      "bench", "GPU decode and prefill speed against the memory-bandwidth limit, and sampling's cost (JSON)");
   command->add_option("--synthetic", args->synthetic,
                       "Seeded random weights made on the GPU at this config's geometry");
   command->add_option("--model", args->model, "Or a model directory (uploaded to the GPU)");
