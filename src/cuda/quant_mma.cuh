@@ -293,32 +293,48 @@ __device__ inline void tile_products(WarpLoads& current, const uint32_t* const (
   // left in the loop.
   const uint4* b_lane = fragments + min(lane, 8 * B - 1);
   const float2* terms_row = group_terms + min(t, B - 1) * groups;
+  // Group u of the current unit: the mma over its 64 columns, then the affine terms into acc in group order.
+  const auto group_products = [&](int u, int group, const uint32_t(&scale_bias)[4]) {
+    const uint4 b_fragment[2] = {b_lane[(group * 2) * 8 * B], b_lane[(group * 2 + 1) * 8 * B]};
+    const float2 terms = terms_row[group];
+    uint32_t a0[8], a1[8];
+    decode<Bits>(current.codes[u][0], t, a0);
+    decode<Bits>(current.codes[u][1], t, a1);
+    float c[4] = {};
+    mma_f16(c, a0[0], a1[0], a0[1], a1[1], b_fragment[0].x, b_fragment[0].y);
+    mma_f16(c, a0[2], a1[2], a0[3], a1[3], b_fragment[0].z, b_fragment[0].w);
+    mma_f16(c, a0[4], a1[4], a0[5], a1[5], b_fragment[1].x, b_fragment[1].y);
+    mma_f16(c, a0[6], a1[6], a0[7], a1[7], b_fragment[1].z, b_fragment[1].w);
+    const auto pick = [&](uint32_t pair) { return u % 2 ? bf16_high(pair) : bf16_low(pair); };
+    acc[0] = fmaf(c[0] + c[1], pick(scale_bias[0]) * terms.y, fmaf(pick(scale_bias[2]), terms.x, acc[0]));
+    acc[1] = fmaf(c[2] + c[3], pick(scale_bias[1]) * terms.y, fmaf(pick(scale_bias[3]), terms.x, acc[1]));
+  };
+  // The bf16 pairs of groups 2·pair and 2·pair + 1 from the lanes that loaded them: scale row g, scale row g + 8, bias
+  // g, bias g + 8.
+  const auto share_affine = [&](int pair, uint32_t(&scale_bias)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) scale_bias[i] = __shfl_sync(0xffffffffu, current.affine[pair], (lane & ~3) | i);
+  };
   for (int first = begin; first < end; first += kUnroll) {
     // All of the next unit's loads go out at this unit's top (issued group by group into `current`'s registers instead,
     // with no copy, the step measured 3-5 % slower: docs/CUDA-KERNELS.md).
     WarpLoads next;
     load_group_block<Bits>(next, codes, affine, first + kUnroll, end, width, t);
-    uint32_t scale_bias[4];  // bf16 pairs of two groups: scale row g, scale row g + 8, bias g, bias g + 8
+    uint32_t scale_bias[kUnroll / 2][4];
+    if (first + kUnroll <= end) {
+      // A whole unit: no exit between its groups, so that the compiler may overlap one group's decoding and mma chain
+      // with the next's (an exit after each group kept them one after another: docs/CUDA-KERNELS.md).
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int group = first + u;
-      if (group >= end) break;
-      const uint4 b_fragment[2] = {b_lane[(group * 2) * 8 * B], b_lane[(group * 2 + 1) * 8 * B]};
-      const float2 terms = terms_row[group];
-      if (u % 2 == 0)
+      for (int pair = 0; pair < kUnroll / 2; ++pair) share_affine(pair, scale_bias[pair]);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) scale_bias[i] = __shfl_sync(0xffffffffu, current.affine[u / 2], (lane & ~3) | i);
-      uint32_t a0[8], a1[8];
-      decode<Bits>(current.codes[u][0], t, a0);
-      decode<Bits>(current.codes[u][1], t, a1);
-      float c[4] = {};
-      mma_f16(c, a0[0], a1[0], a0[1], a1[1], b_fragment[0].x, b_fragment[0].y);
-      mma_f16(c, a0[2], a1[2], a0[3], a1[3], b_fragment[0].z, b_fragment[0].w);
-      mma_f16(c, a0[4], a1[4], a0[5], a1[5], b_fragment[1].x, b_fragment[1].y);
-      mma_f16(c, a0[6], a1[6], a0[7], a1[7], b_fragment[1].z, b_fragment[1].w);
-      const auto pick = [&](uint32_t pair) { return u % 2 ? bf16_high(pair) : bf16_low(pair); };
-      acc[0] = fmaf(c[0] + c[1], pick(scale_bias[0]) * terms.y, fmaf(pick(scale_bias[2]), terms.x, acc[0]));
-      acc[1] = fmaf(c[2] + c[3], pick(scale_bias[1]) * terms.y, fmaf(pick(scale_bias[3]), terms.x, acc[1]));
+      for (int u = 0; u < kUnroll; ++u) group_products(u, first + u, scale_bias[u / 2]);
+    } else {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (first + u >= end) break;
+        if (u % 2 == 0) share_affine(u / 2, scale_bias[u / 2]);
+        group_products(u, first + u, scale_bias[u / 2]);
+      }
     }
     current = next;
   }
