@@ -315,28 +315,47 @@ __device__ inline void tile_products(WarpLoads& current, const uint32_t* const (
 #pragma unroll
     for (int i = 0; i < 4; ++i) scale_bias[i] = __shfl_sync(0xffffffffu, current.affine[pair], (lane & ~3) | i);
   };
-  for (int first = begin; first < end; first += kUnroll) {
-    // All of the next unit's loads go out at this unit's top (issued group by group into `current`'s registers instead,
-    // with no copy, the step measured 3-5 % slower: docs/CUDA-KERNELS.md).
-    WarpLoads next;
-    load_group_block<Bits>(next, codes, affine, first + kUnroll, end, width, t);
+  // A whole unit's groups run with no exit between them, so that the compiler may overlap one group's decoding and mma
+  // chain with the next's (an exit after each group kept them one after another: docs/CUDA-KERNELS.md).
+  const auto whole_unit = [&](int first) {
     uint32_t scale_bias[kUnroll / 2][4];
-    if (first + kUnroll <= end) {
-      // A whole unit: no exit between its groups, so that the compiler may overlap one group's decoding and mma chain
-      // with the next's (an exit after each group kept them one after another: docs/CUDA-KERNELS.md).
 #pragma unroll
-      for (int pair = 0; pair < kUnroll / 2; ++pair) share_affine(pair, scale_bias[pair]);
+    for (int pair = 0; pair < kUnroll / 2; ++pair) share_affine(pair, scale_bias[pair]);
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) group_products(u, first + u, scale_bias[u / 2]);
-    } else {
+    for (int u = 0; u < kUnroll; ++u) group_products(u, first + u, scale_bias[u / 2]);
+  };
+  const auto partial_unit = [&](int first) {
+    uint32_t scale_bias[kUnroll / 2][4];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (first + u >= end) break;
-        if (u % 2 == 0) share_affine(u / 2, scale_bias[u / 2]);
-        group_products(u, first + u, scale_bias[u / 2]);
-      }
+    for (int u = 0; u < kUnroll; ++u) {
+      if (first + u >= end) break;
+      if (u % 2 == 0) share_affine(u / 2, scale_bias[u / 2]);
+      group_products(u, first + u, scale_bias[u / 2]);
     }
-    current = next;
+  };
+  // All of a unit's loads go out at the previous unit's top (issued group by group into `current`'s registers instead,
+  // with no copy, the step measured 3-5 % slower: docs/CUDA-KERNELS.md).
+  if constexpr (B == 1) {
+    for (int first = begin; first < end; first += kUnroll) {
+      WarpLoads next;
+      load_group_block<Bits>(next, codes, affine, first + kUnroll, end, width, t);
+      if (first + kUnroll <= end)
+        whole_unit(first);
+      else
+        partial_unit(first);
+      current = next;
+    }
+  } else {
+    // Several rows: the whole units in a loop of their own and the partial one after it (the same work; ptxas then
+    // allocates the loop differently, faster at 2–4 rows and slower at one: docs/CUDA-KERNELS.md).
+    int first = begin;
+    for (; first + kUnroll <= end; first += kUnroll) {
+      WarpLoads next;
+      load_group_block<Bits>(next, codes, affine, first + kUnroll, end, width, t);
+      whole_unit(first);
+      current = next;
+    }
+    partial_unit(first);
   }
 }
 
