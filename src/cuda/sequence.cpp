@@ -440,25 +440,25 @@ class CudaSequence final : public SequenceBackend {
     reserve_attention(mtp_state_.attention, first + rows + most - 1);
     upload_stops(step.stops);
     stage(step.rows, first);
+    GreedyStepState outcome{};
+    // The pass's outcome (and the sampler's, with its rows' errors) after its one synchronisation.
+    const auto collect = [&](const char* what) {
+      runner_.download(&outcome, work_.step_state, sizeof outcome);
+      if (sampled) sampler().download_outcome(DeviceSampler::kMaxRows, runner_);
+      runner_.finish();
+      cuda_check(cudaGetLastError(), what);
+      if (sampled) sampler().check_status(DeviceSampler::kMaxRows);
+    };
     run_pass({sampled ? kSampledStep : kStep, rows, true, drafts, step.accept_all},
              [&] { fused_step(rows, drafts, step.accept_all, sampled); });
-    GreedyStepState outcome{};
-    runner_.download(&outcome, work_.step_state, sizeof outcome);
-    if (sampled) sampler().download_outcome(DeviceSampler::kMaxRows, runner_);
-    runner_.finish();
-    cuda_check(cudaGetLastError(), "greedy step");
-    if (sampled) sampler().check_status(DeviceSampler::kMaxRows);
+    collect("greedy step");
     check(outcome.kept >= 1 && outcome.kept <= rows, "greedy step: the device kept {} of {} rows", outcome.kept, rows);
     const int wanted = outcome.kept == rows ? step.drafts : step.drafts_after_rejection;
     if (wanted > drafts) {  // kStepDrafts' shape: the first draft it makes (as rows) and the count (as logits)
       run_pass({sampled ? kSampledStepDrafts : kStepDrafts, drafts, false, wanted, false}, [&] {
         for (int j = drafts; j < wanted; ++j) draft_pass(j, sampled);
       });
-      runner_.download(&outcome, work_.step_state, sizeof outcome);
-      if (sampled) sampler().download_outcome(DeviceSampler::kMaxRows, runner_);
-      runner_.finish();
-      cuda_check(cudaGetLastError(), "greedy step drafts");
-      if (sampled) sampler().check_status(DeviceSampler::kMaxRows);
+      collect("greedy step drafts");
     }
     position_ = first + outcome.kept;  // rolled back on the device; attention caches are truncated by the position
     mtp_position_ = position_;
