@@ -1,5 +1,3 @@
-#include <cooperative_groups.h>
-
 #include <algorithm>
 #include <type_traits>
 
@@ -13,17 +11,12 @@ namespace vavilov::cuda {
 namespace {
 
 using namespace qmma;
-namespace cg = cooperative_groups;
 
-// gate/up: block (16-row tile, slot); warp w reads matrix w % 2 (gate, up) over column slice w / 2. Two slices keep
-// the grid (40 tiles × 11 slots at Flash-Next's one row) in one wave of small blocks with enough loads in flight.
-constexpr int kGateUpSlices = 2;
-constexpr int kGateUpWarps = 2 * kGateUpSlices;
-// down: a cluster of kDownCluster blocks of kDownWarps warps shares one 16-row output tile; its kDownWorkers warps take
-// the step's experts (and then the shared expert) in turn, each over all of the expert's columns (640 at Flash-Next).
-constexpr int kDownWarps = 3, kDownCluster = 4, kDownWorkers = kDownWarps * kDownCluster;
 // Dynamic shared memory a block may opt into (Hopper: 227 KB, less the static arrays and some room).
 constexpr int kMaxDynamicShared = 200 * 1024;
+// expert_combine: a block of kCombineWarps warps per 32 output columns and batch row.
+constexpr int kCombineWarps = 16;
+constexpr int kMaxSlots = kMaxGemvRows * kMaxMoeTopK + 1;  // with the shared expert's
 
 // Where the mma leaves row `row_in_tile` of a tile for batch row b in a warp's [64] sums (lane (g, t) holds rows g and
 // g + 8 for batch row t).
@@ -49,28 +42,99 @@ __device__ inline TileRows tile_rows(const GemvMatrix& m, int first_row) {
   return r;
 }
 
-// blockIdx.y: a slot (blocks of empty slots leave at once) or, at `selections`, the shared expert.
+// Block (group of 64 rows of h, slot; the shared expert at slot `selections`), kSliceWarps warps. Warp w reads matrix
+// w % 2 (gate, up) of h tile w / 4 over column slice (w / 2) % 2, as gate_up used to with one tile a block; the block
+// then holds its 64 values of h = silu(gate)·up, which are exactly one group of down's columns, and writes the product
+// of down's rows with that group alone: each output row's partial for (slot, group), which expert_combine adds up.
+// No h leaves the block and no launch sits between gate/up and down.
+constexpr int kSliceWarps = 16;
+constexpr int kSliceTiles = kQuantGroup / kTileRows;            // tiles of h rows a block
+constexpr int kSliceColumns = kSliceWarps / (2 * kSliceTiles);  // column slices of gate and up
+constexpr int kDownTilesInFlight = 5;                           // down tiles whose loads a warp holds
+static_assert(kSliceColumns * 2 * kSliceTiles == kSliceWarps, "every warp one (tile, matrix, slice)");
+
+// What a warp loads of down's group for kDownTilesInFlight of its 16-row tiles: lane (g, t) the codes of rows g and
+// g + 8, and one bf16 (t = 0: scale of row g, 1: scale of row g + 8, 2: bias of row g, 3: bias of row g + 8).
+struct DownLoads {
+  uint2 codes[kDownTilesInFlight][2];
+  uint32_t affine[kDownTilesInFlight];
+};
+
+// Tiles first, first + kSliceWarps, ... (kDownTilesInFlight of them, those below `tiles`).
+__device__ inline void load_down_tiles(DownLoads& loads, const GemvMatrix& down, int group, int first, int tiles) {
+  const int lane = int(threadIdx.x) % 32;
+#pragma unroll
+  for (int i = 0; i < kDownTilesInFlight; ++i) {
+    const int tile = first + i * kSliceWarps;
+    if (tile >= tiles) continue;
+    const TileRows rows = tile_rows(down, tile * kTileRows);
+    loads.codes[i][0] = load_codes<4>(rows.codes[0], group, lane % 4);
+    loads.codes[i][1] = load_codes<4>(rows.codes[1], group, lane % 4);
+    loads.affine[i] = __ldg(reinterpret_cast<const unsigned short*>(rows.affine + group));
+  }
+}
+
+// The partial products of the tiles load_down_tiles loaded, with the block's h staged as one group of B rows.
 template <int B>
-__global__ void __launch_bounds__(kGateUpWarps * 32) gate_up_kernel(ExpertDecode p, int selections) {
+__device__ inline void down_tile_products(const DownLoads& loads, int first, int tiles, const uint4* h_fragments,
+                                          const float2* h_terms, float* out, int hidden) {
+  const int lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+  const uint4* b_lane = h_fragments + min(lane, 8 * B - 1);
+  const uint4 b_fragment[2] = {b_lane[0], b_lane[8 * B]};
+  const float2 terms = h_terms[min(t, B - 1)];
+#pragma unroll
+  for (int i = 0; i < kDownTilesInFlight; ++i) {
+    const int tile = first + i * kSliceWarps;
+    if (tile >= tiles) break;
+    uint32_t a0[8], a1[8];
+    decode<4>(loads.codes[i][0], t, a0);
+    decode<4>(loads.codes[i][1], t, a1);
+    float c[4] = {};
+    mma_f16(c, a0[0], a1[0], a0[1], a1[1], b_fragment[0].x, b_fragment[0].y);
+    mma_f16(c, a0[2], a1[2], a0[3], a1[3], b_fragment[0].z, b_fragment[0].w);
+    mma_f16(c, a0[4], a1[4], a0[5], a1[5], b_fragment[1].x, b_fragment[1].y);
+    mma_f16(c, a0[6], a1[6], a0[7], a1[7], b_fragment[1].z, b_fragment[1].w);
+    float affine[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      affine[k] = __uint_as_float(__shfl_sync(0xffffffffu, loads.affine[i], (lane & ~3) | k) << 16);
+    const int row = tile * kTileRows + g;
+    if (t < B && row < hidden)
+      out[size_t(t) * hidden + row] = fmaf(c[0] + c[1], affine[0] * terms.y, affine[2] * terms.x);
+    if (t < B && row + 8 < hidden)
+      out[size_t(t) * hidden + row + 8] = fmaf(c[2] + c[3], affine[1] * terms.y, affine[3] * terms.x);
+  }
+}
+
+// partials: [slot, h group, batch row, hidden] with `groups` h groups a slot (the widest expert's).
+template <int B>
+__global__ void __launch_bounds__(kSliceWarps * 32) products_kernel(ExpertDecode p, int selections, int groups) {
   wait_for_producers();
   allow_dependents();
   extern __shared__ uint4 staged[];
-  __shared__ float partials[kGateUpWarps][64];
-  const int slot = int(blockIdx.y);
+  __shared__ float partials[kSliceWarps][64];
+  __shared__ float h[B][kQuantGroup];
+  constexpr size_t kHStagedWords = (quant_shared_bytes(1, B) + sizeof(uint4) - 1) / sizeof(uint4);
+  __shared__ uint4 h_staged[kHStagedWords];
+  const int slot = int(blockIdx.y), group = int(blockIdx.x);
   const bool shared_expert = slot == selections;
-  const int inner = shared_expert ? p.shared_inner : p.inner, first_row = int(blockIdx.x) * kTileRows;
-  if (first_row >= inner) return;
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, t = lane % 4, slice = warp / 2;
-  GemvMatrix m;  // one read of the slot's descriptor, then the weights
-  if (shared_expert)
-    m = gemv_matrix(warp % 2 ? p.shared_up : p.shared_gate, p.x, nullptr);
-  else
-    m = p.slot_matrices[3 * slot + warp % 2];
+  const int inner = shared_expert ? p.shared_inner : p.inner, first_h = group * kQuantGroup;
+  if (first_h >= inner) return;
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, t = lane % 4;
+  const int matrix = warp % 2, slice = (warp / 2) % kSliceColumns, tile = warp / (2 * kSliceColumns);
+  GemvMatrix m, down;  // one read of the slot's descriptors, then the weights
+  if (shared_expert) {
+    m = gemv_matrix(matrix ? p.shared_up : p.shared_gate, p.x, nullptr);
+    down = gemv_matrix(p.shared_down, nullptr, nullptr);
+  } else {
+    m = p.slot_matrices[3 * slot + matrix];
+    down = p.slot_matrices[3 * slot + 2];
+  }
   if (m.rows == 0) return;  // a slot past the step's distinct experts (gate and up alike: the whole block)
   m.x = p.x;
-  const TileRows rows = tile_rows(m, first_row);
-  const int begin = slice_start(slice, kGateUpSlices, rows.groups);
-  const int end = slice_start(slice + 1, kGateUpSlices, rows.groups);
+  const TileRows rows = tile_rows(m, first_h + tile * kTileRows);
+  const int begin = slice_start(slice, kSliceColumns, rows.groups);
+  const int end = slice_start(slice + 1, kSliceColumns, rows.groups);
 
   WarpLoads current;  // issued before staging, so that the activations' latency overlaps theirs
   load_group_block<4>(current, rows.codes, rows.affine, begin, end, rows.width, t);
@@ -79,119 +143,106 @@ __global__ void __launch_bounds__(kGateUpWarps * 32) gate_up_kernel(ExpertDecode
   __syncthreads();
   float acc[2] = {};
   tile_products<4, B>(current, rows.codes, rows.affine, rows.width, begin, end, rows.groups, staged, group_terms, acc);
+  const int down_tiles = (p.hidden + kTileRows - 1) / kTileRows;
+  DownLoads next;  // down's first tiles, in flight while h is summed and staged
+  load_down_tiles(next, down, group, warp, down_tiles);
   partials[warp][lane] = acc[0];
   partials[warp][32 + lane] = acc[1];
   __syncthreads();
-  float* out = shared_expert ? p.shared_h : p.h + size_t(slot) * B * size_t(p.inner);
-  for (int i = int(threadIdx.x); i < kTileRows * B; i += int(blockDim.x)) {
-    const int b = i % B, row_in_tile = i / B, row = first_row + row_in_tile, at = tile_slot(row_in_tile, b);
-    if (row >= inner) continue;
+  for (int i = int(threadIdx.x); i < kQuantGroup * B; i += int(blockDim.x)) {  // the slices' sums in slice order
+    const int b = i % B, row = i / B, at = tile_slot(row % kTileRows, b);
+    const int first_warp = (row / kTileRows) * 2 * kSliceColumns;
     float gate = 0.0f, up = 0.0f;
-    for (int s = 0; s < kGateUpSlices; ++s) gate += partials[2 * s][at], up += partials[2 * s + 1][at];
-    out[size_t(b) * inner + row] = silu(gate) * up;
+    for (int s = 0; s < kSliceColumns; ++s)
+      gate += partials[first_warp + 2 * s][at], up += partials[first_warp + 2 * s + 1][at];
+    h[b][row] = silu(gate) * up;
+  }
+  __syncthreads();
+  float2* h_terms = reinterpret_cast<float2*>(h_staged + 16 * B);
+  if (warp == 0)
+    stage_fragments<4, B>(
+        1,
+        [&](int b, int, int column_t, float(&x)[16]) {
+#pragma unroll
+          for (int i = 0; i < 16; ++i) x[i] = h[b][16 * column_t + i];
+        },
+        h_staged, h_terms, lane, 32);
+  __syncthreads();
+  float* out = p.partials + (size_t(slot) * groups + group) * B * size_t(p.hidden);
+  constexpr int kStride = kSliceWarps * kDownTilesInFlight;
+  for (int first = warp; first < down_tiles; first += kStride) {
+    const DownLoads loads = next;
+    if (first + kStride < down_tiles) load_down_tiles(next, down, group, first + kStride, down_tiles);
+    down_tile_products<B>(loads, first, down_tiles, h_staged, h_terms, out, p.hidden);
   }
 }
 
-// Block (16-row output tile, cluster rank). Worker q = rank·kDownWarps + warp sums slots q, q + kDownWorkers, ...
-// (empty ones skipped; slot rows·top_k is the shared expert), each weighted per batch row; the block adds its warps'
-// sums in warp order and the cluster's first block adds the blocks' in rank order. Each warp stages its own expert's h.
+// Block (32 output columns, batch row b). Warp w sums slots w, w + kCombineWarps, ... (the shared expert counted as
+// slot `count`) over their groups in order; warp 0 then adds the slots in order, each times row b's routing weight
+// (σ(shared gate) for the shared expert).
 template <int B>
-__global__ void __cluster_dims__(1, kDownCluster, 1) __launch_bounds__(kDownWarps * 32)
-    down_kernel(ExpertDecode p, int warp_stage_words) {
+__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(ExpertDecode p, int selections, int groups) {
   wait_for_producers();
   allow_dependents();
-  extern __shared__ uint4 staged[];
-  __shared__ float partials[kDownWarps][64];
-  __shared__ float block_total[64];
-  cg::cluster_group cluster = cg::this_cluster();
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, t = lane % 4;
-  const int first_row = int(blockIdx.x) * kTileRows, selections = B * p.top_k;
-  uint4* fragments = staged + size_t(warp) * size_t(warp_stage_words);
-  float total[2] = {};
-  for (int s = int(cluster.block_rank()) * kDownWarps + warp; s <= selections; s += kDownWorkers) {
-    const bool shared_expert = s == selections;
-    GemvMatrix m;
-    if (shared_expert) {
-      m = gemv_matrix(p.shared_down, p.shared_h, nullptr);
-    } else {
-      m = p.slot_matrices[3 * s + 2];
-      if (m.rows == 0) continue;  // a slot past the step's distinct experts
-      m.x = p.h + size_t(s) * B * size_t(p.inner);
-    }
-    const TileRows rows = tile_rows(m, first_row);
-    WarpLoads current;
-    load_group_block<4>(current, rows.codes, rows.affine, 0, rows.groups, rows.width, t);
-    float2* group_terms = reinterpret_cast<float2*>(fragments + size_t(rows.groups) * 16 * B);
-    stage_activations_by<4, B>(m, rows.groups, fragments, group_terms, lane, 32);
-    __syncwarp();
-    float acc[2] = {};
-    tile_products<4, B>(current, rows.codes, rows.affine, rows.width, 0, rows.groups, rows.groups, fragments,
-                        group_terms, acc);
-    float weight = 0.0f;
-    if (t < B) weight = shared_expert ? sigmoid(p.shared_scale[t]) : p.slot_weights[s * kMaxGemvRows + t];
-    total[0] = fmaf(weight, acc[0], total[0]);
-    total[1] = fmaf(weight, acc[1], total[1]);
-    __syncwarp();  // the next expert's staging overwrites these fragments
-  }
-  partials[warp][lane] = total[0];
-  partials[warp][32 + lane] = total[1];
-  __syncthreads();
-  for (int i = int(threadIdx.x); i < 64; i += int(blockDim.x)) {
+  __shared__ float sums[kMaxSlots][32];
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, b = int(blockIdx.y);
+  const int column = int(blockIdx.x) * 32 + lane;
+  const bool inside = column < p.hidden;
+  const int count = *p.slot_count;
+  for (int s = warp; s <= count; s += kCombineWarps) {
+    const bool shared_expert = s == count;
+    const int slot = shared_expert ? selections : s, used = (shared_expert ? p.shared_inner : p.inner) / kQuantGroup;
+    const float* from = p.partials + (size_t(slot) * groups * B + b) * p.hidden + column;
     float sum = 0.0f;
-    for (int w = 0; w < kDownWarps; ++w) sum += partials[w][i];
-    block_total[i] = sum;
+    if (inside)
+      for (int j = 0; j < used; ++j) sum += from[size_t(j) * B * p.hidden];
+    sums[s][lane] = sum;
   }
-  cluster.sync();
-  if (cluster.block_rank() == 0) {
-    for (int i = int(threadIdx.x); i < kTileRows * B; i += int(blockDim.x)) {
-      const int b = i % B, row_in_tile = i / B, row = first_row + row_in_tile;
-      if (row >= p.hidden) continue;
-      float sum = 0.0f;
-      for (unsigned r = 0; r < kDownCluster; ++r)
-        sum += cluster.map_shared_rank(block_total, r)[tile_slot(row_in_tile, b)];
-      p.y[size_t(b) * p.hidden + row] = sum;
-    }
-  }
-  cluster.sync();  // no block leaves while the first still reads its block_total
+  __syncthreads();
+  if (warp != 0 || !inside) return;
+  float y = 0.0f;
+  for (int s = 0; s < count; ++s) y = fmaf(p.slot_weights[s * kMaxGemvRows + b], sums[s][lane], y);
+  y = fmaf(sigmoid(p.shared_scale[b]), sums[count][lane], y);
+  p.y[size_t(b) * p.hidden + column] = y;
 }
 
+int slot_groups(const ExpertDecode& p) { return std::max(p.inner, p.shared_inner) / kQuantGroup; }
+
 template <int B>
-cudaError_t launch_gate_up(const ExpertDecode& p, int selections, cudaStream_t stream) {
+cudaError_t launch_products(const ExpertDecode& p, int selections, cudaStream_t stream) {
   const size_t shared = quant_shared_bytes(p.hidden / kQuantGroup, B);
   if (shared > size_t(kMaxDynamicShared)) return cudaErrorInvalidValue;
   // Once for all: only a permission, so it never changes between the launches of a captured graph.
   static const cudaError_t opted_in =
-      cudaFuncSetAttribute(gate_up_kernel<B>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynamicShared);
+      cudaFuncSetAttribute(products_kernel<B>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynamicShared);
   if (opted_in != cudaSuccess) return opted_in;
-  const int tiles = (std::max(p.inner, p.shared_inner) + kTileRows - 1) / kTileRows;
-  launch_dependent(gate_up_kernel<B>, dim3(unsigned(tiles), unsigned(selections + 1)), kGateUpWarps * 32, shared,
-                   stream, p, selections);
+  const int groups = slot_groups(p);
+  launch_dependent(products_kernel<B>, dim3(unsigned(groups), unsigned(selections + 1)), kSliceWarps * 32, shared,
+                   stream, p, selections, groups);
   return cudaGetLastError();
 }
 
 template <int B>
-cudaError_t launch_down(const ExpertDecode& p, cudaStream_t stream) {
-  const int groups = std::max(p.inner, p.shared_inner) / kQuantGroup;
-  const int warp_stage_words = int((quant_shared_bytes(groups, B) + sizeof(uint4) - 1) / sizeof(uint4));
-  const size_t shared = size_t(kDownWarps) * size_t(warp_stage_words) * sizeof(uint4);
-  if (shared > size_t(kMaxDynamicShared)) return cudaErrorInvalidValue;
-  static const cudaError_t opted_in =
-      cudaFuncSetAttribute(down_kernel<B>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynamicShared);
-  if (opted_in != cudaSuccess) return opted_in;
-  const int tiles = (p.hidden + kTileRows - 1) / kTileRows;
-  launch_dependent(down_kernel<B>, dim3(unsigned(tiles), kDownCluster), kDownWarps * 32, shared, stream, p,
-                   warp_stage_words);
+cudaError_t launch_combine(const ExpertDecode& p, int selections, cudaStream_t stream) {
+  if (selections + 1 > kMaxSlots) return cudaErrorInvalidValue;
+  launch_dependent(combine_kernel<B>, dim3(unsigned((p.hidden + 31) / 32), unsigned(B)), kCombineWarps * 32, 0, stream,
+                   p, selections, slot_groups(p));
   return cudaGetLastError();
 }
 
 }  // namespace
 
-cudaError_t expert_gate_up(const ExpertDecode& p, int rows, int selections, cudaStream_t stream) {
-  return with_batch(rows, [&](auto b) { return launch_gate_up<decltype(b)::value>(p, selections, stream); });
+cudaError_t expert_products(const ExpertDecode& p, int rows, int selections, cudaStream_t stream) {
+  return with_batch(rows, [&](auto b) { return launch_products<decltype(b)::value>(p, selections, stream); });
 }
 
-cudaError_t expert_down(const ExpertDecode& p, int rows, cudaStream_t stream) {
-  return with_batch(rows, [&](auto b) { return launch_down<decltype(b)::value>(p, stream); });
+cudaError_t expert_combine(const ExpertDecode& p, int rows, int selections, cudaStream_t stream) {
+  return with_batch(rows, [&](auto b) { return launch_combine<decltype(b)::value>(p, selections, stream); });
+}
+
+size_t expert_partial_count(int top_k, int inner, int shared_inner, int hidden) {
+  return (size_t(kMaxGemvRows) * top_k + 1) * size_t(std::max(inner, shared_inner) / kQuantGroup) * kMaxGemvRows *
+         size_t(hidden);
 }
 
 }  // namespace vavilov::cuda

@@ -55,9 +55,9 @@ ExpertDecode expert_decode_arguments(const DeviceMoe& w, const MoeShape& shape, 
   p.shared_scale = b.shared_scale;
   p.top_k = shape.route.top_k;
   p.slot_matrices = b.descriptors;
+  p.slot_count = b.slot_of + kMaxGemvRows * shape.route.top_k;
   p.slot_weights = b.slot_weights;
-  p.h = b.expert_gate;
-  p.shared_h = b.shared_gate;
+  p.partials = b.expert_partials;
   p.y = b.output;
   return p;
 }
@@ -73,8 +73,8 @@ void decode_fused(const DeviceMoe& w, const MoeShape& shape, const MoeDecodePlan
   slots.down = w.expert_down;
   slots.matrices = buffers.descriptors;  // the slots' descriptors (expert_decode_arguments: slot_matrices)
   moe_route_slots(shape.route, buffers.router, rows, buffers.route_ids, buffers.route_weights, slots, stream);
-  cuda_check(expert_gate_up(plan.experts, rows, rows * top_k, stream), "MoE experts gate/up");
-  cuda_check(expert_down(plan.experts, rows, stream), "MoE experts down");
+  cuda_check(expert_products(plan.experts, rows, rows * top_k, stream), "MoE expert products");
+  cuda_check(expert_combine(plan.experts, rows, rows * top_k, stream), "MoE expert combine");
 }
 
 // settled_x: every matrix's activations when the Q4 kernel may stage them before its wait (gemv_q4_experts).
@@ -110,7 +110,7 @@ MoeDecodePlan plan_moe_decode(const DeviceMoe& w, const MoeShape& shape, const M
                  gemv_reads_all(w.expert_up, experts, shape.inner, shape.hidden) &&
                  gemv_reads_all(w.expert_down, experts, shape.hidden, shape.inner);
   if (!plan.decodes) return plan;
-  plan.fused = fuses(w, shape);
+  plan.fused = buffers.expert_partials && fuses(w, shape);
   plan.fused_max_rows = fused_max_rows();
   if (plan.fused) {
     plan.experts = expert_decode_arguments(w, shape, buffers);

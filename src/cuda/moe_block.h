@@ -49,6 +49,7 @@ struct MoeBuffers {
   GemvMatrix* descriptors = nullptr;  // [moe_descriptor_count(top_k)]; the fused path: ExpertSlots' matrices
   int* slot_of = nullptr;             // [moe_slot_count(top_k)]; the fused path: ExpertSlots' expert, then its count
   float* slot_weights = nullptr;      // [moe_slot_weight_count(top_k)]: ExpertSlots' weights
+  float* expert_partials = nullptr;   // [expert_partial_count(...)]: the fused path's down partials
 };
 size_t moe_descriptor_count(int top_k);
 size_t moe_slot_count(int top_k);

@@ -126,7 +126,7 @@ __device__ inline void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t
 // The padding: ptxas reads the terms of a unit's groups two at a time (one LDS.128 for groups u and u + 1, issued once
 // group u is known to be in range), so the last row's read may reach one entry past its last group; compute-sanitizer
 // flagged that read past the allocation (gemv_quant_rounds_kernel<4, 1>, session 8). Its value is never used.
-constexpr size_t quant_shared_bytes(int groups, int batch) {
+__host__ __device__ constexpr size_t quant_shared_bytes(int groups, int batch) {
   return size_t(groups) * batch * (2 * 8 * sizeof(uint4) + sizeof(float2)) + kUnroll * sizeof(float2);
 }
 

@@ -72,6 +72,7 @@ struct Workspace {
   GemvMatrix* moe_descriptors;  // a decode step's expert products, written on the device
   int* moe_slots;
   float* moe_slot_weights;
+  float* moe_partials;  // the fused experts' down partials (expert_decode.cuh)
   int64_t* table_rows;
   float *embedding, *ple_keys, *ple_value, *ple_out, *ple_normed;
   float *logits, *mtp_row, *mtp_normed, *mtp_embedded;
@@ -171,6 +172,8 @@ void make_workspace(const ModelConfig& c, Workspace& w) {
   l.add(w.moe_descriptors, moe_descriptor_count(int(k)));
   l.add(w.moe_slots, moe_slot_count(int(k)));
   l.add(w.moe_slot_weights, moe_slot_weight_count(int(k)));
+  l.add(w.moe_partials,
+        expert_partial_count(int(k), int(c.moe_intermediate_size), int(c.shared_expert_intermediate_size), int(h)));
   l.add(w.table_rows, r * size_t(c.ngram_heads()));
   l.add(w.embedding, r * size_t(c.ple_embed_dim));
   for (float** buffer : {&w.ple_keys, &w.ple_out, &w.ple_normed}) l.add(*buffer, r * sh);
@@ -935,6 +938,7 @@ MoeBuffers CudaSequence::moe_buffers() const {
   b.descriptors = work_.moe_descriptors;
   b.slot_of = work_.moe_slots;
   b.slot_weights = work_.moe_slot_weights;
+  b.expert_partials = work_.moe_partials;
   return b;
 }
 

@@ -22,6 +22,8 @@ inline cuda::MoeBuffers make_moe_buffers(DeviceMemory& memory, const cuda::MoeSh
   b.descriptors = memory.zeros<cuda::GemvMatrix>(cuda::moe_descriptor_count(shape.route.top_k));
   b.slot_of = memory.zeros<int>(cuda::moe_slot_count(shape.route.top_k));
   b.slot_weights = memory.zeros<float>(cuda::moe_slot_weight_count(shape.route.top_k));
+  b.expert_partials =
+      memory.zeros<float>(cuda::expert_partial_count(shape.route.top_k, shape.inner, shape.shared_inner, shape.hidden));
   return b;
 }
 

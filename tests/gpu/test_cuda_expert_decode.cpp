@@ -38,22 +38,21 @@ TestMoe make_q4_moe(DeviceMemory& memory, std::mt19937& rng) {
 
 // Inputs whose k-th and (k+1)-th router probabilities differ by more than 1 % (fp32 cannot swap them): a common part
 // plus each row's own, so that rows agree on some experts.
-std::vector<float> distinct_inputs(const TestMoe& m, std::mt19937& rng, int rows) {
-  const std::vector<float> common = normal_values(rng, kHidden, 1.0f);
-  std::vector<float> x(size_t(rows) * kHidden);
+std::vector<float> distinct_inputs(const TestMoe& m, std::mt19937& rng, int rows, int hidden, int top_k) {
+  const std::vector<float> common = normal_values(rng, size_t(hidden), 1.0f);
+  std::vector<float> x(size_t(rows) * size_t(hidden));
   for (int r = 0; r < rows; ++r) {
     for (int attempt = 0;; ++attempt) {
       if (attempt == 100) {  // never met: a random draw has such a gap most of the time
         ADD_FAILURE() << "no input with distinct router scores";
         break;
       }
-      const std::vector<float> own = normal_values(rng, kHidden, 1.0f);
-      std::vector<double> row(kHidden);
-      for (int c = 0; c < kHidden; ++c)
-        row[size_t(c)] = x[size_t(r) * kHidden + size_t(c)] = common[size_t(c)] + own[size_t(c)];
+      const std::vector<float> own = normal_values(rng, size_t(hidden), 1.0f);
+      std::vector<double> row(static_cast<size_t>(hidden));
+      for (size_t c = 0; c < size_t(hidden); ++c) row[c] = x[size_t(r) * size_t(hidden) + c] = common[c] + own[c];
       const std::vector<double> p = test::router_probabilities(m, row.data());
       const std::vector<int> order = test::probability_ranking(p);
-      if (p[size_t(order[kTopK - 1])] > 1.01 * p[size_t(order[kTopK])]) break;
+      if (p[size_t(order[size_t(top_k) - 1])] > 1.01 * p[size_t(order[size_t(top_k)])]) break;
     }
   }
   return x;
@@ -70,7 +69,7 @@ std::vector<float> run_decode(const TestMoe& moe, const cuda::MoeShape& shape, c
   cuda::moe_decode(moe.device, shape, plan, buffers, rows, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<float> y(x.size());
-  ids.resize(size_t(rows) * kTopK);
+  ids.resize(size_t(rows) * size_t(shape.route.top_k));
   EXPECT_EQ(cudaMemcpy(y.data(), buffers.output, y.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(ids.data(), buffers.route_ids, ids.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
   return y;
@@ -78,40 +77,52 @@ std::vector<float> run_decode(const TestMoe& moe, const cuda::MoeShape& shape, c
 
 // Q4 products on tensor cores with ~22-bit activations, fp32 sums and an fp32 softmax: each output is off by rounding
 // only, a few 1e-6 of the magnitude of its terms (more where silu(gate)·up cancels). The bound, 1e-3 of that
-// magnitude, is far below what a wrong expert, row, slot or weight gives (order 1). A second run must give the same
-// bits (fixed summation order).
-TEST(CudaExpertDecode, FusedQ4MatchesDoublePrecisionForOneToFourRows) {
-  std::mt19937 rng(41);
+// magnitude, is far below what a wrong expert, row, slot, group of h or weight gives (order 1). A second run must give
+// the same bits (fixed summation order).
+void expect_fused_matches_double_precision(const cuda::MoeShape& shape, unsigned seed) {
+  std::mt19937 rng(seed);
   DeviceMemory memory;
-  const TestMoe moe = make_q4_moe(memory, rng);
-  const cuda::MoeBuffers buffers = make_buffers(memory);
-  const cuda::MoeShape shape{kHidden, kInner, kSharedInner, {kExperts, kTopK, true}};
+  const TestMoe moe =
+      test::random_q4_moe(memory, rng, shape.hidden, shape.inner, shape.shared_inner, shape.route.experts);
+  const cuda::MoeBuffers buffers = test::make_moe_buffers(memory, shape, kRows);
   cuda::MoeDecodePlan plan = cuda::plan_moe_decode(moe.device, shape, buffers);
   ASSERT_TRUE(plan.decodes);
   ASSERT_TRUE(plan.fused);
   plan.fused_max_rows = kRows;  // the kernels at every row count, not only those the engine sends them
+  const int hidden = shape.hidden, top_k = shape.route.top_k;
   for (int rows = 1; rows <= kRows; ++rows) {
-    const std::vector<float> x = distinct_inputs(moe, rng, rows);
+    const std::vector<float> x = distinct_inputs(moe, rng, rows, hidden, top_k);
     std::vector<int> ids, again_ids;
     const std::vector<float> y = run_decode(moe, shape, plan, buffers, x, rows, ids);
-    const test::MoeReference ref = test::reference_moe(moe, std::vector<double>(x.begin(), x.end()), rows, kTopK);
+    const test::MoeReference ref = test::reference_moe(moe, std::vector<double>(x.begin(), x.end()), rows, top_k);
     std::set<int> all;
     for (int r = 0; r < rows; ++r) {
-      const std::set<int> picked(ids.begin() + r * kTopK, ids.begin() + (r + 1) * kTopK);
+      const std::set<int> picked(ids.begin() + r * top_k, ids.begin() + (r + 1) * top_k);
       EXPECT_EQ(picked, ref.picks[size_t(r)]) << rows << " rows, row " << r;
       all.insert(picked.begin(), picked.end());
     }
     if (rows > 1) {  // the premise: the rows share some experts and not all
-      EXPECT_LT(all.size(), size_t(rows * kTopK));
-      EXPECT_GT(all.size(), size_t(kTopK));
+      EXPECT_LT(all.size(), size_t(rows * top_k));
+      EXPECT_GT(all.size(), size_t(top_k));
     }
     for (size_t i = 0; i < y.size(); ++i)
       ASSERT_NEAR(y[i], ref.y[i], 1e-3 * ref.magnitude[i])
-          << rows << " rows, row " << i / kHidden << ", column " << i % kHidden;
+          << rows << " rows, row " << i / size_t(hidden) << ", column " << i % size_t(hidden);
     const std::vector<float> again = run_decode(moe, shape, plan, buffers, x, rows, again_ids);
     EXPECT_EQ(again_ids, ids);
     EXPECT_EQ(0, std::memcmp(again.data(), y.data(), y.size() * sizeof(float))) << rows << " rows: not reproducible";
   }
+}
+
+TEST(CudaExpertDecode, FusedQ4MatchesDoublePrecisionForOneToFourRows) {
+  expect_fused_matches_double_precision({kHidden, kInner, kSharedInner, {kExperts, kTopK, true}}, 41);
+}
+
+// Experts and a shared expert of different widths (2 and 3 groups of h, so the shared expert's partials reach past
+// the experts'), a hidden width of 20 output tiles (fewer than a block's warps take in one round of down tiles) that
+// is no multiple of the combine's 32 columns, and top 4 of 12.
+TEST(CudaExpertDecode, FusedQ4MatchesDoublePrecisionAtSmallUnevenWidths) {
+  expect_fused_matches_double_precision({320, 128, 192, {12, 4, true}}, 47);
 }
 
 // The step's slots: first-come over the rows' picks in order, each row's weight of each slot's expert (0 where it did
@@ -231,8 +242,8 @@ void fused_chain(const TestMoe& moe, const cuda::MoeShape& shape, const cuda::Mo
   slots.down = moe.device.expert_down;
   slots.matrices = buffers.descriptors;
   cuda::moe_route_slots(shape.route, buffers.router, rows, buffers.route_ids, buffers.route_weights, slots, stream);
-  ASSERT_EQ(cuda::expert_gate_up(plan.experts, rows, rows * top_k, stream), cudaSuccess);
-  ASSERT_EQ(cuda::expert_down(plan.experts, rows, stream), cudaSuccess);
+  ASSERT_EQ(cuda::expert_products(plan.experts, rows, rows * top_k, stream), cudaSuccess);
+  ASSERT_EQ(cuda::expert_combine(plan.experts, rows, rows * top_k, stream), cudaSuccess);
 }
 
 // The fused MoE experts of a decode pass as dependent launches: route_slots_kernel writes the step's slots
