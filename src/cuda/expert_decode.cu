@@ -5,6 +5,7 @@
 #include "cuda/expert_decode.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/quant_mma.cuh"
+#include "cuda/route_block.cuh"
 
 namespace vavilov::cuda {
 
@@ -106,9 +107,14 @@ __device__ inline void down_tile_products(const DownLoads& loads, int first, int
   }
 }
 
-// partials: [slot, h group, batch row, hidden] with `groups` h groups a slot (the widest expert's).
-template <int B>
+// partials: [slot, h group, batch row, hidden] with `groups` h groups a slot (the widest expert's). With Route (a 1-row
+// pass), each expert block routes the row itself (route_block.cuh: the picks of moe_route_slots, in the same order)
+// and takes its slot's expert from the tables; the block of slot 0 and group 0 writes the picks, and each slot's
+// group-0 block its weight and the count, for the combine.
+template <int B, bool Route>
 __global__ void __launch_bounds__(kSliceWarps * 32) products_kernel(ExpertDecode p, int selections, int groups) {
+  static_assert(!Route || (B == 1 && kSliceWarps == route_block::kRouteBlockWarps), "one row, routed by the block");
+  if constexpr (Route) route_block::prefetch_expert_tables(p.slots.gate, p.slots.up, p.slots.down, p.route.experts);
   wait_for_producers();
   allow_dependents();
   extern __shared__ uint4 staged[];
@@ -124,11 +130,25 @@ __global__ void __launch_bounds__(kSliceWarps * 32) products_kernel(ExpertDecode
   const int matrix = warp % 2, slice = (warp / 2) % kSliceColumns, tile = warp / (2 * kSliceColumns);
   GemvMatrix m, down;  // one read of the slot's descriptors, then the weights
   if (shared_expert) {
-    m = gemv_matrix(matrix ? p.shared_up : p.shared_gate, p.x, nullptr);
+    m = gemv_matrix(matrix ? p.shared_up : p.shared_gate, nullptr, nullptr);
     down = gemv_matrix(p.shared_down, nullptr, nullptr);
+  } else if constexpr (Route) {
+    __shared__ int picked[kMaxMoeTopK];
+    __shared__ float picked_weight[kMaxMoeTopK];
+    const bool writes_picks = slot == 0 && group == 0;
+    route_block::route_row_by_block<1>(p.route, p.logits, writes_picks ? p.route_ids : nullptr,
+                                       writes_picks ? p.route_weights : nullptr, picked, picked_weight);
+    __syncthreads();
+    if (group == 0 && threadIdx.x == 0) {
+      p.slots.weights[slot * kMaxGemvRows] = picked_weight[slot];
+      if (slot == 0) *p.slots.count = p.route.top_k;  // one row's picks are distinct experts
+    }
+    const int expert = picked[slot];
+    m = gemv_matrix(matrix ? p.slots.up[expert] : p.slots.gate[expert], nullptr, nullptr);
+    down = gemv_matrix(p.slots.down[expert], nullptr, nullptr);
   } else {
-    m = p.slot_matrices[3 * slot + matrix];
-    down = p.slot_matrices[3 * slot + 2];
+    m = p.slots.matrices[3 * slot + matrix];
+    down = p.slots.matrices[3 * slot + 2];
   }
   if (m.rows == 0) return;  // a slot past the step's distinct experts (gate and up alike: the whole block)
   m.x = p.x;
@@ -188,7 +208,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(ExpertDecod
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, b = int(blockIdx.y);
   const int column = int(blockIdx.x) * 32 + lane;
   const bool inside = column < p.hidden;
-  const int count = *p.slot_count;
+  const int count = *p.slots.count;
   for (int s = warp; s <= count; s += kCombineWarps) {
     const bool shared_expert = s == count;
     const int slot = shared_expert ? selections : s, used = (shared_expert ? p.shared_inner : p.inner) / kQuantGroup;
@@ -201,24 +221,26 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(ExpertDecod
   __syncthreads();
   if (warp != 0 || !inside) return;
   float y = 0.0f;
-  for (int s = 0; s < count; ++s) y = fmaf(p.slot_weights[s * kMaxGemvRows + b], sums[s][lane], y);
+  for (int s = 0; s < count; ++s) y = fmaf(p.slots.weights[s * kMaxGemvRows + b], sums[s][lane], y);
   y = fmaf(sigmoid(p.shared_scale[b]), sums[count][lane], y);
   p.y[size_t(b) * p.hidden + column] = y;
 }
 
 int slot_groups(const ExpertDecode& p) { return std::max(p.inner, p.shared_inner) / kQuantGroup; }
 
-template <int B>
+bool routes_inside(const ExpertDecode& p, int rows) { return rows == 1 && p.route.experts <= kMaxRouteInsideExperts; }
+
+template <int B, bool Route>
 cudaError_t launch_products(const ExpertDecode& p, int selections, cudaStream_t stream) {
   const size_t shared = quant_shared_bytes(p.hidden / kQuantGroup, B);
   if (shared > size_t(kMaxDynamicShared)) return cudaErrorInvalidValue;
   // Once for all: only a permission, so it never changes between the launches of a captured graph.
   static const cudaError_t opted_in =
-      cudaFuncSetAttribute(products_kernel<B>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynamicShared);
+      cudaFuncSetAttribute(products_kernel<B, Route>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynamicShared);
   if (opted_in != cudaSuccess) return opted_in;
   const int groups = slot_groups(p);
-  launch_dependent(products_kernel<B>, dim3(unsigned(groups), unsigned(selections + 1)), kSliceWarps * 32, shared,
-                   stream, p, selections, groups);
+  launch_dependent(products_kernel<B, Route>, dim3(unsigned(groups), unsigned(selections + 1)), kSliceWarps * 32,
+                   shared, stream, p, selections, groups);
   return cudaGetLastError();
 }
 
@@ -232,11 +254,17 @@ cudaError_t launch_combine(const ExpertDecode& p, int selections, cudaStream_t s
 
 }  // namespace
 
-cudaError_t expert_products(const ExpertDecode& p, int rows, int selections, cudaStream_t stream) {
-  return with_batch(rows, [&](auto b) { return launch_products<decltype(b)::value>(p, selections, stream); });
-}
-
-cudaError_t expert_combine(const ExpertDecode& p, int rows, int selections, cudaStream_t stream) {
+cudaError_t expert_decode(const ExpertDecode& p, int rows, cudaStream_t stream) {
+  static_assert(kMaxRouteInsideExperts == route_block::kRouteBlockThreads, "an expert a thread");
+  const int selections = rows * p.route.top_k;
+  const bool inside = routes_inside(p, rows);
+  if (!inside) moe_route_slots(p.route, p.logits, rows, p.route_ids, p.route_weights, p.slots, stream);
+  const cudaError_t products = with_batch(rows, [&](auto b) {
+    constexpr int kRows = decltype(b)::value;
+    return inside ? launch_products<kRows, kRows == 1>(p, selections, stream)
+                  : launch_products<kRows, false>(p, selections, stream);
+  });
+  if (products != cudaSuccess) return products;
   return with_batch(rows, [&](auto b) { return launch_combine<decltype(b)::value>(p, selections, stream); });
 }
 

@@ -1,5 +1,7 @@
 #pragma once
-// The routed and shared experts of a decode step (1–4 rows, Q4 weights) in two launches, after moe_route_slots:
+// The routed and shared experts of a decode step (1–4 rows, Q4 weights), after the router product:
+//   routing:  moe_route_slots gives the step's distinct experts their slots — except in a 1-row pass (up to
+//             kMaxRouteInsideExperts experts), whose products blocks each route the row themselves;
 //   products: a block per (64 rows of h, expert) computes gate and up of those rows, h = silu(gate·x)·(up·x) in its
 //             shared memory, and then down's product with just those 64 columns: each output row's partial for
 //             (expert, group of h). h never leaves the block, so gate/up and down need no launch between them;
@@ -15,24 +17,24 @@
 
 namespace vavilov::cuda {
 
+constexpr int kMaxRouteInsideExperts = 512;  // a 1-row pass routes inside the products blocks up to this many experts
+
 struct ExpertDecode {
   DeviceMatrix shared_gate, shared_up, shared_down;
-  int hidden = 0, inner = 0, shared_inner = 0, top_k = 0;
-  const float* x = nullptr;                   // [rows, hidden]
-  const float* shared_scale = nullptr;        // [rows]: the shared-expert gate's logit
-  const GemvMatrix* slot_matrices = nullptr;  // ExpertSlots::matrices (an empty slot: rows = 0)
-  const int* slot_count = nullptr;            // ExpertSlots::count
-  const float* slot_weights = nullptr;        // ExpertSlots::weights
-  float* partials = nullptr;                  // [expert_partial_count(...)]: the down partials
-  float* y = nullptr;                         // [rows, hidden]
+  int hidden = 0, inner = 0, shared_inner = 0;
+  RouteShape route;
+  const float* x = nullptr;             // [rows, hidden]
+  const float* logits = nullptr;        // [rows, experts]: the router's
+  const float* shared_scale = nullptr;  // [rows]: the shared-expert gate's logit
+  int* route_ids = nullptr;             // [rows, top_k]: the picks (every MoE path leaves them there)
+  float* route_weights = nullptr;       // [rows, top_k]
+  ExpertSlots slots;                    // the expert tables and the step's slots (with their descriptors)
+  float* partials = nullptr;            // [expert_partial_count(...)]: the down partials
+  float* y = nullptr;                   // [rows, hidden]
 };
 
-// The partials of `rows` rows with `selections` = rows·top_k (the grid's bound on the slot count; the shared expert's
-// are at slot `selections`).
-cudaError_t expert_products(const ExpertDecode& p, int rows, int selections, cudaStream_t stream);
-
-// y from the partials.
-cudaError_t expert_combine(const ExpertDecode& p, int rows, int selections, cudaStream_t stream);
+// Routing (when the pass needs its launch), products and combine: y for `rows` rows.
+cudaError_t expert_decode(const ExpertDecode& p, int rows, cudaStream_t stream);
 
 // Floats of ExpertDecode::partials for passes of up to kMaxGemvRows rows.
 size_t expert_partial_count(int top_k, int inner, int shared_inner, int hidden);

@@ -51,30 +51,26 @@ ExpertDecode expert_decode_arguments(const DeviceMoe& w, const MoeShape& shape, 
   p.hidden = shape.hidden;
   p.inner = shape.inner;
   p.shared_inner = shape.shared_inner;
+  p.route = shape.route;
   p.x = b.input;
+  p.logits = b.router;
   p.shared_scale = b.shared_scale;
-  p.top_k = shape.route.top_k;
-  p.slot_matrices = b.descriptors;
-  p.slot_count = b.slot_of + kMaxGemvRows * shape.route.top_k;
-  p.slot_weights = b.slot_weights;
+  p.route_ids = b.route_ids;
+  p.route_weights = b.route_weights;
+  p.slots = {b.slot_of, b.slot_of + kMaxGemvRows * shape.route.top_k, b.slot_weights};
+  p.slots.gate = w.expert_gate;
+  p.slots.up = w.expert_up;
+  p.slots.down = w.expert_down;
+  p.slots.matrices = b.descriptors;
   p.partials = b.expert_partials;
   p.y = b.output;
   return p;
 }
 
-// run_products, routing with slots, and expert_decode.cuh's two launches.
-void decode_fused(const DeviceMoe& w, const MoeShape& shape, const MoeDecodePlan& plan, const MoeBuffers& buffers,
-                  int rows, cudaStream_t stream) {
-  const int top_k = shape.route.top_k;
+// run_products, then expert_decode.cuh's routing, products and combine.
+void decode_fused(const MoeDecodePlan& plan, int rows, cudaStream_t stream) {
   run_products(plan.fused_inputs, rows, stream);  // router, shared-expert gate
-  ExpertSlots slots{buffers.slot_of, buffers.slot_of + kMaxGemvRows * top_k, buffers.slot_weights};
-  slots.gate = w.expert_gate;
-  slots.up = w.expert_up;
-  slots.down = w.expert_down;
-  slots.matrices = buffers.descriptors;  // the slots' descriptors (expert_decode_arguments: slot_matrices)
-  moe_route_slots(shape.route, buffers.router, rows, buffers.route_ids, buffers.route_weights, slots, stream);
-  cuda_check(expert_products(plan.experts, rows, rows * top_k, stream), "MoE expert products");
-  cuda_check(expert_combine(plan.experts, rows, rows * top_k, stream), "MoE expert combine");
+  cuda_check(expert_decode(plan.experts, rows, stream), "MoE experts");
 }
 
 // settled_x: every matrix's activations when the Q4 kernel may stage them before its wait (gemv_q4_experts).
@@ -128,7 +124,7 @@ MoeDecodePlan plan_moe_decode(const DeviceMoe& w, const MoeShape& shape, const M
 
 void moe_decode(const DeviceMoe& w, const MoeShape& shape, const MoeDecodePlan& plan, const MoeBuffers& buffers,
                 int rows, cudaStream_t stream) {
-  if (plan.fused && rows <= plan.fused_max_rows) return decode_fused(w, shape, plan, buffers, rows, stream);
+  if (plan.fused && rows <= plan.fused_max_rows) return decode_fused(plan, rows, stream);
   const int top_k = shape.route.top_k, selections = rows * top_k, slots = kMaxGemvRows * top_k;
   run_products(plan.inputs, rows, stream);
 

@@ -231,26 +231,18 @@ TEST(CudaExpertDecode, RouteSlotsListTheDistinctExpertsInFirstComeOrder) {
   }
 }
 
-// The fused path's launches after the router product: moe_route_slots, gate/up, down (as moe_block.cpp's
-// decode_fused), on the logits and the shared-expert gate logits already in `buffers`.
-void fused_chain(const TestMoe& moe, const cuda::MoeShape& shape, const cuda::MoeDecodePlan& plan,
-                 const cuda::MoeBuffers& buffers, int rows, cudaStream_t stream) {
-  const int top_k = shape.route.top_k;
-  cuda::ExpertSlots slots{buffers.slot_of, buffers.slot_of + cuda::kMaxGemvRows * top_k, buffers.slot_weights};
-  slots.gate = moe.device.expert_gate;
-  slots.up = moe.device.expert_up;
-  slots.down = moe.device.expert_down;
-  slots.matrices = buffers.descriptors;
-  cuda::moe_route_slots(shape.route, buffers.router, rows, buffers.route_ids, buffers.route_weights, slots, stream);
-  ASSERT_EQ(cuda::expert_products(plan.experts, rows, rows * top_k, stream), cudaSuccess);
-  ASSERT_EQ(cuda::expert_combine(plan.experts, rows, rows * top_k, stream), cudaSuccess);
+// The fused path's launches after the router product (as moe_block.cpp's decode_fused): routing (a launch of its own
+// from 2 rows), products and combine, on the logits and the shared-expert gate logits already in `buffers`.
+void fused_chain(const cuda::MoeDecodePlan& plan, int rows, cudaStream_t stream) {
+  ASSERT_EQ(cuda::expert_decode(plan.experts, rows, stream), cudaSuccess);
 }
 
-// The fused MoE experts of a decode pass as dependent launches: route_slots_kernel writes the step's slots
-// (descriptors, weights) from the router logits, gate/up and down take them. A producer writes the logits late over a
-// previous step's (whose slots, other experts, are still in the buffers); the chain's output must equal, bit for bit,
-// the same chain on the finished logits: no kernel of it may take the slots or the logits before they are final (a
-// kernel that reads them before its wait, as launch.cuh's two-deep rule allows, included).
+// The fused MoE experts of a decode pass as dependent launches: the routing (route_slots_kernel, or each products block
+// in a 1-row pass) takes the router logits, the products and the combine the slots (descriptors, weights). A producer
+// writes the logits late over a previous step's (whose slots, other experts, are still in the buffers); the chain's
+// output must equal, bit for bit, the same chain on the finished logits: no kernel of it may take the slots or the
+// logits before they are final (a kernel that reads them before its wait, as launch.cuh's two-deep rule allows,
+// included).
 TEST(CudaExpertDecode, ChainAfterLateLogitsMatchesFinishedLogits) {
   constexpr int hidden = 2560, inner = 640, experts = 64, top_k = 10;
   std::mt19937 rng(23);
@@ -269,7 +261,7 @@ TEST(CudaExpertDecode, ChainAfterLateLogitsMatchesFinishedLogits) {
   const float* final_logits = memory.copy(test::normal_values(rng, logit_count, 1.0f));
   for (int rows = 1; rows <= cuda::kMaxGemvRows; rows += 3) {
     const size_t outputs = size_t(rows) * hidden;
-    const auto chain = [&](cudaStream_t stream) { fused_chain(moe, shape, plan, buffers, rows, stream); };
+    const auto chain = [&](cudaStream_t stream) { fused_chain(plan, rows, stream); };
     const auto run_on = [&](const float* logits) {  // the chain on logits in place, and its picks
       ASSERT_EQ(cudaMemcpy(buffers.router, logits, logit_count * 4, cudaMemcpyDefault), cudaSuccess);
       chain(nullptr);
@@ -315,7 +307,7 @@ TEST(CudaExpertDecode, OneRowPassOnTiedRouterScoresPicksAsTheCpu) {
     std::vector<float> logits(kExperts);
     for (float& l : logits) l = levels == 1 ? 0.5f : 0.5f * float(level(rng));
     ASSERT_EQ(cudaMemcpy(buffers.router, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-    fused_chain(moe, shape, plan, buffers, 1, nullptr);
+    fused_chain(plan, 1, nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<double> p(logits.begin(), logits.end());
     const double peak = *std::max_element(p.begin(), p.end());
@@ -334,6 +326,51 @@ TEST(CudaExpertDecode, OneRowPassOnTiedRouterScoresPicksAsTheCpu) {
     const std::vector<float> got = test::download(buffers.output, kHidden);
     for (int i = 0; i < kHidden; ++i)  // as FusedQ4MatchesDoublePrecisionForOneToFourRows
       ASSERT_NEAR(got[size_t(i)], y[size_t(i)], 1e-3 * magnitude[size_t(i)]) << levels << " levels, column " << i;
+  }
+}
+
+// A 1-row pass routes inside its products blocks (route_block.cuh, the function moe_route_slots runs): its picks and
+// weights, and the weights and count it leaves for the combine, must be moe_route_slots' bit for bit, on random
+// logits and on logits with many exact ties.
+TEST(CudaExpertDecode, OneRowRoutingInsideTheProductsIsRouteSlots) {
+  std::mt19937 rng(53);
+  DeviceMemory memory;
+  const TestMoe moe = make_q4_moe(memory, rng);
+  const cuda::MoeBuffers buffers = make_buffers(memory);
+  const cuda::MoeShape shape{kHidden, kInner, kSharedInner, {kExperts, kTopK, true}};
+  const cuda::MoeDecodePlan plan = cuda::plan_moe_decode(moe.device, shape, buffers);
+  ASSERT_TRUE(plan.fused);
+  const cuda::ExpertSlots& slots = plan.experts.slots;
+  std::uniform_int_distribution<int> level(0, 3);
+  for (bool ties : {false, true}) {
+    std::vector<float> logits = normal_values(rng, kExperts, 2.0f);
+    if (ties)
+      for (float& l : logits) l = 0.5f * float(level(rng));
+    ASSERT_EQ(cudaMemcpy(buffers.router, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    cuda::moe_route_slots(shape.route, buffers.router, 1, buffers.route_ids, buffers.route_weights, slots, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<int> ids = test::download(buffers.route_ids, kTopK);
+    const std::vector<float> weights = test::download(buffers.route_weights, kTopK);
+    const std::vector<float> slot_weights = test::download(buffers.slot_weights, size_t(kTopK) * cuda::kMaxGemvRows);
+    // What the pass must write again: NaN weights, ids and count −1.
+    ASSERT_EQ(cudaMemset(buffers.route_ids, 0xff, kTopK * sizeof(int)), cudaSuccess);
+    ASSERT_EQ(cudaMemset(buffers.route_weights, 0xff, kTopK * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMemset(buffers.slot_weights, 0xff, slot_weights.size() * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMemset(slots.count, 0xff, sizeof(int)), cudaSuccess);
+    fused_chain(plan, 1, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(test::download(buffers.route_ids, kTopK), ids) << "ties " << ties;
+    const std::vector<float> got_weights = test::download(buffers.route_weights, kTopK);
+    const std::vector<float> got_slot_weights =
+        test::download(buffers.slot_weights, size_t(kTopK) * cuda::kMaxGemvRows);
+    EXPECT_EQ(test::download(slots.count, 1), std::vector<int>{kTopK}) << "ties " << ties;
+    for (int j = 0; j < kTopK; ++j) {
+      EXPECT_EQ(std::memcmp(&got_weights[size_t(j)], &weights[size_t(j)], 4), 0) << "ties " << ties << ", pick " << j;
+      EXPECT_EQ(std::memcmp(&got_slot_weights[size_t(j) * cuda::kMaxGemvRows],
+                            &slot_weights[size_t(j) * cuda::kMaxGemvRows], 4),
+                0)
+          << "ties " << ties << ", slot " << j;
+    }
   }
 }
 
