@@ -3,7 +3,7 @@
 # 4 layers). KERNEL is a regex over the MANGLED name (ncu writes the demangled one as gemv_quant_kernel<(int)4, (int)1>,
 # which a regex like gemv_quant_kernel<4, 1> never matches); the default is the 1-row decode GEMV, whose 4th-6th
 # launches should be a GDN layer's grouped input products, out and router/shared-gate products (130, 80 and 33 blocks
-# in details.txt). Other kernels: gate_up_kernelILi1E, down_kernelILi1E, hc_down_kernelILi1E, gdn_decode_kernel.
+# in details.txt). Other kernels: products_kernelILi1ELb1E, combine_kernelILi1E, hc_down_kernelILi1E, gdn_decode_kernel.
 # Writes OUTDIR/profile.tar.xz holding the .ncu-rep, details.txt (every section: warp states, memory, launch) and
 # source.csv (per SASS instruction: issue and stall samples by reason; builds without -lineinfo have no source lines):
 # one file, because the device tool brings back at most 8.

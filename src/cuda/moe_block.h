@@ -10,11 +10,11 @@
 //      GemvMatrix::x_up);
 //   5. down of every distinct expert and of the shared expert: one GEMV launch;
 //   6. the combine: y = σ(shared gate)·shared + Σ routing weight·expert, only over each row's own picks.
-// When every expert matrix and the shared expert are Q4 (Flash-Next), passes of up to fused_max_rows rows take four
-// launches instead: the router and the shared-expert gate; moe_route_slots (the step's slots, per-row weights and
-// each slot's matrix descriptors); expert_decode.cuh's gate/up of every distinct expert and of the shared expert with
-// SwiGLU in the epilogue; its down with the routing-weighted sum over each row's experts and the gated shared expert,
-// in a fixed order.
+// When every expert matrix and the shared expert are Q4 (Flash-Next), passes of up to fused_max_rows rows take
+// expert_decode.cuh's path instead: the router and the shared-expert gate in one launch; the routing (moe_route_slots,
+// except in a 1-row pass, whose products blocks route the row themselves); the products (gate/up, SwiGLU and down's
+// partial per 64 rows of h, in one launch); and the combine with the routing weights and the gated shared expert, in a
+// fixed order.
 // Experts in formats the GEMV kernels do not read (F32, other quantizations) take the row-general path in
 // sequence.cpp instead.
 #include <cuda_runtime.h>
