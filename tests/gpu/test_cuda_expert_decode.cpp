@@ -62,6 +62,20 @@ cuda::MoeBuffers make_buffers(DeviceMemory& memory) {
   return test::make_moe_buffers(memory, {kHidden, kInner, kSharedInner, {kExperts, kTopK, true}}, kRows);
 }
 
+// The fused path at Flash-Next's widths (kExperts experts), planned.
+struct FusedMoe {
+  DeviceMemory memory;
+  TestMoe moe;
+  cuda::MoeBuffers buffers;
+  cuda::MoeShape shape{kHidden, kInner, kSharedInner, {kExperts, kTopK, true}};
+  cuda::MoeDecodePlan plan;
+
+  explicit FusedMoe(std::mt19937& rng)
+      : moe(make_q4_moe(memory, rng)),
+        buffers(make_buffers(memory)),
+        plan(cuda::plan_moe_decode(moe.device, shape, buffers)) {}
+};
+
 std::vector<float> run_decode(const TestMoe& moe, const cuda::MoeShape& shape, const cuda::MoeDecodePlan& plan,
                               const cuda::MoeBuffers& buffers, const std::vector<float>& x, int rows,
                               std::vector<int>& ids) {
@@ -291,11 +305,10 @@ TEST(CudaExpertDecode, ChainAfterLateLogitsMatchesFinishedLogits) {
 // equal: the picks, and the output against the spec's MoE over them.
 TEST(CudaExpertDecode, OneRowPassOnTiedRouterScoresPicksAsTheCpu) {
   std::mt19937 rng(43);
-  DeviceMemory memory;
-  const TestMoe moe = make_q4_moe(memory, rng);
-  const cuda::MoeBuffers buffers = make_buffers(memory);
-  const cuda::MoeShape shape{kHidden, kInner, kSharedInner, {kExperts, kTopK, true}};
-  const cuda::MoeDecodePlan plan = cuda::plan_moe_decode(moe.device, shape, buffers);
+  const FusedMoe fused(rng);
+  const TestMoe& moe = fused.moe;
+  const cuda::MoeBuffers& buffers = fused.buffers;
+  const cuda::MoeDecodePlan& plan = fused.plan;
   ASSERT_TRUE(plan.fused);
   const std::vector<float> x = normal_values(rng, kHidden, 1.0f);
   const float scale = 0.3f;
@@ -334,11 +347,10 @@ TEST(CudaExpertDecode, OneRowPassOnTiedRouterScoresPicksAsTheCpu) {
 // logits and on logits with many exact ties.
 TEST(CudaExpertDecode, OneRowRoutingInsideTheProductsIsRouteSlots) {
   std::mt19937 rng(53);
-  DeviceMemory memory;
-  const TestMoe moe = make_q4_moe(memory, rng);
-  const cuda::MoeBuffers buffers = make_buffers(memory);
-  const cuda::MoeShape shape{kHidden, kInner, kSharedInner, {kExperts, kTopK, true}};
-  const cuda::MoeDecodePlan plan = cuda::plan_moe_decode(moe.device, shape, buffers);
+  const FusedMoe fused(rng);
+  const cuda::MoeBuffers& buffers = fused.buffers;
+  const cuda::MoeShape& shape = fused.shape;
+  const cuda::MoeDecodePlan& plan = fused.plan;
   ASSERT_TRUE(plan.fused);
   const cuda::ExpertSlots& slots = plan.experts.slots;
   std::uniform_int_distribution<int> level(0, 3);
