@@ -44,10 +44,10 @@ __device__ inline TileRows tile_rows(const GemvMatrix& m, int first_row) {
 }
 
 // Block (group of 64 rows of h, slot; the shared expert at slot `selections`), kSliceWarps warps. Warp w reads matrix
-// w % 2 (gate, up) of h tile w / 4 over column slice (w / 2) % 2, as gate_up used to with one tile a block; the block
-// then holds its 64 values of h = silu(gate)·up, which are exactly one group of down's columns, and writes the product
-// of down's rows with that group alone: each output row's partial for (slot, group), which expert_combine adds up.
-// No h leaves the block and no launch sits between gate/up and down.
+// w % 2 (gate, up) of h tile w / 4 over column slice (w / 2) % 2 (the per-warp work of the former gate/up kernel, which
+// had one tile a block); the block then holds its 64 values of h = silu(gate)·up, which are exactly one group of down's
+// columns, and writes the product of down's rows with that group alone: each output row's partial for (slot, group),
+// which combine_kernel adds up. No h leaves the block and no launch sits between gate/up and down.
 constexpr int kSliceWarps = 16;
 constexpr int kSliceTiles = kQuantGroup / kTileRows;            // tiles of h rows a block
 constexpr int kSliceColumns = kSliceWarps / (2 * kSliceTiles);  // column slices of gate and up
@@ -109,8 +109,8 @@ __device__ inline void down_tile_products(const DownLoads& loads, int first, int
 
 // partials: [slot, h group, batch row, hidden] with `groups` h groups a slot (the widest expert's). With Route (a 1-row
 // pass), each expert block routes the row itself (route_block.cuh: the picks of moe_route_slots, in the same order)
-// and takes its slot's expert from the tables; the block of slot 0 and group 0 writes the picks, and each slot's
-// group-0 block its weight and the count, for the combine.
+// and takes its slot's expert from the tables; each slot's group-0 block writes the slot's weight for the combine, and
+// block (0, 0) also the picks and the count.
 template <int B, bool Route>
 __global__ void __launch_bounds__(kSliceWarps * 32) products_kernel(ExpertDecode p, int selections, int groups) {
   static_assert(!Route || (B == 1 && kSliceWarps == route_block::kRouteBlockWarps), "one row, routed by the block");
@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(kSliceWarps * 32) products_kernel(ExpertDecode
   wait_for_producers();
   allow_dependents();
   extern __shared__ uint4 staged[];
-  __shared__ float partials[kSliceWarps][64];
+  __shared__ float sums[kSliceWarps][64];  // each warp's gate or up sums
   __shared__ float h[B][kQuantGroup];
   constexpr size_t kHStagedWords = (quant_shared_bytes(1, B) + sizeof(uint4) - 1) / sizeof(uint4);
   __shared__ uint4 h_staged[kHStagedWords];
@@ -166,15 +166,15 @@ __global__ void __launch_bounds__(kSliceWarps * 32) products_kernel(ExpertDecode
   const int down_tiles = (p.hidden + kTileRows - 1) / kTileRows;
   DownLoads next;  // down's first tiles, in flight while h is summed and staged
   load_down_tiles(next, down, group, warp, down_tiles);
-  partials[warp][lane] = acc[0];
-  partials[warp][32 + lane] = acc[1];
+  sums[warp][lane] = acc[0];
+  sums[warp][32 + lane] = acc[1];
   __syncthreads();
   for (int i = int(threadIdx.x); i < kQuantGroup * B; i += int(blockDim.x)) {  // the slices' sums in slice order
     const int b = i % B, row = i / B, at = tile_slot(row % kTileRows, b);
     const int first_warp = (row / kTileRows) * 2 * kSliceColumns;
     float gate = 0.0f, up = 0.0f;
     for (int s = 0; s < kSliceColumns; ++s)
-      gate += partials[first_warp + 2 * s][at], up += partials[first_warp + 2 * s + 1][at];
+      gate += sums[first_warp + 2 * s][at], up += sums[first_warp + 2 * s + 1][at];
     h[b][row] = silu(gate) * up;
   }
   __syncthreads();
