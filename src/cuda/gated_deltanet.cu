@@ -407,15 +407,14 @@ __global__ void __launch_bounds__(DecodeLayout<kColumns>::kThreads, DecodeLayout
       for (int n = 0; n < 4; ++n) state[m][n] += ki * delta[n];
     }
     if (row_group == 0) *reinterpret_cast<float4*>(&outputs[t][j0]) = make_float4(o[0], o[1], o[2], o[3]);
-    if (row_states && t + 1 < rows) {  // the last row's with the state
+    if (row_states && t + 1 < rows) {  // not the last row's: that is the new state
       float* snapshot = row_states + (size_t(t) * s.heads + head) * head_size;
       store_state<L::kRowGroups>(snapshot, s, row_group, j0, vector, state);
     }
   }
-  // The new state (and the last row's snapshot), issued before the output norm.
-  float* last_snapshot = row_states ? row_states + (size_t(rows - 1) * s.heads + head) * head_size : nullptr;
+  // The new state, issued before the output norm. It is the last row's snapshot too, which a rollback never asks for
+  // (keeping every row is no rollback), so that snapshot is not written.
   store_state<L::kRowGroups>(head_state, s, row_group, j0, vector, state);
-  if (last_snapshot) store_state<L::kRowGroups>(last_snapshot, s, row_group, j0, vector, state);
   __syncthreads();  // outputs complete
 
   // Gated RMS norm over the head's dv outputs of each row: warp t, row t.

@@ -38,7 +38,8 @@ void gdn_conv(const float* taps, int channels, int kernel, float* state, float* 
               cudaStream_t stream);
 
 // Decode: at most kGdnDecodeMaxRows rows, one after the other. recurrent [heads, dk, dv] advanced; row_states
-// (optional) [rows, heads, dk, dv] gets the state after every row; out [rows, heads·dv] = the gated, normalised
+// (optional) [rows, heads, dk, dv] gets the state after every row but the last (that one is `recurrent` itself, and a
+// rollback restores the last row it keeps, never the pass's last); out [rows, heads·dv] = the gated, normalised
 // core output. one_row_body: a pass of 1 row at dk = dv = 128 runs the kernel's 1-row instantiation (a smaller body,
 // bit-identical results); false runs the general one (for the tests and the A/B). Default: gdn_decode_one_row_body().
 constexpr int kGdnDecodeMaxRows = 8;

@@ -199,7 +199,9 @@ struct AttentionCache {
   int64_t capacity = 0;
 };
 
-// A recurrent state and its copies after each recorded row ([kRecordedRows] of the same size), for rollback.
+// A recurrent state and its copies after each recorded row ([kRecordedRows] of the same size), for rollback. A rollback
+// restores the copy of the last row it keeps, never the pass's last (keeping every row restores nothing), so a writer
+// may skip that one: the GDN recurrence does (3.1 MB a layer at Flash-Next).
 struct RecurrentBuffer {
   DeviceAllocation now, rows;
   size_t bytes = 0;
