@@ -17,6 +17,7 @@ constexpr int kMaxPortableCluster = 8;  // the value heads of one key head form 
 // The decode kernel folds in convs of kernel ≤ 4 (the release's; wider ones would spill the registers that hold the
 // state): the conv state of 3 inputs a channel.
 constexpr int kDecodeConvHistory = 3;
+constexpr int kReplayThreads = 256;
 
 // ---- Decode ----------------------------------------------------------------------------------------------------
 //
@@ -285,6 +286,10 @@ __global__ void __launch_bounds__(DecodeLayout<kColumns>::kThreads, DecodeLayout
   // this layer's own, the pass's inputs are read only after that kernel has finished (a no-op in a plain launch).
   wait_for_producers();
   allow_dependents();
+  // A recorded pass of several rows keeps what a rollback needs (gdn_row_state_floats): first the state before it,
+  // stored while phase 1 runs.
+  const bool record = kMaxRows > 1 && row_states && rows > 1;
+  if (record) store_state<L::kRowGroups>(row_states + head * head_size, s, row_group, j0, vector, state);
 
   // Phase 1: every input of every row into shared memory (copied asynchronously, so that all of a thread's loads are
   // in flight at once without registers, which hold the state), each thread's channels convolved in place there, and
@@ -400,20 +405,24 @@ __global__ void __launch_bounds__(DecodeLayout<kColumns>::kThreads, DecodeLayout
       delta[n] = beta * (vs[n] - sk[n]);
       o[n] = sq[n] + delta[n] * r.kq;
     }
+    // The row's update of every state entry is S ← decay·S (above), then S ← k̂ δᵀ + S: recorded, a rollback redoes
+    // those very operations (gdn_replay).
 #pragma unroll
     for (int m = 0; m < L::kRowsPerThread; ++m) {
       const float ki = k[t][row_group + m * L::kRowGroups] * r.k;
 #pragma unroll
-      for (int n = 0; n < 4; ++n) state[m][n] += ki * delta[n];
+      for (int n = 0; n < 4; ++n) state[m][n] = fmaf(ki, delta[n], state[m][n]);
     }
     if (row_group == 0) *reinterpret_cast<float4*>(&outputs[t][j0]) = make_float4(o[0], o[1], o[2], o[3]);
-    if (row_states && t + 1 < rows) {  // not the last row's: that is the new state
-      float* snapshot = row_states + (size_t(t) * s.heads + head) * head_size;
-      store_state<L::kRowGroups>(snapshot, s, row_group, j0, vector, state);
+    if (record) {
+      float* update = row_states + s.heads * head_size + (size_t(t) * s.heads + head) * gdn_row_update_floats(s);
+      if (tid == 0) update[0] = decay;
+      if (tid < s.dk) update[kGdnUpdateKeys + tid] = k[t][tid] * r.k;
+      if (row_group == 0)
+        for (int n = 0; n < 4 && j0 + n < s.dv; ++n) update[kGdnUpdateKeys + s.dk + j0 + n] = delta[n];
     }
   }
-  // The new state, issued before the output norm. It is the last row's snapshot too, which a rollback never asks for
-  // (keeping every row is no rollback), so that snapshot is not written.
+  // The new state, issued before the output norm.
   store_state<L::kRowGroups>(head_state, s, row_group, j0, vector, state);
   __syncthreads();  // outputs complete
 
@@ -465,6 +474,30 @@ void launch_decode(const GdnShape& s, const GdnInputs& in, const GdnConvState& c
     launch_decode<kGdnMaxValueDim, kConv>(s, in, conv, recurrent, row_states, out, dependent, one_row_body, stream);
 }
 
+// Block per (value head, buffer); a thread per state entry in turn: the state before the pass, then each kept row's
+// S ← decay·S, S ← k̂ δᵀ + S, the decode kernel's own operations in its order (bit-identical states).
+__global__ void gdn_replay_kernel(GdnShape s, const GdnReplay* buffers, const int* kept_rows, int kept, int rows) {
+  wait_for_producers();
+  allow_dependents();
+  if (kept_rows) kept = *kept_rows;
+  if (kept >= rows) return;  // every row kept: the state is the pass's
+  const GdnReplay b = buffers[blockIdx.y];
+  const int head = int(blockIdx.x);
+  const size_t head_size = size_t(s.dk) * s.dv, update_floats = gdn_row_update_floats(s);
+  const float* before = b.row_states + head * head_size;
+  const float* updates = b.row_states + s.heads * head_size + size_t(head) * update_floats;
+  float* state = b.recurrent + head * head_size;
+  for (int e = int(threadIdx.x); e < int(head_size); e += int(blockDim.x)) {
+    const int i = e / s.dv, j = e % s.dv;
+    float value = before[e];
+    for (int t = 0; t < kept; ++t) {
+      const float* u = updates + size_t(t) * s.heads * update_floats;
+      value = fmaf(u[kGdnUpdateKeys + i], u[kGdnUpdateKeys + s.dk + j], value * u[0]);
+    }
+    state[e] = value;
+  }
+}
+
 }  // namespace
 
 void gdn_conv(const float* taps, int channels, int kernel, float* state, float* x, int rows, float* row_states,
@@ -478,6 +511,13 @@ void gdn_conv(const float* taps, int channels, int kernel, float* state, float* 
 void gdn_decode(const GdnShape& s, const GdnInputs& in, float* recurrent, float* row_states, float* out,
                 cudaStream_t stream, bool one_row_body) {
   if (in.rows > 0) launch_decode<false>(s, in, GdnConvState{}, recurrent, row_states, out, false, one_row_body, stream);
+}
+
+void gdn_replay(const GdnShape& s, const GdnReplay* buffers, int count, const int* kept_rows, int kept, int rows,
+                cudaStream_t stream) {
+  if (count > 0)
+    launch_dependent(gdn_replay_kernel, dim3(unsigned(s.heads), unsigned(count)), dim3(kReplayThreads), 0, stream, s,
+                     buffers, kept_rows, kept, rows);
 }
 
 bool gdn_decode_one_row_body() {

@@ -38,14 +38,36 @@ void gdn_conv(const float* taps, int channels, int kernel, float* state, float* 
               cudaStream_t stream);
 
 // Decode: at most kGdnDecodeMaxRows rows, one after the other. recurrent [heads, dk, dv] advanced; row_states
-// (optional) [rows, heads, dk, dv] gets the state after every row but the last (that one is `recurrent` itself, and a
-// rollback restores the last row it keeps, never the pass's last); out [rows, heads·dv] = the gated, normalised
+// (optional, gdn_row_state_floats) gets, in a pass of several rows, what gdn_replay needs to rebuild the state after
+// any of them: the state before the pass, then each row's update; out [rows, heads·dv] = the gated, normalised
 // core output. one_row_body: a pass of 1 row at dk = dv = 128 runs the kernel's 1-row instantiation (a smaller body,
 // bit-identical results); false runs the general one (for the tests and the A/B). Default: gdn_decode_one_row_body().
 constexpr int kGdnDecodeMaxRows = 8;
 bool gdn_decode_one_row_body();  // true unless VAVILOV_GDN_ONE_ROW=0 (read once)
 void gdn_decode(const GdnShape& shape, const GdnInputs& in, float* recurrent, float* row_states, float* out,
                 cudaStream_t stream, bool one_row_body = gdn_decode_one_row_body());
+
+// A recorded decode pass's row_states: the state before the pass [heads, dk, dv], then per row t and head the row's
+// update [gdn_row_update_floats]: the decay at 0, k̂ (the l2-normalised key) at kGdnUpdateKeys, δ = β(v − S'ᵀk̂) after
+// it. The state after row t is decay·S + k̂ δᵀ of the one before, entry by entry (one fp32 product, one fma). A 64 KB
+// state a head once, where a snapshot a row would write it every row (the decode kernel's stores, from a block a head,
+// are what its time goes to at several rows). None in a 1-row pass: nothing can be rolled back there.
+constexpr int kGdnUpdateKeys = 4;
+__host__ __device__ inline size_t gdn_row_update_floats(const GdnShape& s) {
+  return (size_t(kGdnUpdateKeys + s.dk + s.dv) + 3) / 4 * 4;
+}
+inline size_t gdn_row_state_floats(const GdnShape& s, int rows) {
+  return size_t(s.heads) * (size_t(s.dk) * s.dv + size_t(rows) * gdn_row_update_floats(s));
+}
+
+// Rebuilds `recurrent` as it was after `kept` (or *kept_rows, when not null: read on the device) of a recorded pass's
+// `rows` rows, from its row_states, for each of `count` buffers; nothing when every row is kept.
+struct GdnReplay {
+  const float* row_states;
+  float* recurrent;
+};
+void gdn_replay(const GdnShape& shape, const GdnReplay* buffers, int count, const int* kept_rows, int kept, int rows,
+                cudaStream_t stream);
 
 // The causal conv of a decode pass: taps [conv_dim, kernel] (kernel ≤ kGdnMaxConvKernel), state [kernel−1, conv_dim]
 // advanced past the pass's rows, row_states (optional) [rows, kernel−1, conv_dim] the state after every row.

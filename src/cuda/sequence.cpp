@@ -199,18 +199,18 @@ struct AttentionCache {
   int64_t capacity = 0;
 };
 
-// A recurrent state and its copies after each recorded row ([kRecordedRows] of the same size), for rollback. A rollback
-// restores the copy of the last row it keeps, never the pass's last (keeping every row restores nothing), so a writer
-// may skip that one: the GDN recurrence does (3.1 MB a layer at Flash-Next).
+// A recurrent state and what a rollback needs of a recorded pass: its copies after each recorded row ([kRecordedRows]
+// of the same size; a rollback restores the copy of the last row it keeps), or for the GDN recurrence the state before
+// the pass and each row's update (gdn_row_state_floats: a rollback replays the rows it keeps, gdn_replay).
 struct RecurrentBuffer {
   DeviceAllocation now, rows;
   size_t bytes = 0;
 
-  void make(size_t size, const char* what) {
+  void make(size_t size, const char* what, size_t row_bytes = 0) {
     bytes = size;
     now = device_alloc(size, what);
     cuda_check(cudaMemset(now.get(), 0, size), what);
-    rows = device_alloc(size * kRecordedRows, what);
+    rows = device_alloc(row_bytes ? row_bytes : size * kRecordedRows, what);
   }
   template <typename T>
   T* state() const {
@@ -240,8 +240,9 @@ struct LayerState {
   // attention input projections, each hyper-connection read's mix_down and inject, PLE's key and value projections.
   ProductGroup mixer_inputs, attention_read, mlp_read, ple_inputs;
 
-  // The recurrent buffers a rollback restores (keep_rows, the fused step's rollback table).
-  std::array<RecurrentBuffer*, 4> recurrent_buffers() { return {&gdn_conv, &gdn_recurrent, &ple_previous, &ple_conv}; }
+  // The recurrent buffers a rollback copies back (keep_rows, the fused step's rollback table); the GDN recurrence is
+  // replayed instead (gdn_replay).
+  std::array<RecurrentBuffer*, 3> copied_buffers() { return {&gdn_conv, &ple_previous, &ple_conv}; }
 };
 
 template <typename T>
@@ -255,7 +256,7 @@ LayerState new_layer_state(const ModelConfig& c, LayerKind kind, bool has_ple) {
     s.gdn_conv.make(size_t(c.linear_conv_kernel_dim - 1) * size_t(c.gdn_conv_dim()) * 4, "GDN state");
     s.gdn_recurrent.make(
         size_t(c.linear_num_value_heads) * size_t(c.linear_key_head_dim) * size_t(c.linear_value_head_dim) * 4,
-        "GDN state");
+        "GDN state", gdn_row_state_floats(gdn_shape(c), kRecordedRows) * 4);
   }
   if (has_ple) {
     const size_t context = size_t(c.ngram_size - 1);
@@ -355,7 +356,9 @@ class CudaSequence final : public SequenceBackend {
     if (first_position + kept == position_) return;
     const size_t row = size_t(kept - 1);
     for (LayerState& layer : layers_)
-      for (RecurrentBuffer* buffer : layer.recurrent_buffers()) buffer->restore(row, stream_);
+      for (RecurrentBuffer* buffer : layer.copied_buffers()) buffer->restore(row, stream_);
+    gdn_replay(gdn_shape(c_), static_cast<const GdnReplay*>(replay_table_.get()), replay_count_, nullptr, int(kept),
+               int(recorded_rows_), stream_);
     position_ = first_position + kept;  // attention caches are truncated by the position alone
     recorded_rows_ = 0;
   }
@@ -573,21 +576,31 @@ class CudaSequence final : public SequenceBackend {
     stops_ = std::move(ids);
     stops_sent_ = true;
   }
-  // Every recurrent buffer a rollback restores (keep_rows' list), for greedy_rollback's single launch.
+  // Every recurrent buffer a rollback copies back (keep_rows' list), for greedy_rollback's single launch, and every
+  // GDN recurrence it replays, for gdn_replay's.
   void make_rollback_table() {
     std::vector<RollbackBuffer> table;
-    for (LayerState& layer : layers_)
-      for (RecurrentBuffer* buffer : layer.recurrent_buffers())
+    std::vector<GdnReplay> replays;
+    for (LayerState& layer : layers_) {
+      for (RecurrentBuffer* buffer : layer.copied_buffers())
         if (buffer->now) {
           check(buffer->bytes % 4 == 0, "rollback: a recurrent state of {} bytes", buffer->bytes);
           table.push_back({buffer->now.get(), buffer->rows.get(), buffer->bytes});
         }
+      if (layer.gdn_recurrent.now)
+        replays.push_back({layer.gdn_recurrent.recorded<float>(true), layer.gdn_recurrent.state<float>()});
+    }
     rollback_count_ = int(table.size());
-    if (table.empty()) return;
-    rollback_table_ = device_alloc(table.size() * sizeof(RollbackBuffer), "rollback table");
-    cuda_check(
-        cudaMemcpy(rollback_table_.get(), table.data(), table.size() * sizeof(RollbackBuffer), cudaMemcpyHostToDevice),
-        "rollback table");
+    rollback_table_ = upload_table(table, "rollback table");
+    replay_count_ = int(replays.size());
+    replay_table_ = upload_table(replays, "rollback table");
+  }
+  template <typename T>
+  static DeviceAllocation upload_table(const std::vector<T>& table, const char* what) {
+    if (table.empty()) return {};
+    DeviceAllocation memory = device_alloc(table.size() * sizeof(T), what);
+    cuda_check(cudaMemcpy(memory.get(), table.data(), table.size() * sizeof(T), cudaMemcpyHostToDevice), what);
+    return memory;
   }
   // work_.greedy = the argmax of each of work_.logits' first `rows` rows.
   void greedy_ids(int rows) {
@@ -636,8 +649,10 @@ class CudaSequence final : public SequenceBackend {
   uint64_t generation_ = 0;                   // counts reallocations of memory that captured graphs address
   int64_t position_ = 0, mtp_position_ = 0;
   int64_t recorded_from_ = -1, recorded_rows_ = 0;
-  DeviceAllocation rollback_table_;  // [rollback_count_] RollbackBuffer: every recurrent buffer, fixed for life
+  DeviceAllocation rollback_table_;  // [rollback_count_] RollbackBuffer: every copied recurrent buffer, fixed for life
   int rollback_count_ = 0;
+  DeviceAllocation replay_table_;  // [replay_count_] GdnReplay: every GDN layer's recurrence, fixed for life
+  int replay_count_ = 0;
   std::vector<int32_t> stops_;  // the stop tokens on the device (work_.step_stops), once stops_sent_
   bool stops_sent_ = false;
   // The stack still lacks the last hyper-connection write (work_.inject's gates times work_.output): the next read,
@@ -691,6 +706,8 @@ void CudaSequence::fused_step(int rows, int drafts, bool accept_all, bool sample
   cuda_check(greedy_rollback(static_cast<const RollbackBuffer*>(rollback_table_.get()), rollback_count_,
                              work_.step_state, rows, stream_),
              what);
+  gdn_replay(gdn_shape(c_), static_cast<const GdnReplay*>(replay_table_.get()), replay_count_, &work_.step_state->kept,
+             0, rows, stream_);
   cuda_check(greedy_copy_row(work_.stack, 0, false, work_.step_state, work_.mtp_normed, rows * sh, stream_), what);
   head_pass(rows);
   cuda_check(greedy_copy_row(work_.stack, sh, true, work_.step_state, work_.step_stack, sh, stream_), what);

@@ -164,6 +164,19 @@ double error_of(const std::vector<float>& got, const std::vector<double>& want) 
 // relative, the order of fp32's own rounding). A wrong index, decay, row or slice gives ≥ 1e-2.
 constexpr double kTolerance = 1e-4;
 
+// The state after `kept` of a recorded pass's `rows` rows, rebuilt by gdn_replay from its row_states.
+std::vector<float> replayed(const GdnShape& s, const float* row_states, int kept, int rows, size_t state_size) {
+  Device d;
+  float* state = d.zeros(state_size);
+  const cuda::GdnReplay buffer{row_states, state};
+  float* table = d.zeros((sizeof buffer + 3) / 4);
+  EXPECT_EQ(cudaMemcpy(table, &buffer, sizeof buffer, cudaMemcpyHostToDevice), cudaSuccess);
+  cuda::gdn_replay(s, reinterpret_cast<const cuda::GdnReplay*>(table), 1, nullptr, kept, rows, nullptr);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return host_copy(state, state_size);
+}
+
 cuda::GdnInputs device_inputs(Device& d, const Inputs& in, int rows) {
   return {d.copy(in.qkv), d.copy(in.b),    d.copy(in.a), d.copy(in.a_log), d.copy(in.dt_bias),
           d.copy(in.z),   d.copy(in.norm), in.eps,       in.sigmoid_gate,  rows};
@@ -180,17 +193,23 @@ TEST(CudaGdn, DecodeMatchesRecurrenceWithRowStates) {
       const cuda::GdnInputs gpu = device_inputs(d, in, rows);
       float* state = d.copy(in.state);
       const size_t state_size = in.state.size();
-      float* row_states = d.zeros(size_t(rows) * state_size);
+      float* row_states = d.zeros(cuda::gdn_row_state_floats(s, rows));
       float* out = d.zeros(want.out.size());
       cuda::gdn_decode(s, gpu, state, row_states, out, nullptr);
       ASSERT_EQ(cudaGetLastError(), cudaSuccess);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       EXPECT_LE(error_of(host_copy(out, want.out.size()), want.out), kTolerance);
       EXPECT_LE(error_of(host_copy(state, state_size), want.state), kTolerance);
-      const std::vector<float> recorded = host_copy(row_states, size_t(rows) * state_size);
-      for (int t = 0; t + 1 < rows; ++t) {  // the last row's state is `state` (not copied)
-        const std::vector<float> row(recorded.begin() + t * state_size, recorded.begin() + (t + 1) * state_size);
-        EXPECT_LE(error_of(row, want.row_states[size_t(t)]), kTolerance) << "state after row " << t;
+      // Each state a rollback can ask for: the reference's, and bit for bit the state a pass of just those rows leaves.
+      for (int kept = 1; kept < rows; ++kept) {
+        const std::vector<float> rebuilt = replayed(s, row_states, kept, rows, state_size);
+        EXPECT_LE(error_of(rebuilt, want.row_states[size_t(kept - 1)]), kTolerance) << "state after row " << kept - 1;
+        float* alone = d.copy(in.state);
+        cuda::GdnInputs first = gpu;
+        first.rows = kept;
+        cuda::gdn_decode(s, first, alone, nullptr, d.zeros(want.out.size()), nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_EQ(rebuilt, host_copy(alone, state_size)) << "state after row " << kept - 1 << " of a pass of " << kept;
       }
     }
 }
@@ -410,7 +429,7 @@ TEST(CudaGdn, ConvDecodeMatchesConvAndRecurrence) {
         float* conv_rows = record ? d.zeros(size_t(rows) * c.state.size()) : nullptr;
         float* state = d.copy(in.state);
         const size_t state_size = in.state.size();
-        float* row_states = record ? d.zeros(size_t(rows) * state_size) : nullptr;
+        float* row_states = record ? d.zeros(cuda::gdn_row_state_floats(s, rows)) : nullptr;
         float* out = d.zeros(want.out.size());
         const cuda::GdnConvState conv{d.copy(c.taps), kConvKernel, conv_state, conv_rows};
         const cuda::GdnInputs gpu = device_inputs(d, in, rows);
@@ -431,12 +450,12 @@ TEST(CudaGdn, ConvDecodeMatchesConvAndRecurrence) {
         EXPECT_LE(error_of(host_copy(state, state_size), want.state), kTolerance);
         EXPECT_EQ(host_copy(conv_state, c.state.size()), conv_want.row_states.back());
         if (!record) continue;
-        const std::vector<float> recorded = host_copy(row_states, size_t(rows) * state_size);
         const std::vector<float> conv_recorded = host_copy(conv_rows, size_t(rows) * c.state.size());
         for (int t = 0; t < rows; ++t) {
-          const std::vector<float> row(recorded.begin() + t * state_size, recorded.begin() + (t + 1) * state_size);
-          if (t + 1 < rows) {  // the last row's state is `state` (not copied)
-            EXPECT_LE(error_of(row, want.row_states[size_t(t)]), kTolerance) << "state after row " << t;
+          if (t + 1 < rows) {  // the last row's state is `state` (nothing to replay)
+            EXPECT_LE(error_of(replayed(s, row_states, t + 1, rows, state_size), want.row_states[size_t(t)]),
+                      kTolerance)
+                << "state after row " << t;
           }
           const std::vector<float> conv_row(conv_recorded.begin() + t * c.state.size(),
                                             conv_recorded.begin() + (t + 1) * c.state.size());
