@@ -237,7 +237,8 @@ int time_kernels(const char* out_path) {
     int rows;
     bool record, fused, dependent, general = false;
   };
-  // 2 and 4 rows without recording: what the rows cost without their snapshots.
+  // 2 and 4 rows without recording: what the rows cost without what a rollback needs (the state before the pass and
+  // each row's update).
   const std::vector<DecodeCase> cases = {
       {1, false, true, false},      {1, true, true, false},        {2, true, true, false},
       {3, true, true, false},       {4, true, true, false},        {2, false, true, false},

@@ -19,7 +19,7 @@ int device_count();
 bool runs_on_gpu(const Matrix& m);
 
 // Uploads the model's weights to the GPU once; every sequence the factory makes shares them and keeps its own state
-// (attention caches, fp32 recurrent state and per-row snapshots) on the GPU.
+// (attention caches, fp32 recurrent state and what a rollback of a recorded pass needs) on the GPU.
 SequenceFactory sequence_factory(const Model& model);
 // With expert_cache_mb ≥ 0 (--expert-cache-mb): the routed experts in pinned host memory behind a device cache of that
 // many MB (0: none; every expert read over the bus), src/cuda/expert_cache.h. `stats_line`, when given, is set to a

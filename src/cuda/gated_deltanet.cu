@@ -69,10 +69,10 @@ __device__ inline void load_state(const float* head, const GdnShape& s, int i, i
 // The thread's state rows row_group + kRowGroups·m (< dk), columns j0 .. j0 + 3 into a head's [dk, dv] state at
 // `head` (vector when dv % 4 == 0). Its addresses are computed here, at each call, from an offset the compiler cannot
 // see through: hoisted out of the row loop, 16 pointers would take the registers that hold the state. The vector
-// stores are streaming (st.global.cs, evict-first): nothing in the pass reads these lines again, and a recorded pass
-// writes a 64 KB snapshot per head and row from 48 SMs; with plain stores each extra recorded row cost ~6.5 us at
-// Flash-Next's shape, streamed ~2 (and staging the snapshots in shared memory for bulk copies, ~3: see
-// bench/results/2026-11-30-h200-gdn-decode-rows-s6.json).
+// stores are streaming (st.global.cs, evict-first): nothing in the pass reads these lines again, and they leave 48 SMs
+// 64 KB a head at a time. When recorded passes still wrote a snapshot per row, each extra row cost ~6.5 us at
+// Flash-Next's shape with plain stores, ~2 streamed (and staging the snapshots in shared memory for bulk copies, ~3:
+// see bench/results/2026-11-30-h200-gdn-decode-rows-s6.json); they now record the state before the pass once.
 template <int kRowGroups, int kRows>
 __device__ inline void store_state(float* head, const GdnShape& s, int row_group, int j0, bool vector,
                                    const float (&state)[kRows][4]) {
