@@ -4,7 +4,7 @@
 #include "cuda/device_math.cuh"
 #include "cuda/expert_decode.cuh"
 #include "cuda/launch.cuh"
-#include "cuda/quant_mma.cuh"
+#include "cuda/quant_imma.cuh"
 #include "cuda/route_block.cuh"
 
 namespace vavilov::cuda {
@@ -80,6 +80,26 @@ template <int B>
 __device__ inline void down_tile_products(const DownLoads& loads, int first, int tiles, const uint4* h_fragments,
                                           const float2* h_terms, float* out, int hidden) {
   const int lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+  if constexpr (kQ4Digits<4, B>) {
+    const DigitLane<B> digits(h_fragments, h_terms, 1);
+#pragma unroll
+    for (int i = 0; i < kDownTilesInFlight; ++i) {
+      const int tile = first + i * kSliceWarps;
+      if (tile >= tiles) break;
+      float affine[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        affine[k] = __uint_as_float(__shfl_sync(0xffffffffu, loads.affine[i], (lane & ~3) | k) << 16);
+      float sums[DigitLane<B>::kTiles][2] = {}, acc[2] = {};
+      digit_group<B>(digits, 0, loads.codes[i][0], loads.codes[i][1], {affine[0], affine[1]}, {affine[2], affine[3]},
+                     sums);
+      digit_totals<B>(sums, acc);
+      const int row = tile * kTileRows + g;
+      if (t < B && row < hidden) out[size_t(t) * hidden + row] = acc[0];
+      if (t < B && row + 8 < hidden) out[size_t(t) * hidden + row + 8] = acc[1];
+    }
+    return;
+  }
   const uint4* b_lane = h_fragments + min(lane, 8 * B - 1);
   const uint4 b_fragment[2] = {b_lane[0], b_lane[8 * B]};
   const float2 terms = h_terms[min(t, B - 1)];
@@ -120,7 +140,7 @@ __global__ void __launch_bounds__(kSliceWarps * 32) products_kernel(ExpertDecode
   extern __shared__ uint4 staged[];
   __shared__ float sums[kSliceWarps][64];  // each warp's gate or up sums
   __shared__ float h[B][kQuantGroup];
-  constexpr size_t kHStagedWords = (quant_shared_bytes(1, B) + sizeof(uint4) - 1) / sizeof(uint4);
+  constexpr size_t kHStagedWords = (staged_bytes(4, 1, B) + sizeof(uint4) - 1) / sizeof(uint4);
   __shared__ uint4 h_staged[kHStagedWords];
   const int slot = int(blockIdx.y), group = int(blockIdx.x);
   const bool shared_expert = slot == selections;
@@ -158,11 +178,14 @@ __global__ void __launch_bounds__(kSliceWarps * 32) products_kernel(ExpertDecode
 
   WarpLoads current;  // issued before staging, so that the activations' latency overlaps theirs
   load_group_block<4>(current, rows.codes, rows.affine, begin, end, rows.width, t);
-  float2* group_terms = reinterpret_cast<float2*>(staged + size_t(rows.groups) * 16 * B);
-  stage_activations<4, B>(m, rows.groups, staged, group_terms);
+  float2* group_terms = staged_terms<4, B>(staged, rows.groups);
+  stage_for_products<4, B>(
+      rows.groups, [&](int b, int g, int column_t, float(&x)[16]) { load_activations(m, b, g, column_t, x); }, staged,
+      group_terms, int(threadIdx.x), int(blockDim.x));
   __syncthreads();
   float acc[2] = {};
-  tile_products<4, B>(current, rows.codes, rows.affine, rows.width, begin, end, rows.groups, staged, group_terms, acc);
+  staged_tile_products<4, B>(current, rows.codes, rows.affine, rows.width, begin, end, rows.groups, staged, group_terms,
+                             acc);
   const int down_tiles = (p.hidden + kTileRows - 1) / kTileRows;
   DownLoads next;  // down's first tiles, in flight while h is summed and staged
   load_down_tiles(next, down, group, warp, down_tiles);
@@ -178,9 +201,9 @@ __global__ void __launch_bounds__(kSliceWarps * 32) products_kernel(ExpertDecode
     h[b][row] = silu(gate) * up;
   }
   __syncthreads();
-  float2* h_terms = reinterpret_cast<float2*>(h_staged + 16 * B);
+  float2* h_terms = staged_terms<4, B>(h_staged, 1);
   if (warp == 0)
-    stage_fragments<4, B>(
+    stage_for_products<4, B>(
         1,
         [&](int b, int, int column_t, float(&x)[16]) {
 #pragma unroll
@@ -232,7 +255,7 @@ bool routes_inside(const ExpertDecode& p, int rows) { return rows == 1 && p.rout
 
 template <int B, bool Route>
 cudaError_t launch_products(const ExpertDecode& p, int selections, cudaStream_t stream) {
-  const size_t shared = quant_shared_bytes(p.hidden / kQuantGroup, B);
+  const size_t shared = staged_bytes(4, p.hidden / kQuantGroup, B);
   if (shared > size_t(kMaxDynamicShared)) return cudaErrorInvalidValue;
   // Once for all: only a permission, so it never changes between the launches of a captured graph.
   static const cudaError_t opted_in =

@@ -7,6 +7,7 @@
 #include "cuda/device_math.cuh"
 #include "cuda/gemv.cuh"
 #include "cuda/launch.cuh"
+#include "cuda/quant_imma.cuh"
 #include "cuda/quant_mma.cuh"
 
 namespace vavilov::cuda {
@@ -51,7 +52,7 @@ struct TileCounts {
   }
 };
 
-GemvSplit quant_split(const TileCounts& tiles, int cols, int batch);
+GemvSplit quant_split(const TileCounts& tiles, int cols, int batch, int bits);
 
 // Dependent launches (launch.cuh): whether a grouped launch's descriptors may be read before the wait (fixed for the
 // sequence's life, or written two launches back: GemvDescriptors) or only after it (written by the kernel before, e.g.
@@ -107,7 +108,8 @@ __device__ inline BlockWork block_work(const GemvMatrix& single, const GemvMatri
 // The block's activations of m: m.x, or silu(m.x)·m.x_up (GemvMatrix::x_up), into mma fragments.
 template <int Bits, int B>
 __device__ void stage_matrix_activations(const GemvMatrix& m, int groups, uint4* fragments, float2* group_terms) {
-  if (!m.x_up) return stage_activations<Bits, B>(m, groups, fragments, group_terms);
+  const auto plain = [&](int b, int group, int t, float(&x)[16]) { load_activations(m, b, group, t, x); };
+  if (!m.x_up) return stage_for_products<Bits, B>(groups, plain, fragments, group_terms, threadIdx.x, blockDim.x);
   const auto swiglu = [&](int b, int group, int t, float(&x)[16]) {
     load_activations(m, b, group, t, x);
     const float4* up = reinterpret_cast<const float4*>(m.x_up + size_t(b) * m.cols + group * kQuantGroup + 16 * t);
@@ -118,7 +120,7 @@ __device__ void stage_matrix_activations(const GemvMatrix& m, int groups, uint4*
       x[4 * i + 2] = silu(x[4 * i + 2]) * v.z, x[4 * i + 3] = silu(x[4 * i + 3]) * v.w;
     }
   };
-  stage_computed_activations<Bits, B>(groups, swiglu, fragments, group_terms);
+  stage_for_products<Bits, B>(groups, swiglu, fragments, group_terms, threadIdx.x, blockDim.x);
 }
 
 // Block (row block, matrix): warp w works on tile w % split.tiles and column slice w / split.tiles. Each warp leaves
@@ -151,11 +153,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   wait_for_producers();
   allow_dependents();
   uint4* fragments = shared;
-  float2* group_terms = reinterpret_cast<float2*>(fragments + size_t(groups) * 16 * B);
+  float2* group_terms = staged_terms<Bits, B>(fragments, groups);
   stage_matrix_activations<Bits, B>(m, groups, fragments, group_terms);
   __syncthreads();
   float acc[2] = {};
-  if (has_rows) tile_products<Bits, B>(current, codes, affine, width, begin, end, groups, fragments, group_terms, acc);
+  if (has_rows)
+    staged_tile_products<Bits, B>(current, codes, affine, width, begin, end, groups, fragments, group_terms, acc);
   partials[warp][lane] = acc[0];
   partials[warp][32 + lane] = acc[1];
   __syncthreads();
@@ -174,7 +177,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
 template <int Bits, int B>
 cudaError_t launch_quant(const GemvMatrix& single, const GemvMatrix* matrices, dim3 grid, int max_cols, GemvSplit split,
                          const LaunchPlan& plan, cudaStream_t stream) {
-  const size_t shared = quant_shared_bytes(max_cols / kQuantGroup, B);
+  const size_t shared = staged_bytes(Bits, max_cols / kQuantGroup, B);
   if (shared > kMaxDynamicShared) return cudaErrorInvalidValue;
   // Once for all: only a permission (occupancy follows each launch's own size), so it never changes between the
   // launches of a captured graph.
@@ -202,7 +205,7 @@ cudaError_t gemv_quant(const GemvMatrix& single, const GemvMatrix* matrices, con
     tiles[i] = tiles_of(matrix_rows[i]);
   }
   const TileCounts counts = flat ? TileCounts{count, 0, tiles} : TileCounts{count, tiles_of(max_rows), nullptr};
-  if (split.tiles == kChosenSplit.tiles) split = quant_split(counts, max_cols, batch);
+  if (split.tiles == kChosenSplit.tiles) split = quant_split(counts, max_cols, batch, Bits);
   if (split.tiles < 1 || split.splits < 1 || split.tiles * split.splits > kMaxWarps) return cudaErrorInvalidValue;
   dim3 grid(unsigned(counts.blocks(split.tiles) / count), unsigned(count));
   if (flat) {
@@ -269,7 +272,7 @@ struct RoundsLaunch {
 template <int Bits, int B>
 __device__ void stage_settled_activations(const RoundsLaunch& launch, uint4* fragments) {
   const int groups = launch.settled_cols / kQuantGroup;
-  float2* group_terms = reinterpret_cast<float2*>(fragments + size_t(groups) * 16 * B);
+  float2* group_terms = staged_terms<Bits, B>(fragments, groups);
   const auto load = [&](int b, int group, int t, float(&x)[16]) {
     const float4* source = reinterpret_cast<const float4*>(launch.settled_x + size_t(b) * launch.settled_cols +
                                                            group * kQuantGroup + 16 * t);
@@ -279,7 +282,7 @@ __device__ void stage_settled_activations(const RoundsLaunch& launch, uint4* fra
       x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
     }
   };
-  stage_computed_activations<Bits, B>(groups, load, fragments, group_terms);
+  stage_for_products<Bits, B>(groups, load, fragments, group_terms, threadIdx.x, blockDim.x);
 }
 
 // The settled activations (if any) and the descriptor first (after the wait when the kernel before wrote it, else
@@ -309,7 +312,7 @@ __global__ void __launch_bounds__(kMaxTiles * 32, 2)
   if (rounds > 1) prefetch_tile(m, warp_row + run_rows, row_words, groups, prefetch_lines);
   wait_for_producers();
   allow_dependents();
-  float2* group_terms = reinterpret_cast<float2*>(fragments + size_t(groups) * 16 * B);
+  float2* group_terms = staged_terms<Bits, B>(fragments, groups);
   if (!launch.settled_x) stage_matrix_activations<Bits, B>(m, groups, fragments, group_terms);
   __syncthreads();
   for (int round = 0; round < rounds; ++round, warp_row += run_rows) {
@@ -320,7 +323,8 @@ __global__ void __launch_bounds__(kMaxTiles * 32, 2)
       load_group_block<Bits>(current, tile.codes, tile.affine, 0, groups, width, t);
     }
     float acc[2] = {};
-    tile_products<Bits, B>(current, tile.codes, tile.affine, width, 0, groups, groups, fragments, group_terms, acc);
+    staged_tile_products<Bits, B>(current, tile.codes, tile.affine, width, 0, groups, groups, fragments, group_terms,
+                                  acc);
     if (t >= B) continue;
     if (warp_row + g < m.rows) m.y[size_t(t) * m.rows + warp_row + g] = acc[0];
     if (warp_row + g + 8 < m.rows) m.y[size_t(t) * m.rows + warp_row + g + 8] = acc[1];
@@ -335,7 +339,7 @@ constexpr int kExpertPrefetchLines = 2;
 template <int Bits, int B>
 cudaError_t launch_rounds(const GemvMatrix* matrices, dim3 grid, int max_cols, const RoundsLaunch& launch,
                           cudaStream_t stream) {
-  const size_t shared = quant_shared_bytes(max_cols / kQuantGroup, B);
+  const size_t shared = staged_bytes(Bits, max_cols / kQuantGroup, B);
   if (shared > kMaxDynamicShared) return cudaErrorInvalidValue;
   static const cudaError_t opted_in = cudaFuncSetAttribute(
       gemv_quant_rounds_kernel<Bits, B>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxDynamicShared));
@@ -349,7 +353,7 @@ cudaError_t launch_rounds(const GemvMatrix* matrices, dim3 grid, int max_cols, c
 // fill its shared memory).
 int expert_rounds(int count, int tiles_per_matrix, int cols, int batch) {
   if (int64_t(count) * tiles_per_matrix <= int64_t(kSms) * kQuantWarpsPerSm) return 1;
-  const size_t block_shared = quant_shared_bytes(cols / kQuantGroup, batch) + kReservedShared;
+  const size_t block_shared = staged_bytes(4, cols / kQuantGroup, batch) + kReservedShared;
   const int blocks_per_sm = std::max(1, std::min(kQuantWarpsPerSm / kMaxTiles, int(kSharedPerSm / block_shared)));
   const int most = (tiles_per_matrix + kMaxTiles - 1) / kMaxTiles;
   for (int rounds = 1; rounds < most; ++rounds) {
@@ -470,9 +474,9 @@ GemvSplit choose_split(const TileCounts& tiles, int units, int warps_per_sm, int
   return {std::min(kMaxTiles, tiles.most()), 1};
 }
 
-GemvSplit quant_split(const TileCounts& tiles, int cols, int batch) {
+GemvSplit quant_split(const TileCounts& tiles, int cols, int batch, int bits) {
   const int groups = cols / kQuantGroup, units = (groups + kUnroll - 1) / kUnroll;
-  const size_t block_shared = quant_shared_bytes(groups, batch) + kStaticShared + kReservedShared;
+  const size_t block_shared = staged_bytes(bits, groups, batch) + kStaticShared + kReservedShared;
   const int blocks_per_sm = int(std::max<size_t>(1, kSharedPerSm / block_shared));
   return choose_split(tiles, std::max(units, 1), kQuantWarpsPerSm, blocks_per_sm);
 }
@@ -480,7 +484,7 @@ GemvSplit quant_split(const TileCounts& tiles, int cols, int batch) {
 }  // namespace
 
 GemvSplit gemv_quant_split(int rows, int cols, int count, int batch) {
-  return quant_split(TileCounts{count, tiles_of(rows), nullptr}, cols, batch);
+  return quant_split(TileCounts{count, tiles_of(rows), nullptr}, cols, batch, 4);
 }
 
 GemvSplit gemv_dense_split(int rows, int cols, int count) {
