@@ -174,7 +174,6 @@ __device__ inline void tile_products_q4_digits(WarpLoads& current, const uint32_
                                                const __nv_bfloat16* affine, AffineWidth width, int begin, int end,
                                                int groups, const uint4* fragments, const float2* group_terms,
                                                float (&acc)[2]) {
-  const int lane = threadIdx.x % 32, t = lane % 4;
   const DigitLane<B> digits(fragments, group_terms, groups);
   float sums[DigitLane<B>::kTiles][2] = {};
   const auto group_products = [&](int u, int group, const uint32_t(&scale_bias)[4]) {
@@ -183,35 +182,7 @@ __device__ inline void tile_products_q4_digits(WarpLoads& current, const uint32_
     const float bias[2] = {pick(scale_bias[2]), pick(scale_bias[3])};
     digit_group<B>(digits, group, current.codes[u][0], current.codes[u][1], scale, bias, sums);
   };
-  const auto share_affine = [&](int pair, uint32_t(&scale_bias)[4]) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) scale_bias[i] = __shfl_sync(0xffffffffu, current.affine[pair], (lane & ~3) | i);
-  };
-  const auto whole_unit = [&](int first) {
-    uint32_t scale_bias[kUnroll / 2][4];
-#pragma unroll
-    for (int pair = 0; pair < kUnroll / 2; ++pair) share_affine(pair, scale_bias[pair]);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) group_products(u, first + u, scale_bias[u / 2]);
-  };
-  const auto partial_unit = [&](int first) {
-    uint32_t scale_bias[kUnroll / 2][4];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (first + u >= end) break;
-      if (u % 2 == 0) share_affine(u / 2, scale_bias[u / 2]);
-      group_products(u, first + u, scale_bias[u / 2]);
-    }
-  };
-  for (int first = begin; first < end; first += kUnroll) {
-    WarpLoads next;
-    load_group_block<4>(next, codes, affine, first + kUnroll, end, width, t);
-    if (first + kUnroll <= end)
-      whole_unit(first);
-    else
-      partial_unit(first);
-    current = next;
-  }
+  walk_units<4, false>(current, codes, affine, width, begin, end, group_products);
   digit_totals<B>(sums, acc);
 }
 

@@ -281,6 +281,62 @@ __device__ inline int slice_start(int k, int slices, int groups) {
   return min(k * units / slices * kUnroll, groups);
 }
 
+// The unit loop of a warp's tile: scales and biases shared to the quad, group_products(u, group, scale_bias) for each
+// group of [begin, end) in order, and each unit's loads issued at the previous unit's top into `current`. PartialApart:
+// the whole units in a loop of their own and the partial one after it (the same work; ptxas then allocates the loop
+// differently, faster at 2–4 rows and slower at one: docs/CUDA-KERNELS.md).
+template <int Bits, bool PartialApart, typename GroupProducts>
+__device__ inline void walk_units(WarpLoads& current, const uint32_t* const (&codes)[2], const __nv_bfloat16* affine,
+                                  AffineWidth width, int begin, int end, const GroupProducts& group_products) {
+  const int lane = threadIdx.x % 32;
+  // The bf16 pairs of groups 2·pair and 2·pair + 1 from the lanes that loaded them: scale row g, scale row g + 8, bias
+  // g, bias g + 8.
+  const auto share_affine = [&](int pair, uint32_t(&scale_bias)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) scale_bias[i] = __shfl_sync(0xffffffffu, current.affine[pair], (lane & ~3) | i);
+  };
+  // A whole unit's groups run with no exit between them, so that the compiler may overlap one group's decoding and mma
+  // chain with the next's (an exit after each group kept them one after another: docs/CUDA-KERNELS.md).
+  const auto whole_unit = [&](int first) {
+    uint32_t scale_bias[kUnroll / 2][4];
+#pragma unroll
+    for (int pair = 0; pair < kUnroll / 2; ++pair) share_affine(pair, scale_bias[pair]);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) group_products(u, first + u, scale_bias[u / 2]);
+  };
+  const auto partial_unit = [&](int first) {
+    uint32_t scale_bias[kUnroll / 2][4];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (first + u >= end) break;
+      if (u % 2 == 0) share_affine(u / 2, scale_bias[u / 2]);
+      group_products(u, first + u, scale_bias[u / 2]);
+    }
+  };
+  // All of a unit's loads go out at the previous unit's top (issued group by group into `current`'s registers instead,
+  // with no copy, the step measured 3-5 % slower: docs/CUDA-KERNELS.md).
+  if constexpr (!PartialApart) {
+    for (int first = begin; first < end; first += kUnroll) {
+      WarpLoads next;
+      load_group_block<Bits>(next, codes, affine, first + kUnroll, end, width, lane % 4);
+      if (first + kUnroll <= end)
+        whole_unit(first);
+      else
+        partial_unit(first);
+      current = next;
+    }
+  } else {
+    int first = begin;
+    for (; first + kUnroll <= end; first += kUnroll) {
+      WarpLoads next;
+      load_group_block<Bits>(next, codes, affine, first + kUnroll, end, width, lane % 4);
+      whole_unit(first);
+      current = next;
+    }
+    partial_unit(first);
+  }
+}
+
 // Σ over groups [begin, end) of one warp's tile: acc[r] = row g + 8r's product with batch row t (lane (g, t), t < B;
 // the accumulators of lanes t ≥ B hold sums that mean nothing).
 template <int Bits, int B>
@@ -309,54 +365,7 @@ __device__ inline void tile_products(WarpLoads& current, const uint32_t* const (
     acc[0] = fmaf(c[0] + c[1], pick(scale_bias[0]) * terms.y, fmaf(pick(scale_bias[2]), terms.x, acc[0]));
     acc[1] = fmaf(c[2] + c[3], pick(scale_bias[1]) * terms.y, fmaf(pick(scale_bias[3]), terms.x, acc[1]));
   };
-  // The bf16 pairs of groups 2·pair and 2·pair + 1 from the lanes that loaded them: scale row g, scale row g + 8, bias
-  // g, bias g + 8.
-  const auto share_affine = [&](int pair, uint32_t(&scale_bias)[4]) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) scale_bias[i] = __shfl_sync(0xffffffffu, current.affine[pair], (lane & ~3) | i);
-  };
-  // A whole unit's groups run with no exit between them, so that the compiler may overlap one group's decoding and mma
-  // chain with the next's (an exit after each group kept them one after another: docs/CUDA-KERNELS.md).
-  const auto whole_unit = [&](int first) {
-    uint32_t scale_bias[kUnroll / 2][4];
-#pragma unroll
-    for (int pair = 0; pair < kUnroll / 2; ++pair) share_affine(pair, scale_bias[pair]);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) group_products(u, first + u, scale_bias[u / 2]);
-  };
-  const auto partial_unit = [&](int first) {
-    uint32_t scale_bias[kUnroll / 2][4];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (first + u >= end) break;
-      if (u % 2 == 0) share_affine(u / 2, scale_bias[u / 2]);
-      group_products(u, first + u, scale_bias[u / 2]);
-    }
-  };
-  // All of a unit's loads go out at the previous unit's top (issued group by group into `current`'s registers instead,
-  // with no copy, the step measured 3-5 % slower: docs/CUDA-KERNELS.md).
-  if constexpr (B == 1) {
-    for (int first = begin; first < end; first += kUnroll) {
-      WarpLoads next;
-      load_group_block<Bits>(next, codes, affine, first + kUnroll, end, width, t);
-      if (first + kUnroll <= end)
-        whole_unit(first);
-      else
-        partial_unit(first);
-      current = next;
-    }
-  } else {
-    // Several rows: the whole units in a loop of their own and the partial one after it (the same work; ptxas then
-    // allocates the loop differently, faster at 2–4 rows and slower at one: docs/CUDA-KERNELS.md).
-    int first = begin;
-    for (; first + kUnroll <= end; first += kUnroll) {
-      WarpLoads next;
-      load_group_block<Bits>(next, codes, affine, first + kUnroll, end, width, t);
-      whole_unit(first);
-      current = next;
-    }
-    partial_unit(first);
-  }
+  walk_units<Bits, B != 1>(current, codes, affine, width, begin, end, group_products);
 }
 
 }  // namespace vavilov::cuda::qmma
