@@ -53,14 +53,7 @@ __device__ void stage_digits(int groups, const Load& load, uint4* fragments, flo
     const bool active = item < items;
     float x[16] = {};
     if (active) load(b, group, t, x);
-    float peak = 0.0f, sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) peak = fmaxf(peak, fabsf(x[i])), sum += x[i];
-#pragma unroll
-    for (int offset = 1; offset < 4; offset <<= 1) {
-      peak = fmaxf(peak, __shfl_xor_sync(0xffffffffu, peak, offset));
-      sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    }
+    const auto [peak, sum] = group_peak_and_sum(x);
     if (!active) continue;
     // The peak into [2^21, 2^22); 2^-e and 2^e stay normal floats.
     const int peak_exponent = int((__float_as_uint(peak) >> 23) & 0xffu) - 127;

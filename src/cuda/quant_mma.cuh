@@ -130,12 +130,9 @@ __host__ __device__ constexpr size_t quant_shared_bytes(int groups, int batch) {
   return size_t(groups) * batch * (2 * 8 * sizeof(uint4) + sizeof(float2)) + kUnroll * sizeof(float2);
 }
 
-// Lane t's 16 columns x of one (batch row, group) item as fp16 hi and lo halves, registers p holding columns
-// pair_column(Bits, p, 0 / 1), and the item's terms: the sum of the group's activations and the power of two that
-// undoes their scaling. The four lanes t of an item are consecutive lanes and call this together (shuffles), as do
-// all lanes of the warp.
-template <int Bits>
-__device__ inline float2 split_activations(const float (&x)[16], uint32_t (&hi)[8], uint32_t (&lo)[8]) {
+// The peak |x| and the sum of one (batch row, group) item's 64 activations, from the 16 of each of its four lanes
+// (consecutive lanes, calling together with the whole warp: shuffles); the sum in the same order in every kernel.
+__device__ inline float2 group_peak_and_sum(const float (&x)[16]) {
   float peak = 0.0f, sum = 0.0f;
 #pragma unroll
   for (int i = 0; i < 16; ++i) peak = fmaxf(peak, fabsf(x[i])), sum += x[i];
@@ -144,6 +141,16 @@ __device__ inline float2 split_activations(const float (&x)[16], uint32_t (&hi)[
     peak = fmaxf(peak, __shfl_xor_sync(0xffffffffu, peak, offset));
     sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   }
+  return make_float2(peak, sum);
+}
+
+// Lane t's 16 columns x of one (batch row, group) item as fp16 hi and lo halves, registers p holding columns
+// pair_column(Bits, p, 0 / 1), and the item's terms: the sum of the group's activations and the power of two that
+// undoes their scaling. The four lanes t of an item are consecutive lanes and call this together (shuffles), as do
+// all lanes of the warp.
+template <int Bits>
+__device__ inline float2 split_activations(const float (&x)[16], uint32_t (&hi)[8], uint32_t (&lo)[8]) {
+  const auto [peak, sum] = group_peak_and_sum(x);
   // Scale the group's peak into [2^14, 2^15): inside fp16's range, and lo stays a normal number for |x'| ≥ 1/8.
   // Both 2^-e and 2^e stay normal floats for every finite peak.
   const int peak_exponent = int((__float_as_uint(peak) >> 23) & 0xffu) - 127;
