@@ -268,7 +268,7 @@ struct RoundsLaunch {
 };
 
 // settled_x's activations (RoundsLaunch), staged by the whole block before the wait: read through L2 (__ldcg), the
-// same fp32 values as stage_activations.
+// same fp32 values as stage_matrix_activations.
 template <int Bits, int B>
 __device__ void stage_settled_activations(const RoundsLaunch& launch, uint4* fragments) {
   const int groups = launch.settled_cols / kQuantGroup;

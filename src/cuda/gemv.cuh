@@ -52,8 +52,10 @@ enum class GemvDescriptors { written_in_pass, fixed, written_two_back };
 // Runs `count` matrices described by the device array `matrices`, each against `batch` (1–4) activation rows;
 // max_rows/max_cols bound them (grid and shared-memory size). All matrices of one call share the format.
 // cols must be a multiple of 64 (quantized), 8 (BF16) or 4 (F32); x 16-byte aligned. The quantized kernels run on the
-// tensor cores with the activations split exactly into two fp16 halves (error ≤ 2^-22 relative, see gemv.cu); a block
-// stages those in shared memory: 4.125·batch·max_cols bytes must fit (223 KB on Hopper: max_cols ≤ 13824 at batch 4).
+// tensor cores with the activations split exactly into two fp16 halves (error ≤ 2^-22 relative, quant_mma.cuh), or,
+// for Q4 at 1–2 rows, into three signed-byte digits (error ≤ 2^-22 of a group's peak, quant_imma.cuh); a block stages
+// those in shared memory: 4.125·batch·max_cols bytes, or (8 + batch/8)·max_cols for the digits, must fit (223 KB on
+// Hopper: max_cols ≤ 13824 at batch 4).
 cudaError_t gemv_q4(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream,
                     GemvDescriptors descriptors = GemvDescriptors::written_in_pass);
 cudaError_t gemv_q3(const GemvMatrix* matrices, int count, int max_rows, int max_cols, int batch, cudaStream_t stream,

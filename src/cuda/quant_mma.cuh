@@ -2,6 +2,7 @@
 // The quantized GEMV's tensor-core building blocks (Q4/Q3/Q2 codes decoded to fp16 in registers, activations split
 // exactly into fp16 halves, mma m16n8k16), shared by the generic GEMV (gemv.cu) and the kernels that fuse a product
 // with its neighbours. Everything here is device code of one warp or one block; the work split lives with each kernel.
+// Q4 products of 1–2 rows take the integer path of quant_imma.cuh instead, with the same loads and unit loop.
 #include <cuda_fp16.h>
 
 #include <cstdint>
@@ -205,26 +206,10 @@ __device__ inline void load_activations(const GemvMatrix& m, int b, int group, i
   }
 }
 
-// m's activations, staged by thread `index` of `count` (with (lane, 32) one warp stages its own matrix's activations
-// into its own region, for kernels whose warps read different activations: expert_decode.cu).
-template <int Bits, int B>
-__device__ void stage_activations_by(const GemvMatrix& m, int groups, uint4* fragments, float2* group_terms, int index,
-                                     int count) {
-  stage_fragments<Bits, B>(
-      groups, [&](int b, int group, int t, float(&x)[16]) { load_activations(m, b, group, t, x); }, fragments,
-      group_terms, index, count);
-}
-
 // Activations a kernel computes on the fly (load as for stage_fragments), staged by the whole block.
 template <int Bits, int B, typename Load>
 __device__ void stage_computed_activations(int groups, const Load& load, uint4* fragments, float2* group_terms) {
   stage_fragments<Bits, B>(groups, load, fragments, group_terms, threadIdx.x, blockDim.x);
-}
-
-// m's activations, staged by the whole block.
-template <int Bits, int B>
-__device__ void stage_activations(const GemvMatrix& m, int groups, uint4* fragments, float2* group_terms) {
-  stage_activations_by<Bits, B>(m, groups, fragments, group_terms, threadIdx.x, blockDim.x);
 }
 
 // What one warp loads for kUnroll groups: codes of rows g and g + 8 of its tile, and the groups' scales and biases,
