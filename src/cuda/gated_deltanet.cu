@@ -22,10 +22,12 @@ constexpr int kReplayThreads = 256;
 // ---- Decode ----------------------------------------------------------------------------------------------------
 //
 // One block per value head holds the head's whole dk × dv state in registers: kColumns ≥ dv columns (128 or 256),
-// 2·kColumns threads, each 4 adjacent columns × 16 rows (64 values, read and written as float4 when dv % 4 == 0). A
-// warp holds 16 columns over all 128 rows (4 column threads × 8 row groups), so the sums over dk (Sᵀk, Sᵀq) finish
-// with shuffles inside the warp, and the gated RMS norm over the head's dv outputs inside the block: no shared-memory
-// reduction and no barrier per row, and no cluster for the norm. The state loads are issued first; while they are in
+// 512 threads, each 4 adjacent columns × 128·kColumns/16384 rows (8 rows, 32 values at 128 columns; read and written
+// as float4 when dv % 4 == 0). A warp holds kColumns/16 columns over all 128 rows (column threads × row groups), so
+// the sums over dk (Sᵀk, Sᵀq) finish with shuffles inside the warp, and the gated RMS norm over the head's dv outputs
+// inside the block: no shared-memory reduction and no barrier per row, and no cluster for the norm. (At 128 columns
+// 256 threads of 64 values each took ~480 instructions a warp per row, issued one after another by 8 warps a
+// multiprocessor; 512 threads halve each warp's chain.) The state loads are issued first; while they are in
 // flight the block prepares every row's inputs in shared memory (phase 1): threads [0, 128) one q and one k channel
 // each (the causal conv when kConv, the l2 norms' partial sums), the next kColumns one v column each (its conv, its
 // output gates, and row c's gates for thread c < rows). Then the rows one after the other (phase 2).
@@ -38,15 +40,14 @@ constexpr int kReplayThreads = 256;
 
 template <int kColumns>
 struct DecodeLayout {
-  static constexpr int kThreads = 2 * kColumns;
-  static constexpr int kMinBlocks = kThreads <= 256 ? 2 : 1;  // ≤ 128 registers a thread
-  static constexpr int kColumnThreads = 4;                    // a warp: 4 column threads × 8 row groups
+  static constexpr int kThreads = 512;
+  static constexpr int kColumnThreads = kColumns / 64;  // a warp: column threads × row groups
   static constexpr int kRowGroups = 32 / kColumnThreads;
   static constexpr int kWarpColumns = 4 * kColumnThreads;
-  static constexpr int kRowsPerThread = kGdnMaxKeyDim / kRowGroups;  // state rows per thread (row_group + 8m)
+  static constexpr int kRowsPerThread = kGdnMaxKeyDim / kRowGroups;  // state rows (row_group + kRowGroups·m)
   static_assert(kThreads / 32 * kWarpColumns == kColumns, "the warps cover the columns");
 };
-constexpr int kNarrowColumns = 128;  // dv ≤ 128: 256 threads; else kGdnMaxValueDim columns, 512 threads
+constexpr int kNarrowColumns = 128;  // dv ≤ 128; else kGdnMaxValueDim columns
 static_assert(kGdnMaxValueDim == 2 * kNarrowColumns, "two decode widths");
 
 // Phase 1's thread roles.
@@ -228,9 +229,10 @@ __global__ void __launch_bounds__(kConvChannels* kConvGroups)
 // as constants: no row loops, the shared arrays a row deep, no bounds checks, no scalar paths for dv % 4 != 0 and
 // no loops over the conv's history, so a smaller body
 // (ncu found 7.2 of ~19.9 cycles between a warp's instructions waiting for instruction fetch in the general kernel at
-// 1 row). Same arithmetic in the same order: bit-identical results.
+// 1 row). Same arithmetic in the same order: bit-identical results. One block a multiprocessor at most (up to 128
+// registers a thread; two would spill the 256-column state).
 template <int kColumns, bool kConv, int kMaxRows>
-__global__ void __launch_bounds__(DecodeLayout<kColumns>::kThreads, DecodeLayout<kColumns>::kMinBlocks)
+__global__ void __launch_bounds__(DecodeLayout<kColumns>::kThreads, 1)
     gdn_decode_kernel(GdnShape shape, GdnInputs in, GdnConvState conv, float* recurrent, float* row_states,
                       float* out) {
   using L = DecodeLayout<kColumns>;
