@@ -1,3 +1,5 @@
+#include <cooperative_groups.h>
+
 #include <cmath>
 
 #include "cuda/device_math.cuh"
@@ -10,6 +12,7 @@ namespace vavilov::cuda {
 namespace {
 
 using namespace route_block;
+namespace cg = cooperative_groups;
 
 constexpr int kRouteWarps = 4;  // rows routed by one block, a warp each
 
@@ -112,10 +115,12 @@ __device__ void route_row(const RouteShape& s, const float* logits, int* ids, fl
 // descriptors of their products (see ExpertPlan), a thread a selection and no serial pass. Selection i opens a slot
 // when it is the first to pick its expert (the lowest selection index, by a shared atomicMin); an opener's slot is the
 // number of openers before it (ballots), and every selection takes the slot of its expert's opener.
-static_assert(kRouteWarps * 32 >= kMaxGemvRows * kMaxMoeTopK, "a thread a selection");
+// Every thread of a block of kRoutePlanWarps warps calls it.
+constexpr int kRoutePlanWarps = 8;
+static_assert(kRoutePlanWarps * 32 >= kMaxGemvRows * kMaxMoeTopK, "a thread a selection");
 __device__ void write_plan(const RouteShape& s, int rows, const int* selected, const ExpertPlan& plan) {
-  __shared__ int first_pick[kMaxMoeExperts];  // per expert: the lowest selection that picked it
-  __shared__ unsigned opens[kRouteWarps];     // bit i % 32 of word i / 32: selection i opens a slot
+  __shared__ int first_pick[kMaxMoeExperts];   // per expert: the lowest selection that picked it
+  __shared__ unsigned opens[kRoutePlanWarps];  // bit i % 32 of word i / 32: selection i opens a slot
   const int i = int(threadIdx.x), selections = rows * s.top_k;
   for (int e = i; e < s.experts; e += int(blockDim.x)) first_pick[e] = selections;
   __syncthreads();
@@ -132,7 +137,7 @@ __device__ void write_plan(const RouteShape& s, int rows, const int* selected, c
     return n;
   };
   int count = 0;
-  for (int w = 0; w < kRouteWarps; ++w) count += __popc(opens[w]);
+  for (int w = 0; w < kRoutePlanWarps; ++w) count += __popc(opens[w]);
   if (i < selections) plan.slot_of[i] = openers_before(first);
   if (i == 0) {
     plan.slot_of[selections] = count;
@@ -152,32 +157,55 @@ __device__ void write_plan(const RouteShape& s, int rows, const int* selected, c
   plan.down_products[slot] = down;
 }
 
-template <bool Plan, int PerLane>
+template <int PerLane>
 __global__ void __launch_bounds__(kRouteWarps * 32)
-    route_kernel(RouteShape s, const float* logits, int rows, int* ids, float* weights, ExpertPlan plan) {
-  if constexpr (Plan) prefetch_expert_tables(plan.gate, plan.up, plan.down, s.experts);
+    route_kernel(RouteShape s, const float* logits, int rows, int* ids, float* weights) {
   wait_for_producers();
   allow_dependents();
-  __shared__ int selected[kRouteWarps * kMaxMoeTopK];
-  const int warp = int(threadIdx.x) / 32, row = int(blockIdx.x) * kRouteWarps + warp;
+  const int row = int(blockIdx.x) * kRouteWarps + int(threadIdx.x) / 32;
   if (row < rows)
     route_row<PerLane>(s, logits + size_t(row) * size_t(s.experts), ids + size_t(row) * s.top_k,
-                       weights + size_t(row) * s.top_k, Plan ? selected + warp * s.top_k : nullptr);
-  if constexpr (Plan) {
-    __syncthreads();
-    write_plan(s, rows, selected, plan);
-  }
+                       weights + size_t(row) * s.top_k, nullptr);
 }
 
-template <bool Plan>
-void launch_route(const RouteShape& s, const float* logits, int rows, int* ids, float* weights, const ExpertPlan& plan,
-                  cudaStream_t stream) {
-  const int blocks = Plan ? 1 : blocks_for(rows, kRouteWarps);
-  if (route_slots_per_lane(s.experts) == 16)
-    launch_dependent(route_kernel<Plan, 16>, blocks, kRouteWarps * 32, 0, stream, s, logits, rows, ids, weights, plan);
+// Routing and the plan of a pass of 1–4 rows: a cluster of a block a row, each routing its row with the whole block
+// as the 1-row products do (route_row_by_block: a sort and a merge tree, where route_row makes ten dependent picks),
+// then block 0 numbering every row's picks, read from the other blocks' shared memory, into the plan (write_plan).
+// Eight warps a block (not the products' 16): a route block then fits beside a 16-warp GEMV block, so that it can
+// start while the router's product still runs.
+template <int PerThread>
+__global__ void __launch_bounds__(kRoutePlanWarps * 32)
+    route_plan_kernel(RouteShape s, const float* logits, int* ids, float* weights, ExpertPlan plan) {
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int row = int(cluster.block_rank()), rows = int(cluster.num_blocks());
+  if (row == 0) prefetch_expert_tables(plan.gate, plan.up, plan.down, s.experts);
+  wait_for_producers();
+  allow_dependents();
+  __shared__ int picked[kMaxMoeTopK];
+  __shared__ float picked_weight[kMaxMoeTopK];
+  __shared__ int selected[kMaxGemvRows * kMaxMoeTopK];
+  route_row_by_block<PerThread, kRoutePlanWarps>(s, logits + size_t(row) * size_t(s.experts),
+                                                 ids + size_t(row) * s.top_k, weights + size_t(row) * s.top_k, picked,
+                                                 picked_weight);
+  cluster.sync();  // every row's picks in its block's shared memory
+  const int selections = rows * s.top_k;
+  if (row == 0)
+    for (int i = int(threadIdx.x); i < selections; i += int(blockDim.x))
+      selected[i] = cluster.map_shared_rank(picked, i / s.top_k)[i % s.top_k];
+  cluster.sync();  // block 0 has read them: the others may exit
+  if (row == 0) write_plan(s, rows, selected, plan);
+}
+
+void launch_route_plan(const RouteShape& s, const float* logits, int rows, int* ids, float* weights,
+                       const ExpertPlan& plan, cudaStream_t stream) {
+  constexpr int kThreads = kRoutePlanWarps * 32, kMostPerThread = kMaxMoeExperts / kThreads;
+  const dim3 cluster(unsigned(rows), 1, 1);
+  if (s.experts <= 2 * kThreads)
+    launch_clustered(route_plan_kernel<2>, dim3(unsigned(rows)), dim3(kThreads), 0, stream, cluster, true, s, logits,
+                     ids, weights, plan);
   else
-    launch_dependent(route_kernel<Plan, kMaxMoeExperts / 32>, blocks, kRouteWarps * 32, 0, stream, s, logits, rows, ids,
-                     weights, plan);
+    launch_clustered(route_plan_kernel<kMostPerThread>, dim3(unsigned(rows)), dim3(kThreads), 0, stream, cluster, true,
+                     s, logits, ids, weights, plan);
 }
 
 // Slot j's gate, up and down descriptors (x and y unset) at matrices[3j + 0, 1, 2]; rows = 0 for an empty slot.
@@ -309,12 +337,17 @@ __global__ void moe_combine_slots_kernel(float* y, const float* shared_gate, con
 
 void moe_route(const RouteShape& shape, const float* logits, int rows, int* ids, float* weights, cudaStream_t stream) {
   if (rows == 0) return;
-  launch_route<false>(shape, logits, rows, ids, weights, ExpertPlan{}, stream);
+  const int blocks = blocks_for(rows, kRouteWarps);
+  if (route_slots_per_lane(shape.experts) == 16)
+    launch_dependent(route_kernel<16>, blocks, kRouteWarps * 32, 0, stream, shape, logits, rows, ids, weights);
+  else
+    launch_dependent(route_kernel<kMaxMoeExperts / 32>, blocks, kRouteWarps * 32, 0, stream, shape, logits, rows, ids,
+                     weights);
 }
 
 void moe_route_and_plan(const RouteShape& shape, const float* logits, int rows, int* ids, float* weights,
                         const ExpertPlan& plan, cudaStream_t stream) {
-  launch_route<true>(shape, logits, rows, ids, weights, plan, stream);
+  if (rows > 0) launch_route_plan(shape, logits, rows, ids, weights, plan, stream);
 }
 
 void moe_route_slots(const RouteShape& shape, const float* logits, int rows, int* ids, float* weights,

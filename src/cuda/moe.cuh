@@ -59,7 +59,7 @@ struct ExpertPlan {
   bool swiglu_in_down = false;
 };
 
-// moe_route for 1–4 rows (one block), then the plan above.
+// moe_route for 1–4 rows (a cluster of a block a row, the 1-row products' block routing), then the plan above.
 void moe_route_and_plan(const RouteShape& shape, const float* logits, int rows, int* ids, float* weights,
                         const ExpertPlan& plan, cudaStream_t stream);
 
@@ -76,8 +76,8 @@ struct ExpertSlots {
                                    // unset); rows = 0 for the slots from the count to rows·top_k
 };
 
-// moe_route for 1–4 rows (one block of 16 warps a row: the experts' keys sorted per warp and merged in a tree), then
-// the slots above.
+// moe_route for 1–4 rows (one block: a row with its 16 warps, the experts' keys sorted per warp and merged in a tree;
+// 2–4 rows of up to 512 experts a warp each), then the slots above.
 void moe_route_slots(const RouteShape& shape, const float* logits, int rows, int* ids, float* weights,
                      const ExpertSlots& slots, cudaStream_t stream);
 

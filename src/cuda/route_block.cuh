@@ -69,47 +69,49 @@ __device__ inline unsigned long long merge_top(unsigned long long key, unsigned 
   return key;
 }
 
+template <int Warps>
 __device__ inline float block_reduce(float v, float* partial, bool is_max) {
   v = is_max ? warp_max(v) : warp_sum(v);
   __syncthreads();  // an earlier call's readers are done with `partial`
   if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
   __syncthreads();
   float total = partial[0];
-  for (int w = 1; w < kRouteBlockWarps; ++w) total = is_max ? fmaxf(total, partial[w]) : total + partial[w];
+  for (int w = 1; w < Warps; ++w) total = is_max ? fmaxf(total, partial[w]) : total + partial[w];
   return total;
 }
 
-// One row with the whole block: softmax (exp(l − max) / Σ, the sum in a fixed order), the top_k keys, and the picks
-// in selection order: ids/weights in global memory (unless null) and in `picked`/`picked_weight` (shared). Selection j
-// is kept by lane j of warp 0, which sums the renormalising total in selection order like the CPU.
-template <int PerThread>
+// One row with the whole block of Warps warps: softmax (exp(l − max) / Σ, the sum in a fixed order), the top_k keys,
+// and the picks in selection order: ids/weights in global memory (unless null) and in `picked`/`picked_weight`
+// (shared). Selection j is kept by lane j of warp 0, which sums the renormalising total in selection order like the
+// CPU.
+template <int PerThread, int Warps = kRouteBlockWarps>
 __device__ void route_row_by_block(const RouteShape& s, const float* logits, int* ids, float* weights, int* picked,
                                    float* picked_weight) {
-  __shared__ float prob[kRouteBlockThreads * PerThread];
-  __shared__ float partial[kRouteBlockWarps];
-  __shared__ unsigned long long lists[kRouteBlockWarps][32];
+  __shared__ float prob[Warps * 32 * PerThread];
+  __shared__ float partial[Warps];
+  __shared__ unsigned long long lists[Warps][32];
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   float value[PerThread];
   float peak = -INFINITY;
 #pragma unroll
   for (int c = 0; c < PerThread; ++c) {
-    const int e = (c * kRouteBlockWarps + warp) * 32 + lane;
+    const int e = (c * Warps + warp) * 32 + lane;
     value[c] = e < s.experts ? logits[e] : -INFINITY;
     peak = fmaxf(peak, value[c]);
   }
-  peak = block_reduce(peak, partial, true);
+  peak = block_reduce<Warps>(peak, partial, true);
   float sum = 0.0f;
 #pragma unroll
   for (int c = 0; c < PerThread; ++c) {
-    const int e = (c * kRouteBlockWarps + warp) * 32 + lane;
+    const int e = (c * Warps + warp) * 32 + lane;
     value[c] = e < s.experts ? expf(value[c] - peak) : 0.0f;
     sum += value[c];
   }
-  sum = block_reduce(sum, partial, false);
+  sum = block_reduce<Warps>(sum, partial, false);
   unsigned long long best = 0;
 #pragma unroll
   for (int c = 0; c < PerThread; ++c) {
-    const int e = (c * kRouteBlockWarps + warp) * 32 + lane;
+    const int e = (c * Warps + warp) * 32 + lane;
     unsigned long long key = 0;  // padding
     if (e < s.experts) {
       prob[e] = value[c] / sum;
@@ -118,7 +120,7 @@ __device__ void route_row_by_block(const RouteShape& s, const float* logits, int
     key = sort_warp(key);
     best = c == 0 ? key : merge_top(best, __shfl_sync(kFullMask, key, 31 - lane));
   }
-  for (int half = kRouteBlockWarps / 2; half > 0; half /= 2) {
+  for (int half = Warps / 2; half > 0; half /= 2) {
     if (warp < 2 * half && warp >= half) lists[warp][lane] = best;
     __syncthreads();
     if (warp < half) best = merge_top(best, lists[warp + half][31 - lane]);

@@ -338,7 +338,7 @@ TEST_P(CudaMoeRoute, PlanNumbersDistinctExpertsFirstCome) {
   plan.shared_down.rows = 7;
   int* ids = memory.zeros<int>(size_t(rows) * top_k);
   float* weights = memory.zeros<float>(size_t(rows) * top_k);
-  for (int pass_rows = 2; pass_rows <= rows; ++pass_rows) {
+  for (int pass_rows = 1; pass_rows <= rows; ++pass_rows) {
     ASSERT_EQ(cudaMemset(plan.gate_up, 0xff, cuda::moe_descriptor_count(top_k) * sizeof(cuda::GemvMatrix)),
               cudaSuccess);
     ASSERT_EQ(cudaMemset(plan.slot_of, 0xff, cuda::moe_slot_count(top_k) * sizeof(int)), cudaSuccess);
@@ -357,6 +357,26 @@ TEST_P(CudaMoeRoute, PlanNumbersDistinctExpertsFirstCome) {
         const auto known = std::find(expert_of_slot.begin(), expert_of_slot.end(), e);
         expected_slot.push_back(int(known - expert_of_slot.begin()));
         if (known == expert_of_slot.end()) expert_of_slot.push_back(e);
+      }
+    }
+    // Each row's picks in the CPU's order, and their weights: the renormalised softmax in double. In fp32 the
+    // softmax's total cancels out of a weight, leaving two expf (≤ 2 ulp each), three roundings and the picked sum's
+    // top_k − 1: ≤ 3e-6 relative at top 32 (2^-23 = 1.2e-7 an ulp).
+    const std::vector<int> got_ids = test::download(ids, size_t(selections));
+    const std::vector<float> got_weights = test::download(weights, size_t(selections));
+    for (int r = 0; r < pass_rows; ++r) {
+      const float* row = logits.data() + size_t(r) * experts;
+      std::vector<int> order(experts);
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return row[a] > row[b]; });
+      const double peak = row[order[0]];
+      double picked_sum = 0.0;
+      for (int j = 0; j < top_k; ++j) picked_sum += std::exp(double(row[order[size_t(j)]]) - peak);
+      for (int j = 0; j < top_k; ++j) {
+        const size_t at = size_t(r) * top_k + size_t(j);
+        EXPECT_EQ(got_ids[at], order[size_t(j)]) << "row " << r << " pick " << j;
+        const double want = std::exp(double(row[order[size_t(j)]]) - peak) / picked_sum;
+        EXPECT_NEAR(got_weights[at], want, 3e-6 * want) << "row " << r << " pick " << j;
       }
     }
     const int count = int(expert_of_slot.size());
