@@ -13,10 +13,11 @@
 // reciprocal (device_math.cuh's fast_sigmoid and friends) rather than IEEE division, whose slow-path calls the loads
 // are not moved across.
 //
-// hc_down_kernel: a block per (16-row tile of Wd, or Wi's one tile; stream), whose 8 warps each take a run of the
-// stream's column groups of the tile. The block stages its whole stream (R + pending write, times 1 + g), so it knows
-// the stream's sum of squares itself; the warps' products and sums of squares are added through shared memory in warp
-// order (deterministic), and the block writes its tile's rows of the stream's scaled partial products. That suits 1–2
+// hc_down_kernel: a block per (16-row tile of Wd, or Wi's one tile; stream), whose 8 warps (16 at two rows) each
+// take a run of the stream's column groups of the tile. The block stages its whole stream (R + pending write, times
+// 1 + g), so it knows the stream's sum of squares itself; the warps' products and sums of squares are added through
+// shared memory in warp order (deterministic), and the block writes its tile's rows of the stream's scaled partial
+// products. That suits 1–2
 // rows; at 3–4 rows staging the whole stream in every block costs more than it saves, and hc_down_sliced_kernel (a
 // cluster per stream whose blocks each stage a slice of its columns) writes the same scratch instead.
 // hc_up_kernel: a block per 16 hidden indices d, its warp c owning the tile of Wu's rows c·H + d (stream c's gates of
@@ -40,7 +41,11 @@ namespace cg = cooperative_groups;
 using namespace qmma;
 
 constexpr int kMaxStreams = 4;
-constexpr int kDownWarps = 8;                  // warps of one hc_down block: runs of the stream's column groups
+// Warps of one hc_down block of B rows: runs of the stream's column groups. Two rows: 16, a whole multiprocessor's
+// registers (their shorter runs made the 1-draft step 4.62-4.65 -> 4.56-4.59 ms); one row: 8, so that the next
+// kernel's blocks fit beside one (16 gained nothing there).
+template <int B>
+constexpr int kDownWarps = B == 1 ? 8 : 16;
 constexpr size_t kMaxDownShared = 200 * 1024;  // dynamic shared memory hc_down_kernel opts into
 constexpr int kBlockDownRows = 2;              // the most rows hc_down_kernel reads; more: hc_down_sliced_kernel
 constexpr int kMaxCluster = 8;                 // portable cluster size: hc_down_sliced_kernel's slices of a stream
@@ -228,12 +233,12 @@ __device__ void stage_stream(const DownParams& p, int s, float inverse_streams, 
   }
 }
 
-// At most 128 registers a thread (two blocks an SM), so that hc_up's blocks fit beside one while it runs.
+// At most 128 registers a thread: at one row two blocks an SM, so that hc_up's blocks fit beside one while it runs.
 template <int B>
-__global__ void __launch_bounds__(kDownWarps * 32, 2) hc_down_kernel(DownParams p) {
+__global__ void __launch_bounds__(kDownWarps<B> * 32, 16 / kDownWarps<B>) hc_down_kernel(DownParams p) {
   extern __shared__ uint4 shared[];
-  __shared__ float partials[kDownWarps][64];  // [warp][r·32 + lane]: lane (g, t)'s sum for row g + 8r, batch t
-  __shared__ float warp_squares[kDownWarps][B];
+  __shared__ float partials[kDownWarps<B>][64];  // [warp][r·32 + lane]: lane (g, t)'s sum for row g + 8r, batch t
+  __shared__ float warp_squares[kDownWarps<B>][B];
   const int tile = blockIdx.x, s = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4,
             t = lane % 4;
   const int h = p.hidden, groups = h / kQuantGroup;
@@ -247,7 +252,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2) hc_down_kernel(DownParams 
   const bool is_inject = tile >= p.down_tiles;
   const GemvMatrix m = is_inject ? p.inject : p.down;
   const TileRows rows = tile_rows(m, is_inject ? 0 : tile * kTileRows, s * groups, g, t);
-  const int begin = warp * groups / kDownWarps, end = (warp + 1) * groups / kDownWarps;
+  const int begin = warp * groups / kDownWarps<B>, end = (warp + 1) * groups / kDownWarps<B>;
   const AffineWidth width = slice_affine_width(m, s * groups + begin, end - begin);
   TileLoads loads;
   load_tile(loads, rows, width, begin, end, t);
@@ -287,7 +292,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2) hc_down_kernel(DownParams 
   for (int b = 0; b < B; ++b) {
     float sum = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kDownWarps; ++w) sum += warp_squares[w][b];
+    for (int w = 0; w < kDownWarps<B>; ++w) sum += warp_squares[w][b];
     scale[b] = rms_scale(sum, inverse_width, p.eps);
   }
   __syncthreads();
@@ -302,7 +307,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2) hc_down_kernel(DownParams 
     const int slot = (row_in_tile / 8) * 32 + (row_in_tile % 8) * 4 + b;
     float sum = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kDownWarps; ++w) sum += partials[w][slot];
+    for (int w = 0; w < kDownWarps<B>; ++w) sum += partials[w][slot];
     out[(size_t(s) * kMaxGemvRows + b) * p.stride + first_row + row_in_tile] = sum * pick(scale, b);
   }
   if (tile == 0 && threadIdx.x < B) {  // the gates from the staging's registers: no load at the block's tail
@@ -636,7 +641,7 @@ cudaError_t launch(const HcFusedRead& w, float* stack, bool pending, const float
     static const cudaError_t opted_in =
         cudaFuncSetAttribute(hc_down_kernel<B>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxDownShared));
     if (opted_in != cudaSuccess) return opted_in;
-    error = launch_dependent(hc_down_kernel<B>, dim3(unsigned(tiles), unsigned(w.streams)), dim3(kDownWarps * 32),
+    error = launch_dependent(hc_down_kernel<B>, dim3(unsigned(tiles), unsigned(w.streams)), dim3(kDownWarps<B> * 32),
                              down_shared_bytes(w.hidden, B), stream, down);
   } else {
     const unsigned slices = unsigned(stream_slices(w.hidden));
