@@ -222,16 +222,24 @@ __global__ void __launch_bounds__(kSliceWarps * 32) products_kernel(ExpertDecode
 
 // Block (32 output columns, batch row b). Warp w sums slots w, w + kCombineWarps, ... (the shared expert counted as
 // slot `count`) over their groups in order; warp 0 then adds the slots in order, each times row b's routing weight
-// (σ(shared gate) for the shared expert).
+// (σ(shared gate) for the shared expert). What the products wrote is read in one round trip after the wait: a row's
+// picks are distinct, so one row's count is its selections (no load of the count before the partials), and warp 0
+// stages the weights and the shared gate while the warps sum.
 template <int B>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(ExpertDecode p, int selections, int groups) {
   wait_for_producers();
   allow_dependents();
   __shared__ float sums[kMaxSlots][32];
+  __shared__ float slot_weights[kMaxSlots];
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, b = int(blockIdx.y);
   const int column = int(blockIdx.x) * 32 + lane;
   const bool inside = column < p.hidden;
-  const int count = *p.slots.count;
+  const int count = B == 1 ? selections : *p.slots.count;
+  float shared_scale = 0.0f;
+  if (warp == 0) {
+    shared_scale = p.shared_scale[b];
+    for (int s = lane; s < count; s += 32) slot_weights[s] = p.slots.weights[s * kMaxGemvRows + b];
+  }
   for (int s = warp; s <= count; s += kCombineWarps) {
     const bool shared_expert = s == count;
     const int slot = shared_expert ? selections : s, used = (shared_expert ? p.shared_inner : p.inner) / kQuantGroup;
@@ -244,8 +252,8 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(ExpertDecod
   __syncthreads();
   if (warp != 0 || !inside) return;
   float y = 0.0f;
-  for (int s = 0; s < count; ++s) y = fmaf(p.slots.weights[s * kMaxGemvRows + b], sums[s][lane], y);
-  y = fmaf(sigmoid(p.shared_scale[b]), sums[count][lane], y);
+  for (int s = 0; s < count; ++s) y = fmaf(slot_weights[s], sums[s][lane], y);
+  y = fmaf(sigmoid(shared_scale), sums[count][lane], y);
   p.y[size_t(b) * p.hidden + column] = y;
 }
 
