@@ -13,13 +13,13 @@
 // reciprocal (device_math.cuh's fast_sigmoid and friends) rather than IEEE division, whose slow-path calls the loads
 // are not moved across.
 //
-// hc_down_kernel: a block per (16-row tile of Wd, or Wi's one tile; stream), whose 8 warps (16 at two rows) each
+// hc_down_kernel: a block per (16-row tile of Wd, or Wi's one tile; stream), whose 8 warps (16 at 2–3 rows) each
 // take a run of the stream's column groups of the tile. The block stages its whole stream (R + pending write, times
 // 1 + g), so it knows the stream's sum of squares itself; the warps' products and sums of squares are added through
 // shared memory in warp order (deterministic), and the block writes its tile's rows of the stream's scaled partial
-// products. That suits 1–2
-// rows; at 3–4 rows staging the whole stream in every block costs more than it saves, and hc_down_sliced_kernel (a
-// cluster per stream whose blocks each stage a slice of its columns) writes the same scratch instead.
+// products. That suits 1–3 rows; at 4 rows staging the whole stream in every block costs more than it saves, and
+// hc_down_sliced_kernel (a cluster per stream whose blocks each stage a slice of its columns) writes the same scratch
+// instead.
 // hc_up_kernel: a block per 16 hidden indices d, its warp c owning the tile of Wu's rows c·H + d (stream c's gates of
 // those d): S·H/16 warps, each with its whole tile's loads in flight from its first statement. The block computes
 // u = silu(Σ_c partials / S) four values a thread, stages it, and finishes the read in its epilogue: warp c applies the
@@ -41,13 +41,14 @@ namespace cg = cooperative_groups;
 using namespace qmma;
 
 constexpr int kMaxStreams = 4;
-// Warps of one hc_down block of B rows: runs of the stream's column groups. Two rows: 16, a whole multiprocessor's
-// registers (their shorter runs made the 1-draft step 4.62-4.65 -> 4.56-4.59 ms); one row: 8, so that the next
-// kernel's blocks fit beside one (16 gained nothing there).
+// Warps of one hc_down block of B rows: runs of the stream's column groups. Two or three rows: 16, a whole
+// multiprocessor's registers (their shorter runs made the 1-draft step 4.62-4.65 -> 4.56-4.59 ms, and at three rows
+// this kernel beat the sliced clusters, 2 drafts 6.16-6.23 -> 6.12-6.19 ms; at four it lost, 6.94-7.01 -> 7.10-7.16);
+// one row: 8, so that the next kernel's blocks fit beside one (16 gained nothing there).
 template <int B>
 constexpr int kDownWarps = B == 1 ? 8 : 16;
 constexpr size_t kMaxDownShared = 200 * 1024;  // dynamic shared memory hc_down_kernel opts into
-constexpr int kBlockDownRows = 2;              // the most rows hc_down_kernel reads; more: hc_down_sliced_kernel
+constexpr int kBlockDownRows = 3;              // the most rows hc_down_kernel reads; more: hc_down_sliced_kernel
 constexpr int kMaxCluster = 8;                 // portable cluster size: hc_down_sliced_kernel's slices of a stream
 constexpr int kSlicedTiles = 4;   // tiles (warps) of an hc_down_sliced_kernel block: Flash-Next's 21 in 6 sets
 constexpr int kScratchHead = 32;  // gates [4 rows][4 streams], then RMS scales [4][4]
