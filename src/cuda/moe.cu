@@ -171,8 +171,8 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
 // Routing and the plan of a pass of 1–4 rows: a cluster of a block a row, each routing its row with the whole block
 // as the 1-row products do (route_row_by_block: a sort and a merge tree, where route_row makes ten dependent picks),
 // then block 0 numbering every row's picks, read from the other blocks' shared memory, into the plan (write_plan).
-// Eight warps a block (not the products' 16): a route block then fits beside a 16-warp GEMV block, so that it can
-// start while the router's product still runs.
+// Eight warps a block: as fast as the products' 16 in the step (docs/CUDA.md, MoE block), with half the registers and
+// shared memory.
 template <int PerThread>
 __global__ void __launch_bounds__(kRoutePlanWarps * 32)
     route_plan_kernel(RouteShape s, const float* logits, int* ids, float* weights, ExpertPlan plan) {

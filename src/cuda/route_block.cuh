@@ -1,7 +1,7 @@
 #pragma once
-// One row of router logits routed by a whole block of kRouteBlockWarps warps (softmax, top-k as the CPU picks), shared
-// by moe_route_slots (moe.cu) and the 1-row expert products, which route inside each of their blocks
-// (expert_decode.cu).
+// One row of router logits routed by a whole block (softmax, top-k as the CPU picks), shared by moe_route_slots and
+// route_plan_kernel (a block a row of a 2–4-row pass, moe.cu) and the 1-row expert products, which route inside each
+// of their blocks (expert_decode.cu).
 #include <cmath>
 
 #include "cuda/device_math.cuh"
@@ -30,10 +30,10 @@ __device__ inline void prefetch_expert_tables(const DeviceMatrix* gate, const De
   }
 }
 
-// A row is routed by the whole block: 16 warps, each holding 32·PerThread experts (expert (c·16 + warp)·32 + lane for
-// c < PerThread), sort their keys and merge them in a tree, so that no step is a serial pass over all experts. A key
-// orders as the CPU does: probability descending, then index ascending; NaN probabilities after every real one (by
-// index), padding past the last expert after everything.
+// A row is routed by the whole block: its warps (kRouteBlockWarps unless the caller says), each holding 32·PerThread
+// experts (expert (c·warps + warp)·32 + lane for c < PerThread), sort their keys and merge them in a tree, so that no
+// step is a serial pass over all experts. A key orders as the CPU does: probability descending, then index
+// ascending; NaN probabilities after every real one (by index), padding past the last expert after everything.
 constexpr int kRouteBlockWarps = 16;
 constexpr int kRouteBlockThreads = kRouteBlockWarps * 32;
 static_assert(kMaxMoeTopK <= 32, "a warp's sorted list holds the top 32");
