@@ -3,6 +3,7 @@
 
 #include "cuda/device_math.cuh"
 #include "cuda/expert_decode.cuh"
+#include "cuda/fixed_sum.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/quant_imma.cuh"
 #include "cuda/route_block.cuh"
@@ -76,9 +77,10 @@ __device__ inline void load_down_tiles(DownLoads& loads, const GemvMatrix& down,
 }
 
 // The partial products of the tiles load_down_tiles loaded, with the block's h staged as one group of B rows.
-template <int B>
+// store(b, row, value) takes batch row b's product of output row `row`.
+template <int B, typename Store>
 __device__ inline void down_tile_products(const DownLoads& loads, int first, int tiles, const uint4* h_fragments,
-                                          const float2* h_terms, float* out, int hidden) {
+                                          const float2* h_terms, int hidden, const Store& store) {
   const int lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
   if constexpr (kQ4Digits<4, B>) {
     const DigitLane<B> digits(h_fragments, h_terms, 1);
@@ -95,8 +97,8 @@ __device__ inline void down_tile_products(const DownLoads& loads, int first, int
                      sums);
       digit_totals<B>(sums, acc);
       const int row = tile * kTileRows + g;
-      if (t < B && row < hidden) out[size_t(t) * hidden + row] = acc[0];
-      if (t < B && row + 8 < hidden) out[size_t(t) * hidden + row + 8] = acc[1];
+      if (t < B && row < hidden) store(t, row, acc[0]);
+      if (t < B && row + 8 < hidden) store(t, row + 8, acc[1]);
     }
     return;
   }
@@ -120,20 +122,20 @@ __device__ inline void down_tile_products(const DownLoads& loads, int first, int
     for (int k = 0; k < 4; ++k)
       affine[k] = __uint_as_float(__shfl_sync(0xffffffffu, loads.affine[i], (lane & ~3) | k) << 16);
     const int row = tile * kTileRows + g;
-    if (t < B && row < hidden)
-      out[size_t(t) * hidden + row] = fmaf(c[0] + c[1], affine[0] * terms.y, affine[2] * terms.x);
-    if (t < B && row + 8 < hidden)
-      out[size_t(t) * hidden + row + 8] = fmaf(c[2] + c[3], affine[1] * terms.y, affine[3] * terms.x);
+    if (t < B && row < hidden) store(t, row, fmaf(c[0] + c[1], affine[0] * terms.y, affine[2] * terms.x));
+    if (t < B && row + 8 < hidden) store(t, row + 8, fmaf(c[2] + c[3], affine[1] * terms.y, affine[3] * terms.x));
   }
 }
 
 // partials: [slot, h group, batch row, hidden] with `groups` h groups a slot (the widest expert's). With Route (a 1-row
 // pass), each expert block routes the row itself (route_block.cuh: the picks of moe_route_slots, in the same order)
 // and takes its slot's expert from the tables; each slot's group-0 block writes the slot's weight for the combine, and
-// block (0, 0) also the picks and the count.
-template <int B, bool Route>
+// block (0, 0) also the picks and the count. With Fixed (Route only), each block adds its partials times the slot's
+// weight (σ(shared gate) for the shared expert) into y_fixed instead (fixed_sum.cuh), so no combine runs.
+template <int B, bool Route, bool Fixed>
 __global__ void __launch_bounds__(kSliceWarps * 32) products_kernel(ExpertDecode p, int selections, int groups) {
   static_assert(!Route || (B == 1 && kSliceWarps == route_block::kRouteBlockWarps), "one row, routed by the block");
+  static_assert(!Fixed || Route, "the fixed-point output is the 1-row routed pass's");
   if constexpr (Route) route_block::prefetch_expert_tables(p.slots.gate, p.slots.up, p.slots.down, p.route.experts);
   wait_for_producers();
   allow_dependents();
@@ -148,10 +150,12 @@ __global__ void __launch_bounds__(kSliceWarps * 32) products_kernel(ExpertDecode
   if (first_h >= inner) return;
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, t = lane % 4;
   const int matrix = warp % 2, slice = (warp / 2) % kSliceColumns, tile = warp / (2 * kSliceColumns);
-  GemvMatrix m, down;  // one read of the slot's descriptors, then the weights
+  GemvMatrix m, down;        // one read of the slot's descriptors, then the weights
+  float slot_weight = 0.0f;  // Fixed: what the block's partials are weighed with
   if (shared_expert) {
     m = gemv_matrix(matrix ? p.shared_up : p.shared_gate, nullptr, nullptr);
     down = gemv_matrix(p.shared_down, nullptr, nullptr);
+    if constexpr (Fixed) slot_weight = sigmoid(__ldcg(p.shared_scale));
   } else if constexpr (Route) {
     __shared__ int picked[kMaxMoeTopK];
     __shared__ float picked_weight[kMaxMoeTopK];
@@ -159,10 +163,11 @@ __global__ void __launch_bounds__(kSliceWarps * 32) products_kernel(ExpertDecode
     route_block::route_row_by_block<1>(p.route, p.logits, writes_picks ? p.route_ids : nullptr,
                                        writes_picks ? p.route_weights : nullptr, picked, picked_weight);
     __syncthreads();
-    if (group == 0 && threadIdx.x == 0) {
+    if (!Fixed && group == 0 && threadIdx.x == 0) {
       p.slots.weights[slot * kMaxGemvRows] = picked_weight[slot];
       if (slot == 0) *p.slots.count = p.route.top_k;  // one row's picks are distinct experts
     }
+    slot_weight = picked_weight[slot];
     const int expert = picked[slot];
     m = gemv_matrix(matrix ? p.slots.up[expert] : p.slots.gate[expert], nullptr, nullptr);
     down = gemv_matrix(p.slots.down[expert], nullptr, nullptr);
@@ -212,11 +217,17 @@ __global__ void __launch_bounds__(kSliceWarps * 32) products_kernel(ExpertDecode
         h_staged, h_terms, lane, 32);
   __syncthreads();
   float* out = p.partials + (size_t(slot) * groups + group) * B * size_t(p.hidden);
+  const auto store = [&](int b, int row, float value) {
+    if constexpr (Fixed)
+      add_fixed(p.y_fixed + row, value * slot_weight);
+    else
+      out[size_t(b) * p.hidden + row] = value;
+  };
   constexpr int kStride = kSliceWarps * kDownTilesInFlight;
   for (int first = warp; first < down_tiles; first += kStride) {
     const DownLoads loads = next;
     if (first + kStride < down_tiles) load_down_tiles(next, down, group, first + kStride, down_tiles);
-    down_tile_products<B>(loads, first, down_tiles, h_staged, h_terms, out, p.hidden);
+    down_tile_products<B>(loads, first, down_tiles, h_staged, h_terms, p.hidden, store);
   }
 }
 
@@ -261,16 +272,16 @@ int slot_groups(const ExpertDecode& p) { return std::max(p.inner, p.shared_inner
 
 bool routes_inside(const ExpertDecode& p, int rows) { return rows == 1 && p.route.experts <= kMaxRouteInsideExperts; }
 
-template <int B, bool Route>
+template <int B, bool Route, bool Fixed = false>
 cudaError_t launch_products(const ExpertDecode& p, int selections, cudaStream_t stream) {
   const size_t shared = staged_bytes(4, p.hidden / kQuantGroup, B);
   if (shared > size_t(kMaxDynamicShared)) return cudaErrorInvalidValue;
   // Once for all: only a permission, so it never changes between the launches of a captured graph.
-  static const cudaError_t opted_in =
-      cudaFuncSetAttribute(products_kernel<B, Route>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynamicShared);
+  static const cudaError_t opted_in = cudaFuncSetAttribute(
+      products_kernel<B, Route, Fixed>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynamicShared);
   if (opted_in != cudaSuccess) return opted_in;
   const int groups = slot_groups(p);
-  launch_dependent(products_kernel<B, Route>, dim3(unsigned(groups), unsigned(selections + 1)), kSliceWarps * 32,
+  launch_dependent(products_kernel<B, Route, Fixed>, dim3(unsigned(groups), unsigned(selections + 1)), kSliceWarps * 32,
                    shared, stream, p, selections, groups);
   return cudaGetLastError();
 }
@@ -285,10 +296,13 @@ cudaError_t launch_combine(const ExpertDecode& p, int selections, cudaStream_t s
 
 }  // namespace
 
+bool expert_decode_takes_fixed(const ExpertDecode& p, int rows) { return routes_inside(p, rows); }
+
 cudaError_t expert_decode(const ExpertDecode& p, int rows, cudaStream_t stream) {
   static_assert(kMaxRouteInsideExperts == route_block::kRouteBlockThreads, "an expert a thread");
   const int selections = rows * p.route.top_k;
   const bool inside = routes_inside(p, rows);
+  if (p.y_fixed) return inside ? launch_products<1, true, true>(p, selections, stream) : cudaErrorInvalidValue;
   if (!inside) moe_route_slots(p.route, p.logits, rows, p.route_ids, p.route_weights, p.slots, stream);
   const cudaError_t products = with_batch(rows, [&](auto b) {
     constexpr int kRows = decltype(b)::value;

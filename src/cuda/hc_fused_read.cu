@@ -29,6 +29,7 @@
 #include <cuda_pipeline.h>
 
 #include "cuda/device_math.cuh"
+#include "cuda/fixed_sum.cuh"
 #include "cuda/hyper_connection.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/quant_mma.cuh"
@@ -77,6 +78,7 @@ struct DownParams {
   const float* norm;            // g [S·H]
   const float* pending_inject;  // the previous read's raw inject projections [rows, S], null: no pending write
   const float* pending_y;       // [rows, H]
+  const unsigned long long* pending_fixed;  // [H]: the pending y in fixed point (Fixed kernels)
   float* scratch;
   int streams, hidden, down_tiles, outputs, stride;  // stride: of the partials' rows
   float eps;
@@ -86,7 +88,8 @@ struct UpParams {
   GemvMatrix up;  // x and y unused
   float* stack;
   const float* norm;
-  const float* pending_y;  // null: no pending write
+  const float* pending_y;             // null: no pending write
+  unsigned long long* pending_fixed;  // [H]: the pending y in fixed point (Fixed kernels), cleared once read
   const float* scratch;
   float* inject;  // the raw inject projections [rows, inject_rows] (written when inject_rows > 0)
   float* input;   // [rows, H]
@@ -168,20 +171,28 @@ __device__ inline int row_of(int i, int per_row) {
 
 __device__ inline float dot4(float4 v) { return fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, v.w * v.w))); }
 
+// Values 4·quad … 4·quad + 3 of a fixed-point sum (written by the kernels before: through L2).
+__device__ inline float4 fixed_quad(const unsigned long long* sums, int quad) {
+  const ulonglong2* at = reinterpret_cast<const ulonglong2*>(sums) + 2 * quad;
+  const ulonglong2 low = __ldcg(at), high = __ldcg(at + 1);
+  return make_float4(fixed_to_float(low.x), fixed_to_float(low.y), fixed_to_float(high.x), fixed_to_float(high.y));
+}
+
 // The read's arithmetic after the wait uses device_math.cuh's fast_sigmoid, fast_silu and rms_scale; divisions by S
 // become products with 1/S, computed before the wait (exact for S a power of two).
 
 // Stream s of every batch row with the pending write applied, times 1 + g (g in `norm`, shared memory whose cp.async
 // copies this waits for), into values [B][H] of shared memory, four values a thread at a time, every load of a pass in
 // flight together; squares[b] gets this thread's sum of squares of row b's R + pending write, gate[b] the pending
-// write's gate of row b (0: none).
+// write's gate of row b (0: none). Fixed: y is read from pending_fixed (one row).
 //
 // The first pass's loads are issued before the pending write's gates are even loaded: the gates are loop-invariant,
 // and with their load and division ahead of the loop (as the compiler hoists them) the stack's loads waited for the
 // inject logit's round trip to L2 and the division — two dependent round trips after the wait instead of one.
-template <int B>
+template <int B, bool Fixed>
 __device__ void stage_stream(const DownParams& p, int s, float inverse_streams, const float* norm, float* values,
                              float (&squares)[B], float (&gate)[B]) {
+  static_assert(!Fixed || B == 1, "a fixed-point y is one row's");
   constexpr int kBatch = B == 1 ? 3 : 5;  // float4s a thread loads at once: Flash-Next's 640·B in one pass up to B = 2
   // float4 offsets below: int arithmetic, one wide add a load. What the kernels before wrote is read with coherent
   // loads: the compiler may move a non-coherent (__ldg) one across the wait.
@@ -195,7 +206,10 @@ __device__ void stage_stream(const DownParams& p, int s, float inverse_streams, 
       r[k] = y[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       if (i >= items) continue;
       r[k] = __ldcg(stack + b * p.streams * quads + q);
-      if (pending_y) y[k] = __ldcg(pending_y + i);
+      if constexpr (Fixed)
+        y[k] = fixed_quad(p.pending_fixed, i);
+      else if (pending_y)
+        y[k] = __ldcg(pending_y + i);
     }
   };
   const auto store_pass = [&](int base, const float4(&r)[kBatch], const float4(&y)[kBatch], const float(&gate)[B]) {
@@ -235,7 +249,7 @@ __device__ void stage_stream(const DownParams& p, int s, float inverse_streams, 
 }
 
 // At most 128 registers a thread: at one row two blocks an SM, so that hc_up's blocks fit beside one while it runs.
-template <int B>
+template <int B, bool Fixed>
 __global__ void __launch_bounds__(kDownWarps<B> * 32, 16 / kDownWarps<B>) hc_down_kernel(DownParams p) {
   extern __shared__ uint4 shared[];
   __shared__ float partials[kDownWarps<B>][64];  // [warp][r·32 + lane]: lane (g, t)'s sum for row g + 8r, batch t
@@ -271,7 +285,7 @@ __global__ void __launch_bounds__(kDownWarps<B> * 32, 16 / kDownWarps<B>) hc_dow
   allow_dependents();
 
   float squares[B] = {}, gate[B];
-  stage_stream<B>(p, s, inverse_streams, norm_weight, values, squares, gate);
+  stage_stream<B, Fixed>(p, s, inverse_streams, norm_weight, values, squares, gate);
 #pragma unroll
   for (int b = 0; b < B; ++b) {
 #pragma unroll
@@ -486,8 +500,9 @@ __device__ void compute_low(const UpParams& p, float inverse_streams, float* u) 
   }
 }
 
-template <int B>
+template <int B, bool Fixed>
 __global__ void __launch_bounds__(kMaxStreams * 32) hc_up_kernel(UpParams p) {
+  static_assert(!Fixed || B == 1, "a fixed-point y is one row's");
   // Weights only before the wait (launch.cuh's rule): their loads are in flight while the down kernel finishes.
   const int c = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int h = p.hidden, sh = p.streams * h, groups = p.rank / kQuantGroup;
@@ -522,7 +537,10 @@ __global__ void __launch_bounds__(kMaxStreams * 32) hc_up_kernel(UpParams p) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       stack[r] = p.stack[stack_at + 8 * r];
-      if (p.pending_y) y[r] = p.pending_y[y_at + 8 * r];
+      if constexpr (Fixed)
+        y[r] = fixed_to_float(__ldcg(p.pending_fixed + y_at + 8 * r));
+      else if (p.pending_y)
+        y[r] = p.pending_y[y_at + 8 * r];
     }
   }
   // The inject sums' operands: loaded here, stored once the staging is done (a store before the staging's loads would
@@ -538,6 +556,12 @@ __global__ void __launch_bounds__(kMaxStreams * 32) hc_up_kernel(UpParams p) {
   float2* group_terms = reinterpret_cast<float2*>(fragments + size_t(groups) * 16 * B);
   compute_low<B>(p, inverse_streams, u);
   __syncthreads();
+  // Every warp has read the block's indices of y above the barrier, and hc_down (done before the wait) all of it: the
+  // next pass adds into zeros.
+  if constexpr (Fixed)
+    if (c == 0 && finishes)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) p.pending_fixed[y_at + 8 * r] = 0;
   stage_computed_activations<4, B>(
       groups, [&](int b, int group, int column, float(&x)[16]) { load_staged(u, p.rank, b, group, column, x); },
       fragments, group_terms);
@@ -555,7 +579,7 @@ __global__ void __launch_bounds__(kMaxStreams * 32) hc_up_kernel(UpParams p) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float v = fmaf(gate, y[r], stack[r]);
-      if (p.pending_y) p.stack[stack_at + 8 * r] = v;
+      if (Fixed || p.pending_y) p.stack[stack_at + 8 * r] = v;
       terms[c][t][g + 8 * r] = make_float2(fast_sigmoid(acc[r]), v * scale * (1.0f + norm_weight[c][g + 8 * r]));
     }
   __syncthreads();
@@ -615,9 +639,9 @@ size_t sliced_shared_bytes(int hidden, int batch) {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-template <int B>
-cudaError_t launch(const HcFusedRead& w, float* stack, bool pending, const float* y, float* inject, float* scratch,
-                   float* input, cudaStream_t stream) {
+template <int B, bool Fixed>
+cudaError_t launch(const HcFusedRead& w, float* stack, bool pending, const float* y, unsigned long long* y_fixed,
+                   float* inject, float* scratch, float* input, cudaStream_t stream) {
   const bool has_inject = w.inject.data != nullptr;
   const int down_tiles = (w.mix_down.rows + kTileRows - 1) / kTileRows;
   const int outputs = w.mix_down.rows + (has_inject ? w.inject.rows : 0);
@@ -627,6 +651,7 @@ cudaError_t launch(const HcFusedRead& w, float* stack, bool pending, const float
                         w.norm,
                         pending ? inject : nullptr,
                         pending ? y : nullptr,
+                        y_fixed,
                         scratch,
                         w.streams,
                         w.hidden,
@@ -639,12 +664,13 @@ cudaError_t launch(const HcFusedRead& w, float* stack, bool pending, const float
   if constexpr (B <= kBlockDownRows) {
     // Once for all: only a permission (occupancy follows each launch's own size), so it never changes between the
     // launches of a captured graph.
-    static const cudaError_t opted_in =
-        cudaFuncSetAttribute(hc_down_kernel<B>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxDownShared));
+    static const cudaError_t opted_in = cudaFuncSetAttribute(
+        hc_down_kernel<B, Fixed>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxDownShared));
     if (opted_in != cudaSuccess) return opted_in;
-    error = launch_dependent(hc_down_kernel<B>, dim3(unsigned(tiles), unsigned(w.streams)), dim3(kDownWarps<B> * 32),
-                             down_shared_bytes(w.hidden, B), stream, down);
+    error = launch_dependent(hc_down_kernel<B, Fixed>, dim3(unsigned(tiles), unsigned(w.streams)),
+                             dim3(kDownWarps<B> * 32), down_shared_bytes(w.hidden, B), stream, down);
   } else {
+    static_assert(!Fixed, "a fixed-point y is one row's");
     const unsigned slices = unsigned(stream_slices(w.hidden));
     const dim3 grid(slices, unsigned(w.streams), unsigned((tiles + kSlicedTiles - 1) / kSlicedTiles));
     error = launch_clustered(hc_down_sliced_kernel<B>, grid, dim3(kSlicedTiles * 32), sliced_shared_bytes(w.hidden, B),
@@ -656,6 +682,7 @@ cudaError_t launch(const HcFusedRead& w, float* stack, bool pending, const float
                     stack,
                     w.norm,
                     pending ? y : nullptr,
+                    y_fixed,
                     scratch,
                     inject,
                     input,
@@ -664,8 +691,8 @@ cudaError_t launch(const HcFusedRead& w, float* stack, bool pending, const float
                     w.mix_up.cols,
                     down.stride,
                     has_inject ? w.inject.rows : 0};
-  launch_dependent(hc_up_kernel<B>, w.hidden / kTileRows, w.streams * 32, up_shared_bytes(w.mix_up.cols, B), stream,
-                   up);
+  launch_dependent(hc_up_kernel<B, Fixed>, w.hidden / kTileRows, w.streams * 32, up_shared_bytes(w.mix_up.cols, B),
+                   stream, up);
   return cudaGetLastError();
 }
 
@@ -692,19 +719,23 @@ size_t hc_fused_read_scratch_floats(int outputs) {
 }
 
 cudaError_t hc_fused_read(const HcFusedRead& read, int rows, float* stack, bool pending, const float* y, float* inject,
-                          float* scratch, float* input, cudaStream_t stream) {
-  for (const void* p : {static_cast<const void*>(stack), static_cast<const void*>(y), static_cast<const void*>(scratch),
-                        static_cast<const void*>(input), static_cast<const void*>(read.norm)})
+                          float* scratch, float* input, cudaStream_t stream, unsigned long long* y_fixed) {
+  for (const void* p :
+       {static_cast<const void*>(stack), static_cast<const void*>(y), static_cast<const void*>(scratch),
+        static_cast<const void*>(input), static_cast<const void*>(read.norm), static_cast<const void*>(y_fixed)})
     if (!aligned16(p)) return cudaErrorMisalignedAddress;
+  if (y_fixed)
+    return pending && rows == 1 ? launch<1, true>(read, stack, pending, y, y_fixed, inject, scratch, input, stream)
+                                : cudaErrorInvalidValue;
   switch (rows) {
     case 1:
-      return launch<1>(read, stack, pending, y, inject, scratch, input, stream);
+      return launch<1, false>(read, stack, pending, y, nullptr, inject, scratch, input, stream);
     case 2:
-      return launch<2>(read, stack, pending, y, inject, scratch, input, stream);
+      return launch<2, false>(read, stack, pending, y, nullptr, inject, scratch, input, stream);
     case 3:
-      return launch<3>(read, stack, pending, y, inject, scratch, input, stream);
+      return launch<3, false>(read, stack, pending, y, nullptr, inject, scratch, input, stream);
     case 4:
-      return launch<4>(read, stack, pending, y, inject, scratch, input, stream);
+      return launch<4, false>(read, stack, pending, y, nullptr, inject, scratch, input, stream);
     default:
       return cudaErrorInvalidValue;
   }

@@ -45,9 +45,11 @@ size_t hc_fused_read_scratch_floats(int outputs);
 // input = the read of stack (as hc_write's norm, mix_down, hc_low_activation, mix_up and hc_combine compute it);
 // inject = the read's raw inject projections [rows, inject rows], when it has inject. With `pending`, the previous
 // write is applied first, in place: stack[r, s, :] += 2σ(inject[r, s] / S)·y[r, :] with the inject values found on
-// entry (hc_write without its norm), so that a write followed by a read costs no launch of its own. stack, y, scratch
-// and input must be 16-byte aligned (cudaErrorMisalignedAddress otherwise).
+// entry (hc_write without its norm), so that a write followed by a read costs no launch of its own. With y_fixed (one
+// row, pending only), the pending y is read from y_fixed's fixed-point sums instead (fixed_sum.cuh: expert_decode.cuh's
+// 1-row output), and the read sets them back to zero. stack, y, y_fixed, scratch and input must be 16-byte aligned
+// (cudaErrorMisalignedAddress otherwise).
 cudaError_t hc_fused_read(const HcFusedRead& read, int rows, float* stack, bool pending, const float* y, float* inject,
-                          float* scratch, float* input, cudaStream_t stream);
+                          float* scratch, float* input, cudaStream_t stream, unsigned long long* y_fixed = nullptr);
 
 }  // namespace vavilov::cuda

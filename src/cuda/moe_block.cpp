@@ -67,10 +67,12 @@ ExpertDecode expert_decode_arguments(const DeviceMoe& w, const MoeShape& shape, 
   return p;
 }
 
-// run_products, then expert_decode.cuh's routing, products and combine.
-void decode_fused(const MoeDecodePlan& plan, int rows, cudaStream_t stream) {
+// run_products, then expert_decode.cuh's routing, products and combine (or y_fixed's sums).
+void decode_fused(const MoeDecodePlan& plan, int rows, unsigned long long* output_fixed, cudaStream_t stream) {
   run_products(plan.fused_inputs, rows, stream);  // router, shared-expert gate
-  cuda_check(expert_decode(plan.experts, rows, stream), "MoE experts");
+  ExpertDecode experts = plan.experts;
+  experts.y_fixed = output_fixed;
+  cuda_check(expert_decode(experts, rows, stream), "MoE experts");
 }
 
 // settled_x: every matrix's activations when the Q4 kernel may stage them before its wait (gemv_q4_experts).
@@ -122,9 +124,14 @@ MoeDecodePlan plan_moe_decode(const DeviceMoe& w, const MoeShape& shape, const M
   return plan;
 }
 
+bool moe_decode_takes_fixed(const MoeDecodePlan& plan, int rows) {
+  return plan.fused && rows <= plan.fused_max_rows && expert_decode_takes_fixed(plan.experts, rows);
+}
+
 void moe_decode(const DeviceMoe& w, const MoeShape& shape, const MoeDecodePlan& plan, const MoeBuffers& buffers,
-                int rows, cudaStream_t stream) {
-  if (plan.fused && rows <= plan.fused_max_rows) return decode_fused(plan, rows, stream);
+                int rows, cudaStream_t stream, unsigned long long* output_fixed) {
+  check(!output_fixed || moe_decode_takes_fixed(plan, rows), "MoE decode: a fixed-point output this pass cannot write");
+  if (plan.fused && rows <= plan.fused_max_rows) return decode_fused(plan, rows, output_fixed, stream);
   const int top_k = shape.route.top_k, selections = rows * top_k, slots = kMaxGemvRows * top_k;
   run_products(plan.inputs, rows, stream);
 

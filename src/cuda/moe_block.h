@@ -14,7 +14,7 @@
 // expert_decode.cuh's path instead: the router and the shared-expert gate in one launch; the routing (moe_route_slots,
 // except in a 1-row pass, whose products blocks route the row themselves); the products (gate/up, SwiGLU and down's
 // partial per 64 rows of h, in one launch); and the combine with the routing weights and the gated shared expert, in a
-// fixed order.
+// fixed order — or, for a 1-row pass given output_fixed, no combine: the products add into fixed-point sums.
 // Experts in formats the GEMV kernels do not read (F32, other quantizations) take the row-general path in
 // sequence.cpp instead.
 #include <cuda_runtime.h>
@@ -73,8 +73,12 @@ struct MoeDecodePlan {
 // Reads the expert descriptors back once to check every expert's format, shape and alignment.
 MoeDecodePlan plan_moe_decode(const DeviceMoe& w, const MoeShape& shape, const MoeBuffers& buffers);
 
-// y = MoE(input) for 1–4 rows into buffers.output; needs plan.decodes.
+// y = MoE(input) for 1–4 rows into buffers.output; needs plan.decodes. With output_fixed (only where
+// moe_decode_takes_fixed), output_fixed += y in fixed point instead (expert_decode.cuh), with no combine launch.
 void moe_decode(const DeviceMoe& w, const MoeShape& shape, const MoeDecodePlan& plan, const MoeBuffers& buffers,
-                int rows, cudaStream_t stream);
+                int rows, cudaStream_t stream, unsigned long long* output_fixed = nullptr);
+
+// Whether moe_decode can leave a pass of `rows` rows in fixed point: the 1-row pass that routes inside its products.
+bool moe_decode_takes_fixed(const MoeDecodePlan& plan, int rows);
 
 }  // namespace vavilov::cuda

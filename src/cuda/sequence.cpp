@@ -73,6 +73,8 @@ struct Workspace {
   int* moe_slots;
   float* moe_slot_weights;
   float* moe_partials;  // the fused experts' down partials (expert_decode.cuh)
+  // A 1-row MoE output in fixed point (expert_decode.cuh), all zero between passes: the read after it clears it.
+  unsigned long long* output_fixed;
   int64_t* table_rows;
   float *embedding, *ple_keys, *ple_value, *ple_out, *ple_normed;
   float *logits, *mtp_row, *mtp_normed, *mtp_embedded;
@@ -174,6 +176,7 @@ void make_workspace(const ModelConfig& c, Workspace& w) {
   l.add(w.moe_slot_weights, moe_slot_weight_count(int(k)));
   l.add(w.moe_partials,
         expert_partial_count(int(k), int(c.moe_intermediate_size), int(c.shared_expert_intermediate_size), int(h)));
+  l.add(w.output_fixed, h);
   l.add(w.table_rows, r * size_t(c.ngram_heads()));
   l.add(w.embedding, r * size_t(c.ple_embed_dim));
   for (float** buffer : {&w.ple_keys, &w.ple_out, &w.ple_normed}) l.add(*buffer, r * sh);
@@ -191,6 +194,7 @@ void make_workspace(const ModelConfig& c, Workspace& w) {
   w.memory = l.allocate("workspace");
   cuda_check(cudaMemset(w.attend.arrivals, 0, attend_arrival_count(attention, kAttentionRows) * sizeof(unsigned)),
              "workspace");
+  cuda_check(cudaMemset(w.output_fixed, 0, h * sizeof(unsigned long long)), "workspace");
 }
 
 // Attention caches of one layer, grown by doubling.
@@ -629,7 +633,8 @@ class CudaSequence final : public SequenceBackend {
   void gated_deltanet(const DeviceGatedDeltaNet& w, LayerState& state, int rows, bool record);
   void attention(const DeviceAttention& w, LayerState& state, int64_t first, int rows);
   MoeBuffers moe_buffers() const;
-  void moe(const DeviceMoe& w, const MoeDecodePlan& plan, int rows);
+  void moe(const DeviceMoe& w, const MoeDecodePlan& plan, int rows, bool output_fixed);
+  bool moe_output_fixed(const MoeDecodePlan& plan, int rows, const DeviceGatedResidual* next_read) const;
   void moe_prefill(const DeviceMoe& w, int rows, bool on_codes);
   void route_and_shared_expert(const DeviceMoe& w, int rows);
   void ple(const DevicePle& w, LayerState& state, int rows, bool record, float* stack);
@@ -655,9 +660,10 @@ class CudaSequence final : public SequenceBackend {
   int replay_count_ = 0;
   std::vector<int32_t> stops_;  // the stop tokens on the device (work_.step_stops), once stops_sent_
   bool stops_sent_ = false;
-  // The stack still lacks the last hyper-connection write (work_.inject's gates times work_.output): the next read,
-  // a fused one, applies it (hyper_write).
+  // The stack still lacks the last hyper-connection write (work_.inject's gates times work_.output, or
+  // work_.output_fixed when pending_fixed_): the next read, a fused one, applies it (hyper_write).
   bool write_pending_ = false;
+  bool pending_fixed_ = false;
   // Rows of logits the last forward left in work_.logits for verify_sampled (TrunkOutputs::keep_logits), else 0.
   int kept_logit_rows_ = 0;
   std::unique_ptr<DeviceSampler> sampler_;  // made on the first sampled call
@@ -764,7 +770,7 @@ void CudaSequence::run_layer(const DeviceLayer& w, LayerState& state, int64_t fi
   if (rows > kMaxDecodeRows && state.expert_prefill != LayerState::ExpertPrefill::PerSlot)
     moe_prefill(w.moe, rows, state.expert_prefill == LayerState::ExpertPrefill::OnCodes);
   else
-    moe(w.moe, state.moe, rows);
+    moe(w.moe, state.moe, rows, moe_output_fixed(state.moe, rows, next_read));
   if (w.moe.cache_layer >= 0)  // every MoE path leaves the picks in route_ids
     model_->expert_cache->record_use(w.moe.cache_layer, work_.route_ids, rows * c_.num_experts_per_tok, stream_);
   hyper_write(stack, rows, next_read);
@@ -820,6 +826,7 @@ void CudaSequence::hyper_write(float* stack, int rows, const DeviceGatedResidual
     write_pending_ = true;
     return;
   }
+  check(!pending_fixed_, "hyper-connection write: a fixed-point output reached a write that does not read it");
   hc_write(work_.inject, work_.output, rows, c_.hc_count, int(c_.hidden_size), stack,
            next_read ? next_read->norm : nullptr, c_.rms_norm_eps, work_.normed, stream_);
 }
@@ -838,9 +845,10 @@ void CudaSequence::hyper_read(const DeviceGatedResidual& w, const ProductGroup& 
                            .streams = s,
                            .hidden = h,
                            .eps = c_.rms_norm_eps};
-    cuda_check(hc_fused_read(read, rows, stack, write_pending_, work_.output, work_.inject, work_.mix, input, stream_),
+    cuda_check(hc_fused_read(read, rows, stack, write_pending_, work_.output, work_.inject, work_.mix, input, stream_,
+                             pending_fixed_ ? work_.output_fixed : nullptr),
                "hyper-connection read");
-    write_pending_ = false;
+    write_pending_ = pending_fixed_ = false;
     return;
   }
   check(!write_pending_, "hyper-connection read: a deferred write reached a read that does not apply it");
@@ -974,9 +982,18 @@ void CudaSequence::route_and_shared_expert(const DeviceMoe& w, int rows) {
   linear(w.shared_gate, work_.input, rows, work_.shared_scale, stream_);
 }
 
-void CudaSequence::moe(const DeviceMoe& w, const MoeDecodePlan& plan, int rows) {
+// Whether a pass's MoE output goes to work_.output_fixed: a 1-row decode block whose products add into it, and a fused
+// read after it, which reads and clears it (a combine launch less).
+bool CudaSequence::moe_output_fixed(const MoeDecodePlan& plan, int rows, const DeviceGatedResidual* next_read) const {
+  return rows <= kMaxGemvRows && plan.decodes && moe_decode_takes_fixed(plan, rows) && next_read &&
+         fused_read(*next_read, rows);
+}
+
+// output_fixed: y in work_.output_fixed (moe_output_fixed) instead of work_.output.
+void CudaSequence::moe(const DeviceMoe& w, const MoeDecodePlan& plan, int rows, bool output_fixed) {
   if (rows <= kMaxGemvRows && plan.decodes) {
-    moe_decode(w, moe_shape(c_), plan, moe_buffers(), rows, stream_);
+    moe_decode(w, moe_shape(c_), plan, moe_buffers(), rows, stream_, output_fixed ? work_.output_fixed : nullptr);
+    pending_fixed_ = output_fixed;
     return;
   }
   // Any number of rows, any format: one product per matrix, each selected expert once per (row, pick).

@@ -13,6 +13,7 @@
 #include <set>
 #include <vector>
 
+#include "core/error.h"
 #include "cuda/expert_decode.cuh"
 #include "cuda/moe_block.h"
 #include "device_matrices.h"
@@ -137,6 +138,44 @@ TEST(CudaExpertDecode, FusedQ4MatchesDoublePrecisionForOneToFourRows) {
 // is no multiple of the combine's 32 columns, and top 4 of 12.
 TEST(CudaExpertDecode, FusedQ4MatchesDoublePrecisionAtSmallUnevenWidths) {
   expect_fused_matches_double_precision({320, 128, 192, {12, 4, true}}, 47);
+}
+
+// A 1-row pass given a fixed-point output (the decode step's, read by the hyper-connection read after it): each
+// products block adds its weighted partials into it as 64-bit integers, with no combine launch. The sums must match
+// the spec's MoE as the float output does (same bound), differ from the float combine only by rounding (each path is
+// within a few 1e-6 of the magnitude, so 1e-5 of it; a wrong weight or a lost block is of order one), and add: a
+// second pass into the same sums doubles them exactly, whatever order the blocks arrive in. The picks are written as
+// in the float pass.
+TEST(CudaExpertDecode, OneRowFixedPointOutputAddsTheCombinedSums) {
+  std::mt19937 rng(59);
+  FusedMoe fused(rng);
+  const TestMoe& moe = fused.moe;
+  const cuda::MoeDecodePlan& plan = fused.plan;
+  ASSERT_TRUE(plan.fused);
+  EXPECT_TRUE(cuda::moe_decode_takes_fixed(plan, 1));
+  EXPECT_FALSE(cuda::moe_decode_takes_fixed(plan, 2)) << "several rows take the combine";
+  const std::vector<float> x = distinct_inputs(moe, rng, 1, kHidden, kTopK);
+  std::vector<int> ids;
+  const std::vector<float> combined = run_decode(moe, fused.shape, plan, fused.buffers, x, 1, ids);
+  const test::MoeReference ref = test::reference_moe(moe, std::vector<double>(x.begin(), x.end()), 1, kTopK);
+  unsigned long long* sums = fused.memory.zeros<unsigned long long>(kHidden);
+  ASSERT_EQ(cudaMemset(fused.buffers.route_ids, 0xff, kTopK * sizeof(int)), cudaSuccess);
+  std::vector<std::vector<unsigned long long>> passes;
+  for (int pass = 0; pass < 2; ++pass) {
+    cuda::moe_decode(moe.device, fused.shape, plan, fused.buffers, 1, nullptr, sums);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    passes.push_back(test::download(sums, kHidden));
+  }
+  EXPECT_EQ(test::download(fused.buffers.route_ids, kTopK), ids);
+  for (int i = 0; i < kHidden; ++i) {
+    const size_t at = size_t(i);
+    const double y = double(static_cast<long long>(passes[0][at])) / 4294967296.0;
+    ASSERT_NEAR(y, ref.y[at], 1e-3 * ref.magnitude[at]) << "column " << i;
+    ASSERT_NEAR(y, combined[at], 1e-5 * ref.magnitude[at]) << "column " << i;
+    ASSERT_EQ(passes[1][at], 2 * passes[0][at]) << "column " << i << ": the second pass does not add the same sums";
+  }
+  EXPECT_THROW(cuda::moe_decode(moe.device, fused.shape, plan, fused.buffers, 2, nullptr, sums), Error)
+      << "two rows cannot leave fixed-point sums";
 }
 
 // The step's slots: first-come over the rows' picks in order, each row's weight of each slot's expert (0 where it did

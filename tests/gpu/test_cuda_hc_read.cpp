@@ -243,6 +243,48 @@ TEST_F(CudaHcRead, RepeatedReadsAreBitIdentical) {
         << "run " << run << " differs from the first";
 }
 
+// A pending 1-row output in fixed point (expert_decode.cuh's, fixed_sum.cuh): the read must equal, bit for bit, the
+// read of the floats those sums stand for (each the integer rounded once to a float, times 2^-32), leave the sums all
+// zero for the next pass, and refuse them for more than one row or without a pending write. The output spans
+// magnitudes from 2^-20 to 2^10, so that the conversion's rounding matters.
+TEST_F(CudaHcRead, FixedPointPendingOutputReadsAsItsFloatsAndIsCleared) {
+  const BitsCase c(memory_, rng_);
+  const int h = BitsCase::kShape.hidden;
+  std::vector<unsigned long long> sums(static_cast<size_t>(h));
+  std::vector<float> y(static_cast<size_t>(h));
+  std::uniform_real_distribution<double> exponent(-20.0, 10.0);
+  std::normal_distribution<double> value(0.0, 1.0);
+  for (size_t i = 0; i < sums.size(); ++i) {
+    const long long fixed = std::llround(value(rng_) * std::exp2(exponent(rng_)) * 4294967296.0);
+    sums[i] = static_cast<unsigned long long>(fixed);
+    y[i] = static_cast<float>(fixed) * 0x1p-32f;  // nearest float, then an exact power of two
+  }
+  unsigned long long* sums_device = memory_.copy(sums);
+  const float* y_device = memory_.copy(y);
+  const auto read = [&](bool fixed) {
+    float* stack_device = memory_.copy(c.stack);
+    float* inject_device = memory_.copy(c.old_inject);
+    float* input = memory_.zeros<float>(c.input_floats());
+    EXPECT_EQ(cuda::hc_fused_read(c.weights, 1, stack_device, true, y_device, inject_device, c.scratch, input, nullptr,
+                                  fixed ? sums_device : nullptr),
+              cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return c.download(stack_device, input, inject_device);
+  };
+  const std::vector<float> from_floats = read(false), from_sums = read(true);
+  EXPECT_EQ(std::memcmp(from_sums.data(), from_floats.data(), c.output_floats() * sizeof(float)), 0);
+  EXPECT_EQ(test::download(sums_device, sums.size()), std::vector<unsigned long long>(sums.size(), 0ull));
+  float* scratch_input = memory_.zeros<float>(c.input_floats());
+  float* stack_device = memory_.copy(c.stack);
+  float* inject_device = memory_.copy(c.old_inject);
+  EXPECT_EQ(cuda::hc_fused_read(c.weights, 2, stack_device, true, y_device, inject_device, c.scratch, scratch_input,
+                                nullptr, sums_device),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::hc_fused_read(c.weights, 1, stack_device, false, y_device, inject_device, c.scratch, scratch_input,
+                                nullptr, sums_device),
+            cudaErrorInvalidValue);
+}
+
 // The read (1–4 rows: hc_down_kernel or the sliced kernel, then hc_up_kernel) after a producer that lets it start at
 // once and writes its stack ~100 µs later (tests/gpu/late_producer.h), eagerly and from a graph: the same bits as after
 // a finished producer. A kernel that read the stack (or anything else the kernels before write) before its wait would
