@@ -136,10 +136,31 @@ template <int B, bool Route, bool Fixed>
 __global__ void __launch_bounds__(kSliceWarps * 32) products_kernel(ExpertDecode p, int selections, int groups) {
   static_assert(!Route || (B == 1 && kSliceWarps == route_block::kRouteBlockWarps), "one row, routed by the block");
   static_assert(!Fixed || Route, "the fixed-point output is the 1-row routed pass's");
-  if constexpr (Route) route_block::prefetch_expert_tables(p.slots.gate, p.slots.up, p.slots.down, p.route.experts);
+  extern __shared__ uint4 staged[];
+  const int x_groups = p.hidden / kQuantGroup;  // gate and up read x whole
+  float2* group_terms = staged_terms<4, B>(staged, x_groups);
+  const auto stage_x = [&](bool settled) {
+    stage_for_products<4, B>(
+        x_groups,
+        [&](int b, int g, int column_t, float(&x)[16]) {
+          const float4* source =
+              reinterpret_cast<const float4*>(p.x + size_t(b) * p.hidden + g * kQuantGroup) + 4 * column_t;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const float4 v = settled ? __ldcg(source + i) : __ldg(source + i);
+            x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
+          }
+        },
+        staged, group_terms, int(threadIdx.x), int(blockDim.x));
+  };
+  if constexpr (Route) {
+    route_block::prefetch_expert_tables(p.slots.gate, p.slots.up, p.slots.down, p.route.experts);
+    // x was written two launches back (the router product between triggers only after its own wait): launch.cuh's
+    // two-deep rule lets it be staged before the wait, through L2, while the router product still runs.
+    stage_x(true);
+  }
   wait_for_producers();
   allow_dependents();
-  extern __shared__ uint4 staged[];
   __shared__ float sums[kSliceWarps][64];  // each warp's gate or up sums
   __shared__ float h[B][kQuantGroup];
   constexpr size_t kHStagedWords = (staged_bytes(4, 1, B) + sizeof(uint4) - 1) / sizeof(uint4);
@@ -176,17 +197,13 @@ __global__ void __launch_bounds__(kSliceWarps * 32) products_kernel(ExpertDecode
     down = p.slots.matrices[3 * slot + 2];
   }
   if (m.rows == 0) return;  // a slot past the step's distinct experts (gate and up alike: the whole block)
-  m.x = p.x;
   const TileRows rows = tile_rows(m, first_h + tile * kTileRows);
   const int begin = slice_start(slice, kSliceColumns, rows.groups);
   const int end = slice_start(slice + 1, kSliceColumns, rows.groups);
 
   WarpLoads current;  // issued before staging, so that the activations' latency overlaps theirs
   load_group_block<4>(current, rows.codes, rows.affine, begin, end, rows.width, t);
-  float2* group_terms = staged_terms<4, B>(staged, rows.groups);
-  stage_for_products<4, B>(
-      rows.groups, [&](int b, int g, int column_t, float(&x)[16]) { load_activations(m, b, g, column_t, x); }, staged,
-      group_terms, int(threadIdx.x), int(blockDim.x));
+  if constexpr (!Route) stage_x(false);
   __syncthreads();
   float acc[2] = {};
   staged_tile_products<4, B>(current, rows.codes, rows.affine, rows.width, begin, end, rows.groups, staged, group_terms,

@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   // whole weight range here, per line or in bulk, measured up to 20 % slower on large products: docs/CUDA.md.)
   WarpLoads current;
   load_group_block<Bits>(current, codes, affine, begin, has_rows ? end : begin, width, t);
-  wait_for_producers();
+  wait_for_producers();  // before the trigger: the kernels after read what was written before it (two-deep rule)
   allow_dependents();
   uint4* fragments = shared;
   float2* group_terms = staged_terms<Bits, B>(fragments, groups);
@@ -399,7 +399,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp / split.tiles;
   const int block_row = blockIdx.x * split.tiles, row = block_row + warp % split.tiles;
   if (block_row >= m.rows) return wait_for_producers();  // the whole block is past this matrix's rows
-  wait_for_producers();  // its weight loads are interleaved with the activations'; only the launch comes early
+  // Its weight loads are interleaved with the activations', so only the launch comes early; the wait stays before the
+  // trigger (launch.cuh's two-deep rule: the MoE block's next launches rely on it).
+  wait_for_producers();
   allow_dependents();
   const int chunks = m.cols / kPerLoad;
   const int begin = part * chunks / split.splits, end = (part + 1) * chunks / split.splits;

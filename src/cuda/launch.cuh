@@ -17,8 +17,8 @@
 // only once that kernel's wait has returned in every block, i.e. once the kernel before that one has completed (and,
 // since every kernel waits before it exits, every earlier one) with its memory visible. Such reads go through L2
 // (__ldcg, ld.global.cg), never __ldg / ld.global.nc (non-coherent: session 6 saw one hoisted across a wait), and the
-// kernel in between must say where it waits that its wait has to stay first. Used by the 2–4-row MoE block (the
-// expert down launch's descriptors, gate/up's activations: docs/CUDA.md); tried on the 1-row fused experts, slower.
+// kernel in between must say where it waits that its wait has to stay first. Used by the MoE block (2–4 rows: the
+// expert down launch's descriptors, gate/up's activations; 1 row: the fused products' activations: docs/CUDA.md).
 // Any kernel may call allow_dependents() (or cudaTriggerProgrammaticLaunchCompletion(), the same instruction, where
 // this header is not included) as its first statement: it only lets the next dependent launch start early
 // and never makes that one see unfinished data (its wait still waits for this whole grid and its memory).

@@ -32,7 +32,7 @@ struct Chunk {
 template <int B>
 __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv_kernel(DeviceMatrix w, const float* x, float* y) {
   const int lane = threadIdx.x % 32;
-  wait_for_producers();
+  wait_for_producers();  // before the trigger: launch.cuh's two-deep rule (the MoE block's next launches rely on it)
   allow_dependents();
   const int first_row = (blockIdx.x * kWarps + threadIdx.x / 32) * kRowsPerWarp;
   if (first_row >= w.rows) return;

@@ -165,12 +165,13 @@ cuda::DeviceMatrix random_q4(DeviceMemory& memory, int rows, int cols, std::mt19
   return m;
 }
 
-// The MoE block of a 2–4-row pass (the six launches; Flash-Next's widths, 40 Q4 experts, top 10, so that the expert
-// launches take gemv_quant_rounds_kernel) after a producer that writes the block's input late. The expert down launch
-// reads its descriptors, which the routing writes two launches back, and gate/up stages the block's input, before
-// their waits: correct only because the launches in between let their dependents start after their own waits.
-// Descriptors and slots are zeroed first (rows = 0: no work), the input, the expert buffers and the output poisoned
-// (NaN), so a read of any of them before its writer finished shows in the output.
+// The MoE block of a 1–4-row pass (at 2–4 rows the six launches; Flash-Next's widths, 40 Q4 experts, top 10, so that
+// the expert launches take gemv_quant_rounds_kernel) after a producer that writes the block's input late. The expert
+// down launch reads its descriptors, which the routing writes two launches back, and gate/up (at one row the fused
+// products, whose output is also checked as fixed-point sums) stages the block's input, before their waits: correct
+// only because the launches in between let their dependents start after their own waits. Descriptors and slots are
+// zeroed first (rows = 0: no work), the input, the expert buffers and the output poisoned (NaN), so a read of any of
+// them before its writer finished shows in the output.
 TEST(CudaDependentLaunch, MoeBlockAfterLateInputMatchesFinishedInput) {
   constexpr int kHidden = 2560, kInner = 640, kSharedInner = 640, kExperts = 40, kTopK = 10;
   std::mt19937 rng(23);
@@ -196,9 +197,11 @@ TEST(CudaDependentLaunch, MoeBlockAfterLateInputMatchesFinishedInput) {
   const cuda::MoeDecodePlan plan = cuda::plan_moe_decode(moe, shape, buffers);
   ASSERT_TRUE(plan.decodes);
   ASSERT_EQ(plan.fused_max_rows, 1);  // 2–4 rows take the six launches
+  ASSERT_TRUE(cuda::moe_decode_takes_fixed(plan, 1));
   ASSERT_GT(cuda::gemv_expert_rounds(2 * 4 * kTopK, kInner, kHidden, 4), 1) << "the premise: the rounds kernel";
   const size_t slot_rows = size_t(cuda::kMaxGemvRows) * kTopK * cuda::kMaxGemvRows;  // [slot, row] of the buffers
-  for (int rows = 2; rows <= cuda::kMaxGemvRows; ++rows) {
+  unsigned long long* sums = memory.zeros<unsigned long long>(kHidden);
+  for (int rows = 1; rows <= cuda::kMaxGemvRows; ++rows) {
     std::vector<float> x(size_t(rows) * kHidden);
     for (float& v : x) v = normal(rng);
     float* final_x = memory.copy(x);
@@ -224,6 +227,21 @@ TEST(CudaDependentLaunch, MoeBlockAfterLateInputMatchesFinishedInput) {
       EXPECT_EQ(std::memcmp(test::download(buffers.output, outputs).data(), expected.data(), outputs * sizeof(float)),
                 0)
           << rows << " rows, graph " << graph;
+    }
+    if (rows > 1) continue;
+    // One row's output as fixed-point sums (the decode step's, expert_decode.cuh): the same sums after the late input.
+    ASSERT_EQ(cudaMemcpy(input, final_x, x_bytes, cudaMemcpyDeviceToDevice), cudaSuccess);
+    cuda::moe_decode(moe, shape, plan, buffers, 1, nullptr, sums);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<unsigned long long> expected_sums = test::download(sums, kHidden);
+    for (bool graph : {false, true}) {
+      ASSERT_EQ(cudaMemset(input, 0xff, x_bytes), cudaSuccess);
+      ASSERT_EQ(cudaMemset(sums, 0, kHidden * sizeof(unsigned long long)), cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      test::after_late_producer(final_x, input, x_bytes, graph, [&](cudaStream_t stream) {
+        cuda::moe_decode(moe, shape, plan, buffers, 1, stream, sums);
+      });
+      EXPECT_EQ(test::download(sums, kHidden), expected_sums) << "fixed-point sums, graph " << graph;
     }
   }
 }
