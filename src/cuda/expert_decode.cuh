@@ -38,7 +38,9 @@ struct ExpertDecode {
 };
 
 // Routing (when the pass needs its launch), products and combine: y for `rows` rows; with p.y_fixed, y_fixed += y
-// instead (cudaErrorInvalidValue unless expert_decode_takes_fixed).
+// instead (cudaErrorInvalidValue unless expert_decode_takes_fixed). A 1-row pass stages x before its wait (launch.cuh's
+// two-deep rule): x must be written before the launch that precedes this call, and that launch must let its dependents
+// start only after its own wait, as the router product (moe_block.cpp) does.
 cudaError_t expert_decode(const ExpertDecode& p, int rows, cudaStream_t stream);
 
 // Whether a pass of `rows` rows can leave y in y_fixed: a 1-row pass that routes inside its products.
