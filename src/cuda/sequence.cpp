@@ -985,8 +985,7 @@ void CudaSequence::route_and_shared_expert(const DeviceMoe& w, int rows) {
 // Whether a pass's MoE output goes to work_.output_fixed: a 1-row decode block whose products add into it, and a fused
 // read after it, which reads and clears it (a combine launch less).
 bool CudaSequence::moe_output_fixed(const MoeDecodePlan& plan, int rows, const DeviceGatedResidual* next_read) const {
-  return rows <= kMaxGemvRows && plan.decodes && moe_decode_takes_fixed(plan, rows) && next_read &&
-         fused_read(*next_read, rows);
+  return moe_decode_takes_fixed(plan, rows) && next_read && fused_read(*next_read, rows);
 }
 
 // output_fixed: y in work_.output_fixed (moe_output_fixed) instead of work_.output.
