@@ -1,6 +1,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/gemm.cuh"
 #include "cuda/gemv.cuh"
@@ -234,38 +235,41 @@ __global__ void gather_kernel(DeviceMatrix table, const Index* ids, int rows, in
   }
 }
 
+// launch(std::integral_constant<WeightFormat, F>{}) for the format F of one matrix (the kernels take it as a template
+// argument); nothing for Mixed, a summary of several experts that no single matrix has.
+template <typename Launch>
+void with_matrix_format(WeightFormat format, const Launch& launch) {
+  using F = WeightFormat;
+  switch (format) {
+    case F::F32:
+      return launch(std::integral_constant<F, F::F32>{});
+    case F::BF16:
+      return launch(std::integral_constant<F, F::BF16>{});
+    case F::Q4:
+      return launch(std::integral_constant<F, F::Q4>{});
+    case F::Q3:
+      return launch(std::integral_constant<F, F::Q3>{});
+    case F::Q2:
+      return launch(std::integral_constant<F, F::Q2>{});
+    case F::Affine:
+      return launch(std::integral_constant<F, F::Affine>{});
+    case F::NVFP4:
+      return launch(std::integral_constant<F, F::NVFP4>{});
+    case F::F8:
+      return launch(std::integral_constant<F, F::F8>{});
+    case F::Mixed:
+      return;
+  }
+}
+
 template <typename Index>
 void gather(const DeviceMatrix& table, const Index* ids, int rows, int copies, float* out, cudaStream_t stream) {
   if (rows == 0) return;
   const dim3 grid((table.cols + 255) / 256, rows);
-  switch (table.format) {
-    case WeightFormat::F32:
-      launch_dependent(gather_kernel<WeightFormat::F32, Index>, grid, 256, 0, stream, table, ids, rows, copies, out);
-      break;
-    case WeightFormat::BF16:
-      launch_dependent(gather_kernel<WeightFormat::BF16, Index>, grid, 256, 0, stream, table, ids, rows, copies, out);
-      break;
-    case WeightFormat::Q4:
-      launch_dependent(gather_kernel<WeightFormat::Q4, Index>, grid, 256, 0, stream, table, ids, rows, copies, out);
-      break;
-    case WeightFormat::Q3:
-      launch_dependent(gather_kernel<WeightFormat::Q3, Index>, grid, 256, 0, stream, table, ids, rows, copies, out);
-      break;
-    case WeightFormat::Q2:
-      launch_dependent(gather_kernel<WeightFormat::Q2, Index>, grid, 256, 0, stream, table, ids, rows, copies, out);
-      break;
-    case WeightFormat::Affine:
-      launch_dependent(gather_kernel<WeightFormat::Affine, Index>, grid, 256, 0, stream, table, ids, rows, copies, out);
-      break;
-    case WeightFormat::NVFP4:
-      launch_dependent(gather_kernel<WeightFormat::NVFP4, Index>, grid, 256, 0, stream, table, ids, rows, copies, out);
-      break;
-    case WeightFormat::F8:
-      launch_dependent(gather_kernel<WeightFormat::F8, Index>, grid, 256, 0, stream, table, ids, rows, copies, out);
-      break;
-    case WeightFormat::Mixed:  // a summary of several experts, never one matrix
-      break;
-  }
+  with_matrix_format(table.format, [&](auto format) {
+    launch_dependent(gather_kernel<decltype(format)::value, Index>, grid, 256, 0, stream, table, ids, rows, copies,
+                     out);
+  });
 }
 
 // Decode-sized products (1–4 rows) go to the bandwidth-bound GEMV kernels of gemv.cuh when the matrix meets their
@@ -329,70 +333,23 @@ void linear(const DeviceMatrix& w, const float* x, int x_rows, float* y, cudaStr
   if (gemv_fast_path(w, x, x_rows, y, stream) || (x_rows <= kMaxGemvRows && nvfp4_gemv(w, x, x_rows, y, stream)))
     return;
   const dim3 grid((w.rows + kWarps - 1) / kWarps, (x_rows + kRowsPerPass - 1) / kRowsPerPass);
-  switch (w.format) {
-    case WeightFormat::F32:
-      launch_dependent(linear_kernel<WeightFormat::F32>, grid, kWarps * 32, 0, stream, w, x, x_rows, y);
-      break;
-    case WeightFormat::BF16:
-      launch_dependent(linear_kernel<WeightFormat::BF16>, grid, kWarps * 32, 0, stream, w, x, x_rows, y);
-      break;
-    case WeightFormat::Q4:
-      launch_dependent(linear_kernel<WeightFormat::Q4>, grid, kWarps * 32, 0, stream, w, x, x_rows, y);
-      break;
-    case WeightFormat::Q3:
-      launch_dependent(linear_kernel<WeightFormat::Q3>, grid, kWarps * 32, 0, stream, w, x, x_rows, y);
-      break;
-    case WeightFormat::Q2:
-      launch_dependent(linear_kernel<WeightFormat::Q2>, grid, kWarps * 32, 0, stream, w, x, x_rows, y);
-      break;
-    case WeightFormat::Affine:
-      launch_dependent(linear_kernel<WeightFormat::Affine>, grid, kWarps * 32, 0, stream, w, x, x_rows, y);
-      break;
-    case WeightFormat::NVFP4:
-      launch_dependent(linear_kernel<WeightFormat::NVFP4>, grid, kWarps * 32, 0, stream, w, x, x_rows, y);
-      break;
-    case WeightFormat::F8:
-      launch_dependent(linear_kernel<WeightFormat::F8>, grid, kWarps * 32, 0, stream, w, x, x_rows, y);
-      break;
-    case WeightFormat::Mixed:  // a summary of several experts, never one matrix
-      break;
-  }
+  with_matrix_format(w.format, [&](auto format) {
+    launch_dependent(linear_kernel<decltype(format)::value>, grid, kWarps * 32, 0, stream, w, x, x_rows, y);
+  });
 }
 
 void expert_linear(const DeviceMatrix* experts, WeightFormat format, int rows_out, int cols, const int* ids, int slots,
                    const float* x, int x_divisor, float* y, cudaStream_t stream) {
   if (slots == 0) return;
   const dim3 grid((rows_out + kWarps - 1) / kWarps, slots);
-  switch (format) {
-    case WeightFormat::F32:
-      launch_dependent(expert_kernel<WeightFormat::F32>, grid, kWarps * 32, 0, stream, experts, ids, x, x_divisor, y);
-      break;
-    case WeightFormat::BF16:
-      launch_dependent(expert_kernel<WeightFormat::BF16>, grid, kWarps * 32, 0, stream, experts, ids, x, x_divisor, y);
-      break;
-    case WeightFormat::Q4:
-      launch_dependent(expert_kernel<WeightFormat::Q4>, grid, kWarps * 32, 0, stream, experts, ids, x, x_divisor, y);
-      break;
-    case WeightFormat::Q3:
-      launch_dependent(expert_kernel<WeightFormat::Q3>, grid, kWarps * 32, 0, stream, experts, ids, x, x_divisor, y);
-      break;
-    case WeightFormat::Q2:
-      launch_dependent(expert_kernel<WeightFormat::Q2>, grid, kWarps * 32, 0, stream, experts, ids, x, x_divisor, y);
-      break;
-    case WeightFormat::Affine:
-      launch_dependent(expert_kernel<WeightFormat::Affine>, grid, kWarps * 32, 0, stream, experts, ids, x, x_divisor,
-                       y);
-      break;
-    case WeightFormat::NVFP4:
-      launch_dependent(expert_kernel<WeightFormat::NVFP4>, grid, kWarps * 32, 0, stream, experts, ids, x, x_divisor, y);
-      break;
-    case WeightFormat::F8:
-      launch_dependent(expert_kernel<WeightFormat::F8>, grid, kWarps * 32, 0, stream, experts, ids, x, x_divisor, y);
-      break;
-    case WeightFormat::Mixed:
-      launch_dependent(expert_kernel<WeightFormat::Mixed>, grid, kWarps * 32, 0, stream, experts, ids, x, x_divisor, y);
-      break;
-  }
+  const auto launch = [&](auto format) {
+    launch_dependent(expert_kernel<decltype(format)::value>, grid, kWarps * 32, 0, stream, experts, ids, x, x_divisor,
+                     y);
+  };
+  if (format == WeightFormat::Mixed)  // experts of several formats: each block reads the one its expert names
+    launch(std::integral_constant<WeightFormat, WeightFormat::Mixed>{});
+  else
+    with_matrix_format(format, launch);
 }
 
 void gather_rows(const DeviceMatrix& table, const int32_t* ids, int rows, int copies, float* out, cudaStream_t stream) {
