@@ -5,12 +5,20 @@
 // phase before (so every phase depends on the whole previous one):
 //
 //   launches: one dependent launch a phase (launch.cuh) in a CUDA graph, 4 blocks of 256 threads a multiprocessor,
-//             each thread's first 8 16-byte loads issued before the wait (what the decode GEMVs do today);
+//             each thread's first 8 (or 16) 16-byte loads issued before the wait (what the decode GEMVs do today);
 //   ring:     one block a multiprocessor for the whole chain. Its producer warp streams the block's contiguous share
 //             of each phase into a ring of shared memory with bulk copies (cp.async.bulk, completing on an mbarrier a
 //             slot), as far ahead as the ring has room: weights depend on nothing, so they stream while the consumer
 //             warps wait for the phase before (a counter every block increments with release semantics after its
 //             phase). The consumers then fold the phase's words from shared memory and free each slot.
+//   ring, tagged: the same ring, but no counter: a phase hands its output to the next as a vector of 64-bit words
+//             that each carry the pass's epoch beside the value, and the next phase's blocks reload the words until
+//             all carry it (consume_tagged): a GEMV's output vector handed over with no counter or fence on the
+//             path (measured slower than the counter: every block's polls of the whole vector).
+//
+// Three step profiles: step_profile(), the links of today's kernels; minimal_step_profile(), the same bytes in the
+// fewest dependent phases the model's mathematics allows — what any design, one kernel or many, must chain; and
+// verify3_minimal_profile(), a 3-draft verify step in those phases.
 //
 // Values are checked against a host evaluation of the same chain. Prints per profile the time, the copy floor (bytes
 // / copy bandwidth) and the fraction of it, and writes JSON.
@@ -57,8 +65,10 @@ __device__ __host__ inline uint32_t chain_value(uint32_t block_fold, uint32_t pr
 
 // ---- launches: a dependent launch a phase ----
 
-constexpr int kLaunchThreads = 256, kEarly = 8;
+constexpr int kLaunchThreads = 256;
 
+// kEarly: each thread's 16-byte loads in flight, the first of them issued before the wait.
+template <int kEarly>
 __global__ void __launch_bounds__(kLaunchThreads) launch_phase_kernel(Phases ph, int p) {
   const uint64_t begin = ph.start[p], end = ph.start[p + 1];
   const uint64_t stride = uint64_t(gridDim.x) * kLaunchThreads;
@@ -154,11 +164,18 @@ __device__ void add_release(uint32_t* p, uint32_t v) {
 //   kNone:          no waiting at all (values then race): how fast the ring streams without dependencies.
 // (A third, the last arriver storing the phase count to a flag line of each block, measured 25-70 % slower than
 // kPollAcquire: bench/results/2026-12-01-h200-persistent-ring-chain.json.)
-enum Barrier : int { kPollAcquire = 0, kPollRelaxed = 1, kNone = 2 };
+//   kTagged:        no counter: every phase hands over a vector of 64-bit words, each a value with the pass's epoch in
+//                   its upper half (one single-copy-atomic store), and the next phase's blocks reload the words they
+//                   need until every one carries the epoch — the handover of a GEMV's output vector as such, with no
+//                   release, acquire or arrival on the path (see consume_tagged).
+enum Barrier : int { kPollAcquire = 0, kPollRelaxed = 1, kNone = 2, kTagged = 3 };
 
 struct Sync {
   uint32_t* arrivals;  // phases finished, summed over the blocks
   Barrier barrier;
+  uint64_t* vectors;  // kTagged: [count + 1][vector_words] tagged words, what each phase handed over (row 0 unused)
+  int vector_words;
+  uint32_t epoch;  // kTagged: this pass's tag (passes never reuse one, so the rows need no clearing between them)
 };
 
 // Returns once every block has finished `phases_done` phases.
@@ -278,6 +295,83 @@ __device__ void consume(const Phases& ph, const unsigned char* ring, uint32_t pi
   }
 }
 
+__device__ uint64_t load_relaxed_u64(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ void store_relaxed_u64(uint64_t* p, uint64_t v) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// All of a vector's loads go out before the first spin; a consumer thread holds at most this many words.
+constexpr int kMaxTaggedWordsPerThread = 8;
+
+// Block b's slice of a handed-over vector: words [b * per_block, ...).
+__device__ __host__ inline int vector_slice_words(int vector_words, int blocks) {
+  return (vector_words + blocks - 1) / blocks;
+}
+
+// The block's XOR of its consumer threads' values, in every consumer thread (two barriers: one to publish, one so
+// that the next call's stores cannot overtake this call's reads).
+__device__ uint32_t consumers_fold(uint32_t acc, uint32_t* folded) {
+  const int c = threadIdx.x - 32, lane = threadIdx.x % 32;
+  for (int offset = 16; offset > 0; offset >>= 1) acc ^= __shfl_xor_sync(0xffffffffu, acc, offset);
+  if (lane == 0) folded[c / 32] = acc;
+  consumers_sync();
+  uint32_t block = 0;
+  for (int w = 0; w < kConsumerWarps; ++w) block ^= folded[w];
+  consumers_sync();
+  return block;
+}
+
+// kTagged: each phase folds the whole vector the phase before handed over (spinning on each word until it carries
+// this pass's epoch), folds its share of the weights, and writes its slice of the phase's own vector.
+__device__ void consume_tagged(const Phases& ph, const unsigned char* ring, uint32_t piece_words, int slots,
+                               uint64_t* full, uint64_t* empty, const Sync& sync) {
+  __shared__ uint32_t folded[kConsumerWarps];
+  const int c = threadIdx.x - 32, lane = threadIdx.x % 32;
+  const int per_block = vector_slice_words(sync.vector_words, ph.blocks);
+  RingCursor at;
+  for (int p = 0; p < ph.count; ++p) {
+    uint32_t input = 0;
+    if (p > 0) {
+      const uint64_t* row = sync.vectors + size_t(p) * sync.vector_words;
+      uint64_t word[kMaxTaggedWordsPerThread];
+#pragma unroll
+      for (int k = 0; k < kMaxTaggedWordsPerThread; ++k) {
+        const int i = c + k * kConsumerWarps * 32;
+        word[k] = i < sync.vector_words ? load_relaxed_u64(row + i) : uint64_t(sync.epoch) << 32;
+      }
+#pragma unroll
+      for (int k = 0; k < kMaxTaggedWordsPerThread; ++k) {
+        while (uint32_t(word[k] >> 32) != sync.epoch) word[k] = load_relaxed_u64(row + c + k * kConsumerWarps * 32);
+        input ^= uint32_t(word[k]);
+      }
+      input = consumers_fold(input, folded);
+    }
+    const Share s = share_of(ph, p);
+    uint32_t acc = 0;
+    for (uint64_t w = s.begin; w < s.end; w += piece_words, at.advance(slots)) {
+      const uint32_t words = uint32_t(lesser(piece_words, s.end - w));
+      mbarrier_wait(&full[at.slot], at.round & 1);
+      const uint4* piece = reinterpret_cast<const uint4*>(ring + size_t(at.slot) * piece_words * 16);
+      for (uint32_t i = c; i < words; i += kConsumerWarps * 32) {
+        const uint4 v = piece[i];
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+      }
+      __syncwarp();
+      if (lane == 0) mbarrier_arrive(&empty[at.slot]);
+    }
+    const uint32_t block = consumers_fold(acc, folded);
+    uint64_t* out = sync.vectors + size_t(p + 1) * sync.vector_words;
+    const int first = int(blockIdx.x) * per_block;
+    if (c < per_block && first + c < sync.vector_words)
+      store_relaxed_u64(out + first + c, uint64_t(sync.epoch) << 32 | chain_value(block ^ uint32_t(first + c), input));
+  }
+}
+
 __global__ void __launch_bounds__(kRingThreads, 1)
     ring_kernel(Phases ph, uint32_t piece_words, int slots, Sync sync, int l2_ahead) {
   extern __shared__ __align__(128) unsigned char ring[];
@@ -295,7 +389,10 @@ __global__ void __launch_bounds__(kRingThreads, 1)
     if (threadIdx.x == 0) produce(ph, ring, piece_words, slots, full, empty, l2_ahead);
     return;
   }
-  consume(ph, ring, piece_words, slots, full, empty, sync);
+  if (sync.barrier == kTagged)
+    consume_tagged(ph, ring, piece_words, slots, full, empty, sync);
+  else
+    consume(ph, ring, piece_words, slots, full, empty, sync);
 }
 
 // ---- host ----
@@ -328,6 +425,43 @@ std::vector<double> step_profile() {
   return mb;
 }
 
+// The same bytes as step_profile() in the fewest dependent phases the model's mathematics allows a 1-row step (docs/
+// qwen4_exp spec; each phase needs the whole output of the one before): a hyper-connection read is two (u = silu(Wd x̂)
+// needs all of x̂, G = sigmoid(Wu u) all of u); the GDN mixer three (inputs, a head's conv and recurrence — head-local
+// but on other multiprocessors than most of the head's inputs —, out), attention three (q/k/v/index, attention over
+// the cache at a short context where every block is selected, o); the MoE one after its read, with the router's
+// product folded into the read's second phase (each block adds its slice's part of the logits) and each expert's
+// down folded into the blocks that computed its rows of h. 48 × 8 + 4 = 388 phases, where step_profile() has 581.
+// `experts_mb`: the MoE phase's gate/up and down of the routed experts and the shared one (a 1-row step: 20.3 + 10.1).
+std::vector<double> minimal_step_profile(double experts_mb) {
+  const std::vector<double> attention_read = {1.8, 1.8}, moe = {1.8, 1.8 + 0.74, experts_mb};
+  const std::vector<double> gdn = {23.7, 6.3, 8.85}, attention = {20.2, 0, 8.85};
+  std::vector<double> mb;
+  auto add = [&](const std::vector<double>& v) { mb.insert(mb.end(), v.begin(), v.end()); };
+  for (int layer = 0; layer < 48; ++layer) {
+    add(attention_read);
+    add(layer % 4 == 3 ? attention : gdn);
+    add(moe);
+  }
+  add({1.8, 1.8, 357, 0});
+  return mb;
+}
+
+// A 3-draft verify step in the same fewest phases: the 4-row trunk pass (minimal_step_profile() with each MoE phase
+// streaming the union of the rows' experts, ~39 routed at random routing, 2.76 MB each, and the shared expert once),
+// then the MTP head over the 4 rows and two chained 1-row MTP passes (each: fc_embedding + fc_hidden 7.4, an
+// attention layer in the phases above, its final read, lm_head, argmax), each pass needing the one before.
+std::vector<double> verify3_minimal_profile() {
+  const double expert = 2.76, shared = 2.76;
+  const auto mtp_pass = [&](int routed) {
+    return std::vector<double>{7.4, 1.8, 1.8, 20.2, 0, 8.85, 1.8, 1.8 + 0.74, routed * expert + shared,
+                               1.8, 1.8, 357, 0};
+  };
+  std::vector<double> mb = minimal_step_profile(39 * expert + shared);
+  for (const auto& pass : {mtp_pass(39), mtp_pass(10), mtp_pass(10)}) mb.insert(mb.end(), pass.begin(), pass.end());
+  return mb;
+}
+
 struct Chain {
   Phases ph{};
   std::vector<uint64_t> start;
@@ -337,7 +471,7 @@ struct Chain {
 Chain make_chain(const std::vector<double>& megabytes, int blocks) {
   Chain c;
   c.start.push_back(0);
-  for (double mb : megabytes) c.start.push_back(c.start.back() + uint64_t(mb * (1 << 20)) / 16);
+  for (double mb : megabytes) c.start.push_back(c.start.back() + uint64_t(mb * 1e6) / 16);
   c.bytes = c.start.back() * 16;
   uint4* weights;
   uint64_t* start;
@@ -358,19 +492,44 @@ void free_chain(Chain& c) {
   CHECK(cudaFree(c.ph.values));
 }
 
-// The chain's values on the host; `block_of(offset in phase, words in phase)` says which block folds a word.
+// Each block's fold of each phase's words, [count][blocks]; `block_of(offset in phase, words in phase)` says which
+// block folds a word.
 template <typename BlockOf>
-std::vector<uint32_t> expected_values(const Chain& c, BlockOf block_of) {
+std::vector<uint32_t> block_folds(const Chain& c, BlockOf block_of) {
   const int blocks = c.ph.blocks;
-  std::vector<uint32_t> values(size_t(c.ph.count + 1) * blocks, 0), fold(blocks);
+  std::vector<uint32_t> folds(size_t(c.ph.count) * blocks, 0);
   for (int p = 0; p < c.ph.count; ++p) {
-    std::fill(fold.begin(), fold.end(), 0);
     const uint64_t words = c.start[p + 1] - c.start[p];
-    for (uint64_t i = 0; i < words; ++i) fold[block_of(i, words)] ^= fill_word_fold(c.start[p] + i);
-    for (int b = 0; b < blocks; ++b)
-      values[size_t(p + 1) * blocks + b] = chain_value(fold[b], values[size_t(p) * blocks + (b + 1) % blocks]);
+    for (uint64_t i = 0; i < words; ++i)
+      folds[size_t(p) * blocks + block_of(i, words)] ^= fill_word_fold(c.start[p] + i);
   }
+  return folds;
+}
+
+// The counter chains' values: each block's value after each phase, [count + 1][blocks].
+std::vector<uint32_t> expected_values(const Chain& c, const std::vector<uint32_t>& folds) {
+  const int blocks = c.ph.blocks;
+  std::vector<uint32_t> values(size_t(c.ph.count + 1) * blocks, 0);
+  for (int p = 0; p < c.ph.count; ++p)
+    for (int b = 0; b < blocks; ++b)
+      values[size_t(p + 1) * blocks + b] =
+          chain_value(folds[size_t(p) * blocks + b], values[size_t(p) * blocks + (b + 1) % blocks]);
   return values;
+}
+
+// The tagged chain's vectors, [count + 1][vector_words] (row 0 unused): consume_tagged on the host.
+std::vector<uint32_t> expected_vectors(const Chain& c, const std::vector<uint32_t>& folds, int vector_words) {
+  const int blocks = c.ph.blocks, per_block = vector_slice_words(vector_words, blocks);
+  std::vector<uint32_t> vectors(size_t(c.ph.count + 1) * vector_words, 0);
+  for (int p = 0; p < c.ph.count; ++p) {
+    uint32_t input = 0;
+    if (p > 0)
+      for (int i = 0; i < vector_words; ++i) input ^= vectors[size_t(p) * vector_words + i];
+    for (int i = 0; i < vector_words; ++i)
+      vectors[size_t(p + 1) * vector_words + i] =
+          chain_value(folds[size_t(p) * blocks + i / per_block] ^ uint32_t(i), input);
+  }
+  return vectors;
 }
 
 bool values_match(const Chain& c, const std::vector<uint32_t>& expected) {
@@ -381,11 +540,17 @@ bool values_match(const Chain& c, const std::vector<uint32_t>& expected) {
 
 constexpr int kRepeats = 5;
 
+// kTagged's handed-over vector: a 1-row step's typical activation vector (the hidden size, 2560 fp32 values), read
+// whole by every block of the next phase.
+constexpr int kVectorWords = 2560;
+static_assert(kVectorWords <= kMaxTaggedWordsPerThread * kConsumerWarps * 32, "a consumer thread's words");
+
 struct Timed {
   double us;  // one pass over the whole chain
   bool same;
 };
 
+template <int kEarly>
 Timed time_launches(const Chain& c, const std::vector<uint32_t>& expected) {
   cudaStream_t stream;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -394,7 +559,7 @@ Timed time_launches(const Chain& c, const std::vector<uint32_t>& expected) {
   CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   CHECK(cudaMemsetAsync(c.ph.values, 0, sizeof(uint32_t) * c.ph.blocks, stream));
   for (int p = 0; p < c.ph.count; ++p)
-    CHECK(launch_dependent(launch_phase_kernel, dim3(c.ph.blocks), dim3(kLaunchThreads), 0, stream, c.ph, p));
+    CHECK(launch_dependent(launch_phase_kernel<kEarly>, dim3(c.ph.blocks), dim3(kLaunchThreads), 0, stream, c.ph, p));
   CHECK(cudaStreamEndCapture(stream, &graph));
   CHECK(cudaGraphInstantiate(&exec, graph, 0));
   cudaEvent_t start, stop;
@@ -412,15 +577,33 @@ Timed time_launches(const Chain& c, const std::vector<uint32_t>& expected) {
   return t;
 }
 
-Timed time_ring(const Chain& c, const std::vector<uint32_t>& expected, uint32_t piece_kb, int slots, Barrier barrier,
-                int l2_ahead) {
+// The words a tagged pass handed over, as the pass with `epoch` wrote them.
+bool vectors_match(const uint64_t* device_vectors, const std::vector<uint32_t>& expected, int vector_words,
+                   uint32_t epoch) {
+  std::vector<uint64_t> got(expected.size());
+  CHECK(cudaMemcpy(got.data(), device_vectors, got.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+  for (size_t i = vector_words; i < got.size(); ++i)
+    if (got[i] != (uint64_t(epoch) << 32 | expected[i])) return false;
+  return true;
+}
+
+struct Expected {
+  std::vector<uint32_t> values;   // the counter barriers'
+  std::vector<uint32_t> vectors;  // kTagged's
+  int vector_words;
+};
+
+Timed time_ring(const Chain& c, const Expected& expected, uint32_t piece_kb, int slots, Barrier barrier, int l2_ahead) {
   if (c.ph.count > kMaxPhases) {
     std::fprintf(stderr, "ring_bench: %d phases, the ring kernel takes at most %d\n", c.ph.count, kMaxPhases);
     std::exit(1);
   }
   uint32_t* arrivals;
   CHECK(cudaMalloc(&arrivals, sizeof(uint32_t)));
-  Sync sync{arrivals, barrier};
+  Sync sync{arrivals, barrier, nullptr, expected.vector_words, 0};
+  const size_t vector_bytes = sizeof(uint64_t) * (c.ph.count + 1) * expected.vector_words;
+  CHECK(cudaMalloc(&sync.vectors, vector_bytes));
+  CHECK(cudaMemset(sync.vectors, 0, vector_bytes));
   const size_t ring_bytes = size_t(piece_kb) * 1024 * slots;
   CHECK(cudaFuncSetAttribute(ring_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ring_bytes)));
   cudaStream_t stream;
@@ -430,6 +613,7 @@ Timed time_ring(const Chain& c, const std::vector<uint32_t>& expected, uint32_t 
   int slot_count = slots;
   void* args[] = {&ph, &piece_words, &slot_count, &sync, &l2_ahead};
   auto pass = [&] {
+    ++sync.epoch;  // the launch copies the arguments
     CHECK(cudaMemsetAsync(arrivals, 0, sizeof(uint32_t), stream));
     CHECK(cudaMemsetAsync(c.ph.values, 0, sizeof(uint32_t) * c.ph.blocks, stream));
     CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(ring_kernel), dim3(c.ph.blocks), dim3(kRingThreads), args,
@@ -443,9 +627,13 @@ Timed time_ring(const Chain& c, const std::vector<uint32_t>& expected, uint32_t 
   for (int r = 0; r < kRepeats; ++r) pass();
   CHECK(cudaEventRecord(stop, stream));
   CHECK(cudaEventSynchronize(stop));
-  const Timed t{elapsed_ms(start, stop) * 1e3 / kRepeats, values_match(c, expected)};
+  const bool same = barrier == kTagged
+                        ? vectors_match(sync.vectors, expected.vectors, expected.vector_words, sync.epoch)
+                        : values_match(c, expected.values);
+  const Timed t{elapsed_ms(start, stop) * 1e3 / kRepeats, same};
   CHECK(cudaStreamDestroy(stream));
   CHECK(cudaFree(arrivals));
+  CHECK(cudaFree(sync.vectors));
   return t;
 }
 
@@ -478,11 +666,14 @@ int main(int argc, char** argv) {
   struct Profile {
     std::string name;
     std::vector<double> megabytes;
+    bool step;  // runs the step's list of variants
   };
-  std::vector<Profile> profiles = {{"flash_next_q4_step", step_profile()}};
+  std::vector<Profile> profiles = {{"flash_next_q4_step", step_profile(), true},
+                                   {"flash_next_q4_minimal_chain", minimal_step_profile(20.3 + 10.1), true},
+                                   {"flash_next_q4_verify3_minimal_chain", verify3_minimal_profile(), true}};
   for (double mb : {0.5, 2.0, 4.0, 8.0, 16.0})
     profiles.push_back({"uniform_" + std::to_string(mb).substr(0, 4) + "mb",
-                        std::vector<double>(size_t(std::clamp(1024.0 / mb, 64.0, 1024.0)), mb)});
+                        std::vector<double>(size_t(std::clamp(1024.0 / mb, 64.0, 1024.0)), mb), false});
   struct RingShape {
     uint32_t piece_kb;
     int slots;
@@ -492,18 +683,15 @@ int main(int argc, char** argv) {
     Barrier barrier;
     int l2_ahead;
   };
-  const char* barrier_names[] = {"poll_acquire", "poll_relaxed", "no_dependency"};
+  const char* barrier_names[] = {"poll_acquire", "poll_relaxed", "no_dependency", "tagged_vector"};
   const std::vector<RingRun> step_runs = {
-      {{16, 12}, kPollAcquire, 0}, {{32, 6}, kPollAcquire, 0}, {{32, 6}, kNone, 0},         {{32, 6}, kPollAcquire, 2},
-      {{32, 6}, kPollAcquire, 4},  {{32, 6}, kPollAcquire, 8}, {{32, 6}, kPollAcquire, 16}, {{16, 12}, kPollAcquire, 8},
-      {{32, 6}, kPollRelaxed, 8},  {{32, 6}, kNone, 8}};
-  const std::vector<RingRun> uniform_runs = {
-      {{32, 6}, kPollAcquire, 0}, {{32, 6}, kNone, 0}, {{32, 6}, kPollAcquire, 4}};
+      {{32, 6}, kPollAcquire, 0}, {{32, 6}, kTagged, 0}, {{16, 12}, kTagged, 0}, {{32, 6}, kNone, 0}};
+  const std::vector<RingRun> uniform_runs = {{{32, 6}, kPollAcquire, 0}, {{32, 6}, kTagged, 0}, {{32, 6}, kNone, 0}};
   for (size_t i = 0; i < profiles.size(); ++i) {
     const Profile& profile = profiles[i];
     double total_mb = 0;
     for (double mb : profile.megabytes) total_mb += mb;
-    const double floor_us = total_mb * (1 << 20) / (gbs * 1e3);
+    const double floor_us = total_mb * 1e6 / (gbs * 1e3);  // MB: 10^6 bytes, as the profiles count
     std::printf("%s: %zu phases, %.0f MB, copy floor %.1f us\n", profile.name.c_str(), profile.megabytes.size(),
                 total_mb, floor_us);
     json += "    {\"profile\": \"" + profile.name + "\", \"phases\": " + std::to_string(profile.megabytes.size()) +
@@ -511,15 +699,16 @@ int main(int argc, char** argv) {
             ", \"runs\": [\n";
     {
       Chain c = make_chain(profile.megabytes, 4 * sms);
-      const auto expected =
-          expected_values(c, [&](uint64_t i, uint64_t) { return int((i / kLaunchThreads) % (4 * sms)); });
-      json += entry("launches_4x256_early8", floor_us, time_launches(c, expected));
+      const auto folds = block_folds(c, [&](uint64_t i, uint64_t) { return int((i / kLaunchThreads) % (4 * sms)); });
+      const auto expected = expected_values(c, folds);
+      json += entry("launches_4x256_early8", floor_us, time_launches<8>(c, expected));
+      if (profile.step) json += ",\n" + entry("launches_4x256_early16", floor_us, time_launches<16>(c, expected));
       free_chain(c);
     }
     Chain c = make_chain(profile.megabytes, sms);
-    const auto expected =
-        expected_values(c, [&](uint64_t i, uint64_t words) { return int(i / ((words + sms - 1) / sms)); });
-    for (const RingRun& run : i == 0 ? step_runs : uniform_runs) {
+    const auto folds = block_folds(c, [&](uint64_t i, uint64_t words) { return int(i / ((words + sms - 1) / sms)); });
+    const Expected expected{expected_values(c, folds), expected_vectors(c, folds, kVectorWords), kVectorWords};
+    for (const RingRun& run : profile.step ? step_runs : uniform_runs) {
       const std::string name = "ring_" + std::to_string(run.shape.piece_kb) + "kb_x" + std::to_string(run.shape.slots) +
                                "_" + barrier_names[run.barrier] + "_l2ahead" + std::to_string(run.l2_ahead);
       json += ",\n" + entry(name, floor_us,
