@@ -259,6 +259,27 @@ __device__ void produce(const Phases& ph, unsigned char* ring, uint32_t piece_wo
   }
 }
 
+// This consumer thread's fold of its part of the block's share of phase p, piece by piece as the ring delivers it;
+// frees each slot.
+__device__ uint32_t fold_share(const Phases& ph, int p, const unsigned char* ring, uint32_t piece_words, int slots,
+                               uint64_t* full, uint64_t* empty, RingCursor& at) {
+  const int c = threadIdx.x - 32, lane = threadIdx.x % 32;
+  const Share s = share_of(ph, p);
+  uint32_t acc = 0;
+  for (uint64_t w = s.begin; w < s.end; w += piece_words, at.advance(slots)) {
+    const uint32_t words = uint32_t(lesser(piece_words, s.end - w));
+    mbarrier_wait(&full[at.slot], at.round & 1);
+    const uint4* piece = reinterpret_cast<const uint4*>(ring + size_t(at.slot) * piece_words * 16);
+    for (uint32_t i = c; i < words; i += kConsumerWarps * 32) {
+      const uint4 v = piece[i];
+      acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(&empty[at.slot]);
+  }
+  return acc;
+}
+
 __device__ void consume(const Phases& ph, const unsigned char* ring, uint32_t piece_words, int slots, uint64_t* full,
                         uint64_t* empty, const Sync& sync) {
   __shared__ uint32_t folded[kConsumerWarps];
@@ -269,19 +290,7 @@ __device__ void consume(const Phases& ph, const unsigned char* ring, uint32_t pi
       if (c == 0) wait_for_phases(sync, uint32_t(p), ph.blocks);
       consumers_sync();
     }
-    const Share s = share_of(ph, p);
-    uint32_t acc = 0;
-    for (uint64_t w = s.begin; w < s.end; w += piece_words, at.advance(slots)) {
-      const uint32_t words = uint32_t(lesser(piece_words, s.end - w));
-      mbarrier_wait(&full[at.slot], at.round & 1);
-      const uint4* piece = reinterpret_cast<const uint4*>(ring + size_t(at.slot) * piece_words * 16);
-      for (uint32_t i = c; i < words; i += kConsumerWarps * 32) {
-        const uint4 v = piece[i];
-        acc ^= v.x ^ v.y ^ v.z ^ v.w;
-      }
-      __syncwarp();
-      if (lane == 0) mbarrier_arrive(&empty[at.slot]);
-    }
+    uint32_t acc = fold_share(ph, p, ring, piece_words, slots, full, empty, at);
     for (int offset = 16; offset > 0; offset >>= 1) acc ^= __shfl_xor_sync(0xffffffffu, acc, offset);
     if (lane == 0) folded[c / 32] = acc;
     consumers_sync();
@@ -331,7 +340,7 @@ __device__ uint32_t consumers_fold(uint32_t acc, uint32_t* folded) {
 __device__ void consume_tagged(const Phases& ph, const unsigned char* ring, uint32_t piece_words, int slots,
                                uint64_t* full, uint64_t* empty, const Sync& sync) {
   __shared__ uint32_t folded[kConsumerWarps];
-  const int c = threadIdx.x - 32, lane = threadIdx.x % 32;
+  const int c = threadIdx.x - 32;
   const int per_block = vector_slice_words(sync.vector_words, ph.blocks);
   RingCursor at;
   for (int p = 0; p < ph.count; ++p) {
@@ -351,19 +360,7 @@ __device__ void consume_tagged(const Phases& ph, const unsigned char* ring, uint
       }
       input = consumers_fold(input, folded);
     }
-    const Share s = share_of(ph, p);
-    uint32_t acc = 0;
-    for (uint64_t w = s.begin; w < s.end; w += piece_words, at.advance(slots)) {
-      const uint32_t words = uint32_t(lesser(piece_words, s.end - w));
-      mbarrier_wait(&full[at.slot], at.round & 1);
-      const uint4* piece = reinterpret_cast<const uint4*>(ring + size_t(at.slot) * piece_words * 16);
-      for (uint32_t i = c; i < words; i += kConsumerWarps * 32) {
-        const uint4 v = piece[i];
-        acc ^= v.x ^ v.y ^ v.z ^ v.w;
-      }
-      __syncwarp();
-      if (lane == 0) mbarrier_arrive(&empty[at.slot]);
-    }
+    const uint32_t acc = fold_share(ph, p, ring, piece_words, slots, full, empty, at);
     const uint32_t block = consumers_fold(acc, folded);
     uint64_t* out = sync.vectors + size_t(p + 1) * sync.vector_words;
     const int first = int(blockIdx.x) * per_block;
