@@ -390,11 +390,26 @@ __device__ inline void mma_bf16_tile(Accumulator& acc, const uint32_t (&a)[4], c
   mma_bf16(acc.x + 4, a, b[1][0], b[1][1]);
 }
 
+// Four 8 × 8 bf16 matrices from shared memory, as stored or transposed (`.trans`).
+template <bool kTransposed = false>
 __device__ inline void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
   const unsigned address = unsigned(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address));
+  if constexpr (kTransposed)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+}
+
+// A B operand's two column halves (f[h] for columns 8h …) from one ldmatrix.x4.
+__device__ inline void b_halves(uint32_t (&f)[2][2], const uint32_t (&r)[4]) {
+  f[0][0] = r[0];
+  f[0][1] = r[1];
+  f[1][0] = r[2];
+  f[1][1] = r[3];
 }
 
 // The A operand of a 16 × 16 tile at a (bf16, rows m with k contiguous, row stride ld): lane i addresses row i % 16
@@ -410,10 +425,7 @@ __device__ inline void load_b_bf16(uint32_t (&f)[2][2], const bf16* b, int ld) {
   const int lane = threadIdx.x % 32;
   uint32_t r[4];
   ldmatrix_x4(r, b + (lane % 8 + 8 * (lane / 16)) * ld + 8 * (lane / 8 % 2));
-  f[0][0] = r[0];
-  f[0][1] = r[1];
-  f[1][0] = r[2];
-  f[1][1] = r[3];
+  b_halves(f, r);
 }
 
 // tile[t][c] (row stride ld) for t < tile_rows, c < tile_width (a multiple of 4): source[t·source_stride + c]
@@ -615,6 +627,23 @@ __device__ inline bf16* s0_bf16(const ChunkScratch& x, const GdnShape& s, size_t
   return reinterpret_cast<bf16*>(x.s0) + block * size_t(padded(s.dv)) * padded(s.dk);
 }
 
+// The chunk's log decays γ and β = sigmoid(b) of `group` value heads from first_head, [group][C]; rows past the input
+// get β = 0 and γ = 0 (they change nothing).
+__device__ inline void stage_gates(const GdnInputs& in, const GdnShape& s, int first_head, int group, int t0, int n,
+                                   float* gammas, float* betas) {
+  for (int e = threadIdx.x; e < group * kC; e += kPrepareThreads) {
+    const int h = first_head + e / kC, t = e % kC;
+    float gamma = 0.0f, beta = 0.0f;
+    if (t < n) {
+      const size_t at = size_t(t0 + t) * s.heads + h;
+      gamma = log_decay(in, h, at);
+      beta = sigmoid(in.b[at]);
+    }
+    gammas[e] = gamma;
+    betas[e] = beta;
+  }
+}
+
 // Phase 1, once a group: q and k rows staged and l2-normalised, every value head's γ and β, K Kᵀ and Q Kᵀ, the
 // normalised keys to the scratch (by one block of the key head); then for each value head its P, key and q factors and
 // chunk decay to the scratch. Phase 2, value head after value head: A
@@ -652,17 +681,7 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
   const float* k_rows = q_rows + s.key_dim;
   stage_tile(queries, ldk, kC, kdp, q_rows, size_t(s.conv_dim), n, s.dk);
   stage_tile(keys, ldk, kC, kdp, k_rows, size_t(s.conv_dim), n, s.dk);
-  for (int e = tid; e < group * kC; e += kPrepareThreads) {  // rows past the input: β = 0, g = 0 (they change nothing)
-    const int h = first_head + e / kC, t = e % kC;
-    float g = 0.0f, b = 0.0f;
-    if (t < n) {
-      const size_t at = size_t(t0 + t) * s.heads + h;
-      g = log_decay(in, h, at);
-      b = sigmoid(in.b[at]);
-    }
-    gammas[e] = g;
-    betas[e] = b;
-  }
+  stage_gates(in, s, first_head, group, t0, n, gammas, betas);
   if (tid >= n && tid < kC) k_factor[tid] = 0.0f;
   wait_copies();
   __syncthreads();
@@ -838,18 +857,11 @@ size_t prepare_bf16_shared_bytes(const GdnShape& s, int group) {
   return floats * sizeof(float) + (kC * ldk + kC * ldx + 2 * size_t(kC) * kFactorStride) * sizeof(bf16);
 }
 
-__device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
-  const unsigned address = unsigned(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address));
-}
-
 // The A operand of a 16 (m) × 16 (k) tile stored k-major at a (bf16, rows k with m contiguous, row stride ld), by the
 // transposing ldmatrix: lane i addresses row k = i % 8 + 8·(i / 16) at m 8·(i / 8 % 2).
 __device__ inline void load_a_bf16_trans(uint32_t (&f)[4], const bf16* a, int ld) {
   const int lane = threadIdx.x % 32;
-  ldmatrix_x4_trans(f, a + (lane % 8 + 8 * (lane / 16)) * ld + 8 * (lane / 8 % 2));
+  ldmatrix_x4<true>(f, a + (lane % 8 + 8 * (lane / 16)) * ld + 8 * (lane / 8 % 2));
 }
 
 // The B operand of a 16 (k) × 16 (n) tile stored k-major at b (bf16, rows k with n contiguous, row stride ld): lane i
@@ -857,11 +869,8 @@ __device__ inline void load_a_bf16_trans(uint32_t (&f)[4], const bf16* a, int ld
 __device__ inline void load_b_bf16_trans(uint32_t (&f)[2][2], const bf16* b, int ld) {
   const int lane = threadIdx.x % 32;
   uint32_t r[4];
-  ldmatrix_x4_trans(r, b + (lane % 8 + 8 * (lane / 8 % 2)) * ld + 8 * (lane / 16));
-  f[0][0] = r[0];
-  f[0][1] = r[1];
-  f[1][0] = r[2];
-  f[1][1] = r[3];
+  ldmatrix_x4<true>(r, b + (lane % 8 + 8 * (lane / 8 % 2)) * ld + 8 * (lane / 16));
+  b_halves(f, r);
 }
 
 // acc += A Bᵀ over k = 16·steps, A's rows at a and B's rows (the n side) at b, both bf16 with k contiguous (row stride
@@ -1153,17 +1162,7 @@ __global__ void __launch_bounds__(kPrepareThreads, 2)
 
   const float* q_rows = in.qkv + size_t(t0) * s.conv_dim + key_head * s.dk;
   const float* k_rows = q_rows + s.key_dim;
-  for (int e = tid; e < group * kC; e += kPrepareThreads) {  // rows past the input: β = 0, g = 0 (they change nothing)
-    const int h = first_head + e / kC, t = e % kC;
-    float gate = 0.0f, b = 0.0f;
-    if (t < n) {
-      const size_t at = size_t(t0 + t) * s.heads + h;
-      gate = log_decay(in, h, at);
-      b = sigmoid(in.b[at]);
-    }
-    gammas[e] = gate;
-    betas[e] = b;
-  }
+  stage_gates(in, s, first_head, group, t0, n, gammas, betas);
   const float* v_base = in.qkv + size_t(t0) * s.conv_dim + 2 * s.key_dim;  // value head h's rows at h · dv
   prefetch_value_rows(v_base + size_t(first_head) * s.dv, size_t(s.conv_dim), n, s.dv);
   const float q_scale = 1.0f / sqrtf(float(s.dk));
