@@ -39,6 +39,13 @@ import mtp_reference as mr  # noqa: E402
 L, S = mf.L, mf.S
 MTP_MARGIN_MIN = 1e-3
 
+
+def trunk_cfg(name, **changes):
+    """The config of make_fixtures.py's fixture `name`, with `changes`."""
+    (base,) = [f["cfg"] for f in mf.FIXTURES if f["name"] == name]
+    return dict(base, **changes)
+
+
 FIXTURES = [
     dict(
         name="mtp_f32_hc4",
@@ -47,13 +54,7 @@ FIXTURES = [
         "model.safetensors; 48-token prompt with EOS at 9, 10, 30",
         dtype="float32", layout="per_expert", mtp_layout="per_expert", vl=False, shard=None,
         prompt_len=48, eos_positions=[9, 10, 30],
-        cfg=dict(vocab_size=320, hidden_size=32, layer_types=[L, L, L, S, L, S],
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, partial_rotary_factor=0.25,
-                 indexer_n_heads=4, indexer_head_dim=16, indexer_budget=8, indexer_compress_ratio=4,
-                 linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
-                 num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24,
-                 hc_count=4, hc_lowrank=8, ple_layer_ids=[2], ple_embed_dim=32, ngram_vocab_size_base=1000,
-                 split_ngram_parts=1, eos_token_id=1, output_gate_type="sigmoid"),
+        cfg=trunk_cfg("tiny_f32_hc4_ple1", indexer_n_heads=4),
     ),
     dict(
         name="mtp_f32_hc3_fused",
@@ -62,13 +63,7 @@ FIXTURES = [
         "head_dim 8, partial 0.5; indexer 4 heads; PLE [1]; EOS = vocab-1 at 0, 17, 18; 52-token prompt",
         dtype="float32", layout="fused", mtp_layout="fused", vl=False, shard=None,
         prompt_len=52, eos_positions=[0, 17, 18],
-        cfg=dict(vocab_size=320, hidden_size=48, layer_types=[L, L, S, L, S],
-                 num_attention_heads=6, num_key_value_heads=2, head_dim=8, partial_rotary_factor=0.5,
-                 indexer_n_heads=4, indexer_head_dim=8, indexer_budget=8, indexer_compress_ratio=4,
-                 linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=12, linear_value_head_dim=12,
-                 num_experts=8, num_experts_per_tok=3, moe_intermediate_size=16, shared_expert_intermediate_size=24,
-                 hc_count=3, hc_lowrank=12, ple_layer_ids=[1], ple_embed_dim=32, ngram_vocab_size_base=700,
-                 split_ngram_parts=2, eos_token_id=319, output_gate_type="silu"),
+        cfg=trunk_cfg("tiny_f32_hc3_ple2_fused_silu", layer_types=[L, L, S, L, S], ple_layer_ids=[1]),
     ),
     dict(
         name="mtp_bf16_hc4_sharded",
@@ -77,13 +72,7 @@ FIXTURES = [
         "but MTP experts FUSED (mixed layout); GQA 8/1, head_dim 16, partial 0.5; 12 experts top-4; EOS at 20, 21",
         dtype="bfloat16", layout="per_expert", mtp_layout="fused", vl=False, shard="400KB",
         prompt_len=44, eos_positions=[20, 21],
-        cfg=dict(vocab_size=256, hidden_size=64, layer_types=[L, L, L, S],
-                 num_attention_heads=8, num_key_value_heads=1, head_dim=16, partial_rotary_factor=0.5,
-                 indexer_n_heads=3, indexer_head_dim=16, indexer_budget=8, indexer_compress_ratio=4,
-                 linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
-                 num_experts=12, num_experts_per_tok=4, moe_intermediate_size=16, shared_expert_intermediate_size=32,
-                 hc_count=4, hc_lowrank=16, ple_layer_ids=[2], ple_embed_dim=64, ngram_vocab_size_base=800,
-                 split_ngram_parts=4, eos_token_id=1, output_gate_type="sigmoid"),
+        cfg=trunk_cfg("tiny_bf16_hc4", num_experts=12, ngram_vocab_size_base=800),
     ),
 ]
 
