@@ -4,8 +4,8 @@
 // the same phases, each block folding its share of a phase's words and adding a value another block wrote in the
 // phase before (so every phase depends on the whole previous one):
 //
-//   launches: one dependent launch a phase (launch.cuh) in a CUDA graph, 4 blocks of 256 threads a multiprocessor,
-//             each thread's first 8 (or 16) 16-byte loads issued before the wait (what the decode GEMVs do today);
+//   launches: one dependent launch a phase (launch.cuh) in a CUDA graph, 4 blocks of 256 threads a multiprocessor
+//             (2 or 8 too), each thread's first 8 (4, 16) 16-byte loads issued before the wait (as the decode GEMVs);
 //   ring:     one block a multiprocessor for the whole chain. Its producer warp streams the block's contiguous share
 //             of each phase into a ring of shared memory with bulk copies (cp.async.bulk, completing on an mbarrier a
 //             slot), as far ahead as the ring has room: weights depend on nothing, so they stream while the consumer
@@ -694,12 +694,18 @@ int main(int argc, char** argv) {
     json += "    {\"profile\": \"" + profile.name + "\", \"phases\": " + std::to_string(profile.megabytes.size()) +
             ", \"megabytes\": " + std::to_string(total_mb) + ", \"copy_floor_us\": " + std::to_string(floor_us) +
             ", \"runs\": [\n";
-    {
-      Chain c = make_chain(profile.megabytes, 4 * sms);
-      const auto folds = block_folds(c, [&](uint64_t i, uint64_t) { return int((i / kLaunchThreads) % (4 * sms)); });
+    std::vector<std::string> runs;
+    // Launch shapes: blocks of 256 threads a multiprocessor and loads in flight a thread (the step profiles sweep
+    // both, so that the bound does not rest on one launch shape).
+    for (int per_sm : profile.step ? std::vector<int>{2, 4, 8} : std::vector<int>{4}) {
+      const int blocks = per_sm * sms;
+      Chain c = make_chain(profile.megabytes, blocks);
+      const auto folds = block_folds(c, [&](uint64_t i, uint64_t) { return int((i / kLaunchThreads) % blocks); });
       const auto expected = expected_values(c, folds);
-      json += entry("launches_4x256_early8", floor_us, time_launches<8>(c, expected));
-      if (profile.step) json += ",\n" + entry("launches_4x256_early16", floor_us, time_launches<16>(c, expected));
+      const std::string shape = "launches_" + std::to_string(per_sm) + "x256_early";
+      runs.push_back(entry(shape + "8", floor_us, time_launches<8>(c, expected)));
+      if (profile.step) runs.push_back(entry(shape + "4", floor_us, time_launches<4>(c, expected)));
+      if (profile.step && per_sm == 4) runs.push_back(entry(shape + "16", floor_us, time_launches<16>(c, expected)));
       free_chain(c);
     }
     Chain c = make_chain(profile.megabytes, sms);
@@ -708,9 +714,10 @@ int main(int argc, char** argv) {
     for (const RingRun& run : profile.step ? step_runs : uniform_runs) {
       const std::string name = "ring_" + std::to_string(run.shape.piece_kb) + "kb_x" + std::to_string(run.shape.slots) +
                                "_" + barrier_names[run.barrier] + "_l2ahead" + std::to_string(run.l2_ahead);
-      json += ",\n" + entry(name, floor_us,
-                            time_ring(c, expected, run.shape.piece_kb, run.shape.slots, run.barrier, run.l2_ahead));
+      runs.push_back(entry(name, floor_us,
+                           time_ring(c, expected, run.shape.piece_kb, run.shape.slots, run.barrier, run.l2_ahead)));
     }
+    for (size_t r = 0; r < runs.size(); ++r) json += (r ? ",\n" : "") + runs[r];
     free_chain(c);
     json += std::string("\n    ]}") + (i + 1 < profiles.size() ? ",\n" : "\n");
   }
