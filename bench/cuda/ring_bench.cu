@@ -400,62 +400,72 @@ float elapsed_ms(cudaEvent_t a, cudaEvent_t b) {
   return ms;
 }
 
-// Phase sizes in MB of a synthetic Flash-Next Q4 decode step (1 row), link by link as the trace shows them (docs/
-// CUDA.md), from the per-layer budget at 0.5625 B a weight: each hyper-connection read 1.8 + 1.8 (mix down, mix up);
-// GDN inputs 23.7 (qkv 10240 × 2560, z 6144 × 2560, b, a), the recurrence 6.3 (its fp32 state read and written),
-// out 8.85; attention q/k/v/index 20.2, five kernels of no weights (inputs, pooling, selection, scores, values),
-// o 8.85; router + shared gate 0.74, routing 0, gate/up 20.3 (10 routed + the shared expert), down 10.1; then the final
-// read, lm_head 357 (248320 × 2560) and the two argmax kernels.
-std::vector<double> step_profile() {
-  const std::vector<double> read = {1.8, 1.8}, moe = {0.74, 0, 20.3, 10.1};
-  const std::vector<double> gdn = {23.7, 6.3, 8.85}, attention = {20.2, 0, 0, 0, 0, 0, 8.85};
-  std::vector<double> mb;
-  auto add = [&](const std::vector<double>& v) { mb.insert(mb.end(), v.begin(), v.end()); };
+// Weight MB of a synthetic Flash-Next Q4 step's links (0.5625 B a weight): a hyper-connection read's mix down and mix
+// up 1.8 each; GDN inputs 23.7 (qkv 10240 × 2560, z 6144 × 2560, b, a), the recurrence 6.3 (its fp32 state read and
+// written), out 8.85; attention q/k/v/index 20.2, o 8.85; router + shared gate 0.74; one expert's gate, up and down
+// 2.76 (gate/up of 10 routed + the shared expert 20.3, their down 10.1); lm_head 357 (248320 × 2560); the MTP head's
+// fc_embedding + fc_hidden 7.4.
+constexpr double kMixDown = 1.8, kMixUp = 1.8, kGdnInputs = 23.7, kGdnState = 6.3, kOut = 8.85, kAttentionInputs = 20.2,
+                 kRouter = 0.74, kExpert = 2.76, kGateUp = 20.3, kDown = 10.1, kLmHead = 357, kMtpFc = 7.4;
+
+using Megabytes = std::vector<double>;
+
+void append(Megabytes& mb, const Megabytes& phases) { mb.insert(mb.end(), phases.begin(), phases.end()); }
+
+// A 1-row step, link by link as today's kernels make it (the trace, docs/CUDA.md): attention has five kernels of no
+// weights (inputs, pooling, selection, scores, values), the MoE a routing kernel; the final read, lm_head and the two
+// argmax kernels. 581 phases.
+Megabytes step_profile() {
+  const Megabytes read = {kMixDown, kMixUp}, moe = {kRouter, 0, kGateUp, kDown};
+  const Megabytes gdn = {kGdnInputs, kGdnState, kOut}, attention = {kAttentionInputs, 0, 0, 0, 0, 0, kOut};
+  Megabytes mb;
   for (int layer = 0; layer < 48; ++layer) {
-    add(read);
-    add(layer % 4 == 3 ? attention : gdn);
-    add(read);
-    add(moe);
+    append(mb, read);
+    append(mb, layer % 4 == 3 ? attention : gdn);
+    append(mb, read);
+    append(mb, moe);
   }
-  add(read);
-  add({357, 0, 0});
+  append(mb, read);
+  append(mb, {kLmHead, 0, 0});
   return mb;
 }
 
-// The same bytes as step_profile() in the fewest dependent phases the model's mathematics allows a 1-row step (docs/
-// qwen4_exp spec; each phase needs the whole output of the one before): a hyper-connection read is two (u = silu(Wd x̂)
-// needs all of x̂, G = sigmoid(Wu u) all of u); the GDN mixer three (inputs, a head's conv and recurrence — head-local
-// but on other multiprocessors than most of the head's inputs —, out), attention three (q/k/v/index, attention over
-// the cache at a short context where every block is selected, o); the MoE one after its read, with the router's
-// product folded into the read's second phase (each block adds its slice's part of the logits) and each expert's
-// down folded into the blocks that computed its rows of h. 48 × 8 + 4 = 388 phases, where step_profile() has 581.
-// `experts_mb`: the MoE phase's gate/up and down of the routed experts and the shared one (a 1-row step: 20.3 + 10.1).
-std::vector<double> minimal_step_profile(double experts_mb) {
-  const std::vector<double> attention_read = {1.8, 1.8}, moe = {1.8, 1.8 + 0.74, experts_mb};
-  const std::vector<double> gdn = {23.7, 6.3, 8.85}, attention = {20.2, 0, 8.85};
-  std::vector<double> mb;
-  auto add = [&](const std::vector<double>& v) { mb.insert(mb.end(), v.begin(), v.end()); };
-  for (int layer = 0; layer < 48; ++layer) {
-    add(attention_read);
-    add(layer % 4 == 3 ? attention : gdn);
-    add(moe);
-  }
-  add({1.8, 1.8, 357, 0});
+// A layer in the fewest dependent phases the model's mathematics allows (docs/qwen4_exp spec; each phase needs the
+// whole output of the one before): a hyper-connection read is two (u = silu(Wd x̂) needs all of x̂, G = sigmoid(Wu u)
+// all of u); the GDN mixer three (inputs, a head's conv and recurrence — head-local but on other multiprocessors than
+// most of the head's inputs —, out), attention three (q/k/v/index, attention over the cache at a short context where
+// every block is selected, o); the MoE one after its read, with the router's product folded into the read's second
+// phase (each block adds its slice's part of the logits) and each expert's down folded into the blocks that computed
+// its rows of h. `experts_mb`: the MoE phase's routed and shared experts.
+void append_minimal_layer(Megabytes& mb, bool attention, double experts_mb) {
+  append(mb, {kMixDown, kMixUp});
+  append(mb, attention ? Megabytes{kAttentionInputs, 0, kOut} : Megabytes{kGdnInputs, kGdnState, kOut});
+  append(mb, {kMixDown, kMixUp + kRouter, experts_mb});
+}
+
+// The final read, lm_head and argmax.
+void append_minimal_head(Megabytes& mb) { append(mb, {kMixDown, kMixUp, kLmHead, 0}); }
+
+// step_profile()'s bytes in the fewest phases: 48 × 8 + 4 = 388.
+Megabytes minimal_step_profile(double experts_mb) {
+  Megabytes mb;
+  for (int layer = 0; layer < 48; ++layer) append_minimal_layer(mb, layer % 4 == 3, experts_mb);
+  append_minimal_head(mb);
   return mb;
 }
 
-// A 3-draft verify step in the same fewest phases: the 4-row trunk pass (minimal_step_profile() with each MoE phase
-// streaming the union of the rows' experts, ~39 routed at random routing, 2.76 MB each, and the shared expert once),
-// then the MTP head over the 4 rows and two chained 1-row MTP passes (each: fc_embedding + fc_hidden 7.4, an
-// attention layer in the phases above, its final read, lm_head, argmax), each pass needing the one before.
-std::vector<double> verify3_minimal_profile() {
-  const double expert = 2.76, shared = 2.76;
-  const auto mtp_pass = [&](int routed) {
-    return std::vector<double>{7.4, 1.8, 1.8, 20.2, 0, 8.85, 1.8, 1.8 + 0.74, routed * expert + shared,
-                               1.8, 1.8, 357, 0};
-  };
-  std::vector<double> mb = minimal_step_profile(39 * expert + shared);
-  for (const auto& pass : {mtp_pass(39), mtp_pass(10), mtp_pass(10)}) mb.insert(mb.end(), pass.begin(), pass.end());
+// A 3-draft verify step in the same fewest phases: the 4-row trunk pass with each MoE phase streaming the union of the
+// rows' experts (~39 routed at random routing, and the shared expert once), then the MTP head over the 4 rows and two
+// chained 1-row MTP passes (each: its fc products, an attention layer, its final read, lm_head, argmax), each pass
+// needing the one before. 427 phases.
+Megabytes verify3_minimal_profile() {
+  const auto experts = [](int routed) { return (routed + 1) * kExpert; };
+  Megabytes mb = minimal_step_profile(experts(39));
+  for (int routed : {39, 10, 10}) {
+    append(mb, {kMtpFc});
+    append_minimal_layer(mb, true, experts(routed));
+    append_minimal_head(mb);
+  }
   return mb;
 }
 
@@ -666,7 +676,7 @@ int main(int argc, char** argv) {
     bool step;  // runs the step's list of variants
   };
   std::vector<Profile> profiles = {{"flash_next_q4_step", step_profile(), true},
-                                   {"flash_next_q4_minimal_chain", minimal_step_profile(20.3 + 10.1), true},
+                                   {"flash_next_q4_minimal_chain", minimal_step_profile(kGateUp + kDown), true},
                                    {"flash_next_q4_verify3_minimal_chain", verify3_minimal_profile(), true}};
   for (double mb : {0.5, 2.0, 4.0, 8.0, 16.0})
     profiles.push_back({"uniform_" + std::to_string(mb).substr(0, 4) + "mb",
